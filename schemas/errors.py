@@ -1,0 +1,36 @@
+"""The one documented list of per-item error codes.
+
+A row with ``status="error"`` carries exactly one of these in ``error_code``; the message in
+``error_message`` is for humans and never contains credentials.
+"""
+
+from enum import Enum
+
+
+class ErrorCode(str, Enum):
+    # Fetching the object
+    FETCH_FAILED = "fetch_failed"  # the object could not be read (missing, permission denied)
+    EMPTY_FILE = "empty_file"  # zero bytes
+    TOO_LARGE = "too_large"  # larger than the configured maximum size in bytes
+    # Audio
+    NOT_AUDIO = "not_audio"  # bytes are not a media container FFmpeg recognises
+    NO_AUDIO_STREAM = "no_audio_stream"  # a media container without an audio stream
+    UNSUPPORTED_CODEC = "unsupported_codec"  # an audio stream whose codec has no decoder
+    CORRUPT_AUDIO = "corrupt_audio"  # a known audio format whose data cannot be decoded
+    TOO_LONG = "too_long"  # longer than the configured maximum duration
+    DECODE_TIMEOUT = "decode_timeout"  # decoding exceeded its time limit
+    # Documents
+    UNSUPPORTED_TYPE = "unsupported_type"  # not a document type overnight reads
+    ENCRYPTED = "encrypted"  # an encrypted PDF without a (correct) configured password
+    CORRUPT_DOCUMENT = "corrupt_document"  # a known document format that cannot be parsed
+    NO_TEXT = "no_text"  # parsed, but no extractable text (e.g. a scanned image)
+    INVALID_ENCODING = "invalid_encoding"  # text whose encoding cannot be determined
+    EXTRACT_TIMEOUT = "extract_timeout"  # text extraction exceeded its time limit
+    CONTEXT_EXCEEDED = "context_exceeded"  # too long for the model even after chunking limits
+    INVALID_OUTPUT = "invalid_output"  # the model's output failed validation after a retry
+    INVALID_INPUT = "invalid_input"  # the input row itself is unusable (e.g. bad metadata)
+    # Inference
+    MODEL_ERROR = "model_error"  # the model raised on this item alone; other items went on
+
+
+ERROR_CODES: tuple[str, ...] = tuple(code.value for code in ErrorCode)

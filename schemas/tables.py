@@ -1,0 +1,167 @@
+"""pyarrow schemas of the manifest, transcripts, document results and cost ledger."""
+
+import pyarrow as pa
+
+# Bump on any change below. Stored in every file's schema metadata.
+SCHEMA_VERSION = "1"
+
+_VERSION_KEY = b"overnight.schema_version"
+
+
+def with_version(schema: pa.Schema, name: str) -> pa.Schema:
+    return schema.with_metadata({_VERSION_KEY: SCHEMA_VERSION.encode(), b"overnight.table": name.encode()})
+
+
+# Metadata a manifest may carry; each one is copied onto the item's output row unchanged.
+# Any other manifest column lands in the `metadata` map (string values).
+METADATA_COLUMNS: tuple[str, ...] = ("tenant", "submission_id", "external_id")
+
+_METADATA_FIELDS = [
+    pa.field("tenant", pa.string()),
+    pa.field("submission_id", pa.string()),
+    pa.field("external_id", pa.string()),
+    pa.field("metadata", pa.map_(pa.string(), pa.string())),
+]
+
+MANIFEST = with_version(
+    pa.schema(
+        [
+            pa.field("item_id", pa.string(), nullable=False),
+            pa.field("uri", pa.string(), nullable=False),
+            pa.field("size", pa.int64()),
+            # ETag for object stores, mtime in nanoseconds for local files: what changes when
+            # the content changes, so a replaced object gets a new item_id.
+            pa.field("etag", pa.string()),
+            *_METADATA_FIELDS,
+            # Requested language ("" or null: detect / model default).
+            pa.field("language", pa.string()),
+            # Labels of the channels of a stereo recording, e.g. ["agent", "customer"];
+            # non-empty means "transcribe each channel separately".
+            pa.field("channel_labels", pa.list_(pa.string())),
+        ]
+    ),
+    "manifest",
+)
+
+SEGMENT = pa.struct(
+    [
+        pa.field("start", pa.float64()),
+        pa.field("end", pa.float64()),
+        pa.field("text", pa.string()),
+        pa.field("channel", pa.int16()),
+        pa.field("speaker", pa.string()),
+        pa.field("avg_logprob", pa.float32()),
+        pa.field("no_speech_prob", pa.float32()),
+    ]
+)
+
+_STATUS_FIELDS = [
+    # "ok" | "error"
+    pa.field("status", pa.string(), nullable=False),
+    # one of schemas.errors.ERROR_CODES when status == "error", else null
+    pa.field("error_code", pa.string()),
+    pa.field("error_message", pa.string()),
+]
+
+_PROVENANCE_FIELDS = [
+    pa.field("model", pa.string()),
+    # JSON object: every option that influenced the result (effective values, not defaults).
+    pa.field("options", pa.string()),
+    pa.field("run_id", pa.string(), nullable=False),
+    pa.field("processed_at", pa.timestamp("us", tz="UTC")),
+    # Ray node and actor (or task) that produced the row.
+    pa.field("worker", pa.string()),
+]
+
+TRANSCRIPTS = with_version(
+    pa.schema(
+        [
+            pa.field("item_id", pa.string(), nullable=False),
+            pa.field("source_uri", pa.string(), nullable=False),
+            pa.field("source_size", pa.int64()),
+            pa.field("source_etag", pa.string()),
+            *_METADATA_FIELDS,
+            pa.field("channel_labels", pa.list_(pa.string())),
+            *_STATUS_FIELDS,
+            pa.field("text", pa.string()),
+            pa.field("language", pa.string()),
+            pa.field("language_probability", pa.float32()),
+            pa.field("duration_s", pa.float64()),
+            # Seconds the VAD kept (summed over channels when split).
+            pa.field("speech_s", pa.float64()),
+            pa.field("segments", pa.list_(SEGMENT)),
+            pa.field("num_chunks", pa.int32()),
+            *_PROVENANCE_FIELDS,
+            # Timings for accounting. *_s are wall seconds spent on this item alone, or its
+            # share of a shared batch (apportioned by audio seconds).
+            pa.field("fetch_s", pa.float64()),
+            pa.field("decode_s", pa.float64()),
+            pa.field("decode_resource", pa.string()),
+            pa.field("asr_s", pa.float64()),
+            # What the Whisper actor held, e.g. "h100" or "cpu"; priced per hour in the job.
+            pa.field("asr_resource", pa.string()),
+            # How many units of asr_resource the actor held (GPUs, or CPU cores).
+            pa.field("asr_units", pa.float64()),
+            # Mean fill of the model batches this item's chunks rode in (1.0 = full).
+            pa.field("batch_fill", pa.float32()),
+        ]
+    ),
+    "transcripts",
+)
+
+DOCUMENT_RESULTS = with_version(
+    pa.schema(
+        [
+            pa.field("item_id", pa.string(), nullable=False),
+            pa.field("source_uri", pa.string(), nullable=False),
+            pa.field("source_size", pa.int64()),
+            pa.field("source_etag", pa.string()),
+            *_METADATA_FIELDS,
+            *_STATUS_FIELDS,
+            # summarize | extract | classify | prompt | a named ready task
+            pa.field("task", pa.string()),
+            pa.field("output_text", pa.string()),
+            # JSON text matching the requested schema (extract) or null
+            pa.field("output_json", pa.string()),
+            pa.field("label", pa.string()),
+            pa.field("input_tokens", pa.int64()),
+            pa.field("output_tokens", pa.int64()),
+            pa.field("document_chars", pa.int64()),
+            pa.field("num_chunks", pa.int32()),
+            *_PROVENANCE_FIELDS,
+            pa.field("fetch_s", pa.float64()),
+            pa.field("extract_s", pa.float64()),
+            pa.field("extract_resource", pa.string()),
+            pa.field("llm_s", pa.float64()),
+            pa.field("llm_resource", pa.string()),
+            pa.field("llm_units", pa.float64()),
+        ]
+    ),
+    "document_results",
+)
+
+COSTS = with_version(
+    pa.schema(
+        [
+            pa.field("item_id", pa.string(), nullable=False),
+            pa.field("run_id", pa.string(), nullable=False),
+            pa.field("tenant", pa.string()),
+            pa.field("submission_id", pa.string()),
+            # fetch | decode | transcribe | extract | generate
+            pa.field("stage", pa.string(), nullable=False),
+            # cpu | h100 | a100 | l4 | ... : a key of the job's price table
+            pa.field("resource", pa.string(), nullable=False),
+            # units of the resource held (GPUs or CPU cores) during `seconds`
+            pa.field("units", pa.float64()),
+            pa.field("seconds", pa.float64()),
+            pa.field("price_per_hour_usd", pa.float64()),
+            pa.field("cost_usd", pa.float64()),
+            # What was bought: audio seconds for speech stages, tokens for text stages.
+            pa.field("audio_s", pa.float64()),
+            pa.field("input_tokens", pa.int64()),
+            pa.field("output_tokens", pa.int64()),
+            pa.field("recorded_at", pa.timestamp("us", tz="UTC")),
+        ]
+    ),
+    "costs",
+)
