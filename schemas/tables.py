@@ -97,6 +97,7 @@ TRANSCRIPTS = with_version(
             pa.field("fetch_s", pa.float64()),
             pa.field("decode_s", pa.float64()),
             pa.field("decode_resource", pa.string()),
+            pa.field("decode_units", pa.float64()),
             pa.field("asr_s", pa.float64()),
             # What the Whisper actor held, e.g. "h100" or "cpu"; priced per hour in the job.
             pa.field("asr_resource", pa.string()),

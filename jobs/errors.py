@@ -1,0 +1,45 @@
+"""Systemic failures: one exception type per cause, each message says what to do.
+
+Per-item problems never raise; they become error rows (``schemas.errors``). These stop a
+job; the CLI catches ``OvernightError`` once and exits with its ``exit_code``.
+"""
+
+
+class OvernightError(Exception):
+    exit_code = 1
+
+
+class ConfigError(OvernightError):
+    """The job spec or flags are invalid."""
+
+    exit_code = 2
+
+
+class StorageUnavailable(OvernightError):
+    """Object storage cannot be reached or listed (after retries)."""
+
+    exit_code = 3
+
+
+class InputNotFound(OvernightError):
+    """The input location does not exist or holds nothing."""
+
+    exit_code = 4
+
+
+class ModelNotFound(OvernightError):
+    """The model cannot be found or loaded."""
+
+    exit_code = 5
+
+
+class EngineFailed(OvernightError):
+    """The inference engine died (out of memory, crashed actor, broken install)."""
+
+    exit_code = 6
+
+
+class AccessDenied(OvernightError):
+    """A submission references objects outside the prefixes its tenant may read."""
+
+    exit_code = 7

@@ -1,0 +1,194 @@
+"""Prices, cost apportioning, the cost ledger and run summaries.
+
+Workers measure; this module only prices what they measured. The ledger is a pure function
+of the result rows' timing columns and the price table, so it can be recomputed and audited.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from collections import Counter
+from datetime import datetime, timezone
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from jobs import storage
+from jobs.manifest import committed_ids
+from schemas import COSTS, SCHEMA_VERSION
+
+# (stage, seconds column, resource column, units column, what it bought)
+TRANSCRIBE_STAGES = (
+    ("fetch", "fetch_s", "decode_resource", "decode_units"),
+    ("decode", "decode_s", "decode_resource", "decode_units"),
+    ("transcribe", "asr_s", "asr_resource", "asr_units"),
+)
+DOCUMENT_STAGES = (
+    ("fetch", "fetch_s", "extract_resource", None),
+    ("extract", "extract_s", "extract_resource", None),
+    ("generate", "llm_s", "llm_resource", "llm_units"),
+)
+
+
+def price(prices: dict[str, float], resource: str | None) -> float:
+    """USD per hour of one unit; an unknown accelerator is priced as the generic 'gpu'."""
+    if resource is None:
+        return 0.0
+    if resource in prices:
+        return prices[resource]
+    return prices.get("gpu", 0.0) if resource != "cpu" else prices.get("cpu", 0.0)
+
+
+def build_ledger(rows: list[dict[str, Any]], prices: dict[str, float], stages=TRANSCRIBE_STAGES) -> pa.Table:
+    """One ledger row per item and stage that consumed time."""
+    now = datetime.now(timezone.utc)
+    out = []
+    for row in rows:
+        for stage, seconds_col, resource_col, units_col in stages:
+            seconds = row.get(seconds_col)
+            if seconds is None:
+                continue
+            resource = row.get(resource_col) or "cpu"
+            units = float(row.get(units_col) or 1.0) if units_col else 1.0
+            hourly = price(prices, resource)
+            text_stage = stage == "generate"
+            out.append(
+                {
+                    "item_id": row["item_id"],
+                    "run_id": row["run_id"],
+                    "tenant": row.get("tenant"),
+                    "submission_id": row.get("submission_id"),
+                    "stage": stage,
+                    "resource": resource,
+                    "units": units,
+                    "seconds": float(seconds),
+                    "price_per_hour_usd": hourly,
+                    "cost_usd": float(seconds) * units * hourly / 3600.0,
+                    "audio_s": None if text_stage else row.get("duration_s"),
+                    "input_tokens": row.get("input_tokens") if text_stage else None,
+                    "output_tokens": row.get("output_tokens") if text_stage else None,
+                    "recorded_at": now,
+                }
+            )
+    return pa.Table.from_pylist(out, schema=COSTS)
+
+
+_LEDGER_COLUMNS = (
+    "item_id", "run_id", "tenant", "submission_id", "duration_s", "input_tokens", "output_tokens",
+    "fetch_s", "decode_s", "decode_resource", "decode_units", "asr_s", "asr_resource", "asr_units",
+    "extract_s", "extract_resource", "llm_s", "llm_resource", "llm_units",
+)
+
+
+def read_results(dataset: storage.Location, columns: list[str] | None = None, run_id: str | None = None) -> pa.Table | None:
+    """Read a result dataset (transcripts/ or results/) written by overnight."""
+    files = storage.list_files(dataset, ".parquet")
+    if not files:
+        return None
+
+    def read(path: str) -> pa.Table:
+        with dataset.fs.open(path, "rb") as f:
+            pf = pq.ParquetFile(f)
+            cols = None if columns is None else [c for c in columns if c in pf.schema_arrow.names]
+            return pf.read(columns=cols)
+
+    table = pa.concat_tables(storage.map_threads(read, files), promote_options="default")
+    if run_id is not None:
+        table = table.filter(pc.equal(table["run_id"], run_id))
+    return table
+
+
+def catch_up(output: storage.Location, results_dir: str, prices: dict[str, float], stages=TRANSCRIBE_STAGES) -> pa.Table:
+    """Write ledger rows for every committed result item that has none yet.
+
+    A killed run commits results without reaching its ledger step; the next run prices them,
+    so every result row ends with its cost rows exactly once.
+    """
+    costs_loc = output.join("costs")
+    results = read_results(output.join(results_dir), list(_LEDGER_COLUMNS))
+    if results is None or results.num_rows == 0:
+        return pa.Table.from_pylist([], schema=COSTS)
+    priced = committed_ids(costs_loc)
+    missing = [r for r in results.to_pylist() if r["item_id"] not in priced]
+    ledger = build_ledger(missing, prices, stages)
+    if ledger.num_rows:
+        write_table(costs_loc, ledger)
+    return ledger
+
+
+def write_table(dataset: storage.Location, table: pa.Table) -> str:
+    """Commit one Parquet file, named by its content's item ids, atomically."""
+    digest = hashlib.sha256("\n".join(sorted(set(table["item_id"].to_pylist()))).encode()).hexdigest()[:24]
+    loc = dataset.join(f"part-{digest}.parquet")
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd")
+    storage.write_bytes_atomic(loc, buf.getvalue())
+    return loc.url()
+
+
+def summarize_run(
+    *,
+    run_id: str,
+    kind: str,
+    rows: list[dict[str, Any]],
+    ledger: pa.Table,
+    listed: int,
+    already_done: int,
+    wall_s: float,
+    pipeline_wall_s: float,
+    model_actors: float,
+    model_resource: str,
+    model_units: float,
+    prices: dict[str, float],
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The run summary: counts, audio, busy vs reserved time, cost per unit."""
+    mine = [r for r in ledger.to_pylist() if r["run_id"] == run_id]
+    cost = sum(r["cost_usd"] for r in mine)
+    model_stage = {"transcribe", "generate"}
+    busy_model_s = sum(r["seconds"] for r in mine if r["stage"] in model_stage)
+    cpu_cost = sum(r["cost_usd"] for r in mine if r["stage"] not in model_stage)
+    # An actor that waits for work still holds its device: reserved = actors x wall.
+    reserved_model_s = model_actors * pipeline_wall_s
+    reserved_cost = cpu_cost + reserved_model_s * model_units * price(prices, model_resource) / 3600.0
+    audio_s = sum(r.get("duration_s") or 0.0 for r in rows)
+    errors = Counter(r["error_code"] for r in rows if r["status"] == "error")
+    succeeded = sum(1 for r in rows if r["status"] == "ok")
+    minutes = audio_s / 60.0
+    summary = {
+        "run_id": run_id,
+        "kind": kind,
+        "schema_version": SCHEMA_VERSION,
+        "finished_at": datetime.now(timezone.utc).isoformat(),
+        "items_listed": listed,
+        "items_already_done": already_done,
+        "items": len(rows),
+        "succeeded": succeeded,
+        "failed": len(rows) - succeeded,
+        "errors_by_code": dict(sorted(errors.items())),
+        "audio_seconds": round(audio_s, 3),
+        "wall_seconds": round(wall_s, 3),
+        "pipeline_seconds": round(pipeline_wall_s, 3),
+        "accelerator": model_resource,
+        "accelerator_seconds": round(busy_model_s, 3),
+        "accelerator_reserved_seconds": round(reserved_model_s, 3),
+        "utilization": round(busy_model_s / reserved_model_s, 4) if reserved_model_s else None,
+        "cost_usd": round(cost, 8),
+        "reserved_cost_usd": round(reserved_cost, 8),
+        "cost_per_audio_minute_usd": round(cost / minutes, 8) if minutes else None,
+        "reserved_cost_per_audio_minute_usd": round(reserved_cost / minutes, 8) if minutes else None,
+        "rtfx": round(audio_s / pipeline_wall_s, 3) if pipeline_wall_s else None,
+        "prices": prices,
+    }
+    summary.update(extra or {})
+    return summary
+
+
+def write_summary(output: storage.Location, summary: dict[str, Any]) -> str:
+    loc = output.join("runs", f"{summary['run_id']}.json")
+    storage.write_bytes_atomic(loc, json.dumps(summary, indent=2, sort_keys=True).encode())
+    return loc.url()

@@ -1,0 +1,147 @@
+"""Item ids, run manifests, and the set of items already committed (resume).
+
+An item is one input object as listed: its id hashes the URI, the size and the ETag (or mtime)
+plus the submission/external ids, so a rerun recognises it and a replaced object is new work.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import posixpath
+from collections.abc import Iterable
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from jobs import storage
+from jobs.errors import ConfigError, InputNotFound
+from schemas import MANIFEST, METADATA_COLUMNS
+
+MANIFEST_SUFFIXES = (".csv", ".jsonl", ".parquet")
+_KNOWN = {"uri", "language", "channel_labels", *METADATA_COLUMNS}
+
+
+def item_id(uri: str, size: int | None, etag: str | None, submission_id: str | None = None, external_id: str | None = None) -> str:
+    key = "\n".join([uri, str(size), etag or "", submission_id or "", external_id or ""])
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def is_manifest(url: str) -> bool:
+    return url.lower().endswith(MANIFEST_SUFFIXES)
+
+
+def _read_manifest_records(url: str) -> list[dict[str, Any]]:
+    data = storage.read_bytes(url)
+    lower = url.lower()
+    try:
+        if lower.endswith(".parquet"):
+            return pq.read_table(io.BytesIO(data)).to_pylist()
+        text = data.decode("utf-8-sig")
+        if lower.endswith(".csv"):
+            return list(csv.DictReader(io.StringIO(text)))
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    except (ValueError, pa.ArrowInvalid, UnicodeDecodeError) as exc:
+        raise ConfigError(f"manifest {url!r} cannot be parsed: {exc}") from None
+
+
+def _labels(value: Any) -> list[str] | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        parts = [p.strip() for p in value.replace(";", ",").split(",")]
+        return [p for p in parts if p] or None
+    return [str(v) for v in value] or None
+
+
+def _resolve_uri(uri: str, manifest_url: str) -> str:
+    """Relative URIs in a manifest are relative to the manifest's own folder."""
+    if "://" in uri or uri.startswith("/"):
+        return uri
+    base = manifest_url.rsplit("/", 1)[0] if "/" in manifest_url else "."
+    return posixpath.normpath(posixpath.join(base, uri)) if "://" not in base else f"{base}/{uri}"
+
+
+def records_from_manifest(url: str) -> list[dict[str, Any]]:
+    """Manifest rows as item records (uri, size, etag, metadata); stats every object."""
+    rows = _read_manifest_records(url)
+    if not rows:
+        raise InputNotFound(f"manifest {url!r} has no rows")
+    if "uri" not in rows[0]:
+        raise ConfigError(f"manifest {url!r} needs a 'uri' column; it has {sorted(rows[0])}")
+    uris = [_resolve_uri(str(r["uri"]).strip(), url) for r in rows]
+    infos = storage.map_threads(storage.stat, uris)
+    return [_record(row, uri, info.size, info.etag) for row, uri, info in zip(rows, uris, infos, strict=True)]
+
+
+def _record(row: dict[str, Any], uri: str, size: int | None, etag: str | None) -> dict[str, Any]:
+    def text(key: str) -> str | None:
+        value = row.get(key)
+        return None if value is None or value == "" else str(value)
+
+    extra = {str(k): "" if v is None else str(v) for k, v in row.items() if k not in _KNOWN}
+    record = {
+        "uri": uri,
+        "size": size,
+        "etag": etag,
+        **{key: text(key) for key in METADATA_COLUMNS},
+        "metadata": sorted(extra.items()) or None,
+        "language": text("language"),
+        "channel_labels": _labels(row.get("channel_labels")),
+    }
+    record["item_id"] = item_id(uri, size, etag, record["submission_id"], record["external_id"])
+    return record
+
+
+def list_items(input_url: str, defaults: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """All items of an input: a manifest's rows, or every file under a folder/prefix/file.
+
+    Duplicate items (the same object listed twice with the same ids) are kept once.
+    """
+    if is_manifest(input_url):
+        records = records_from_manifest(input_url)
+    else:
+        records = [_record(dict(defaults or {}), o.uri, o.size, o.etag) for o in storage.list_objects(input_url)]
+    seen: set[str] = set()
+    unique = []
+    for r in records:
+        if r["item_id"] not in seen:
+            seen.add(r["item_id"])
+            unique.append(r)
+    return unique
+
+
+def manifest_table(records: Iterable[dict[str, Any]]) -> pa.Table:
+    return pa.Table.from_pylist(list(records), schema=MANIFEST)
+
+
+def write_manifest(output: storage.Location, run_id: str, table: pa.Table) -> str:
+    """OUTPUT/_manifests/<run_id>.parquet: what this run set out to do (Ray reads it)."""
+    loc = output.join("_manifests", f"{run_id}.parquet")
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    storage.write_bytes_atomic(loc, buf.getvalue())
+    return loc.url()
+
+
+def committed_ids(dataset: storage.Location) -> set[str]:
+    """Item ids in the complete Parquet files of a result dataset.
+
+    Files appear atomically (see ``storage.write_bytes_atomic``), so every file listed is a
+    commit; an unreadable one would be a bug and is reported, not skipped.
+    """
+    ids: set[str] = set()
+    files = storage.list_files(dataset, ".parquet")
+    if not files:
+        return ids
+
+    def read(path: str) -> list[str]:
+        with dataset.fs.open(path, "rb") as f:
+            return pq.read_table(f, columns=["item_id"]).column("item_id").to_pylist()
+
+    for chunk in storage.map_threads(read, files):
+        ids.update(chunk)
+    return ids

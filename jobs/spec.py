@@ -1,0 +1,174 @@
+"""The job spec: one validated, documented, immutable model.
+
+Precedence: defaults < job file (TOML or YAML) < command-line flags. Every field carries its
+documentation in ``Field(description=...)``; ``overnight config`` prints the reference.
+Validation happens once, here, and its messages name the field, the value and the fix.
+"""
+
+from __future__ import annotations
+
+import copy
+import secrets
+import tomllib
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from jobs.errors import ConfigError
+from workers.whisper import BUNDLED_MODEL as BUNDLED_WHISPER
+
+# USD per hour for one unit (one GPU, or one CPU core). Sources, December 2026:
+# H100: the price the product is sized against (GPU clouds list $2.7-4/h; AWS p5 ~$6.88/h);
+# CPU: AWS c7i on-demand, us-east-1, $0.0425 per vCPU-hour (c7i.large: $0.085/h, 2 vCPU).
+DEFAULT_PRICES: dict[str, float] = {
+    "cpu": 0.0425,
+    "h100": 2.69,
+    "h200": 3.50,
+    "a100": 1.79,
+    "l4": 0.80,
+    "a10g": 1.01,
+    "t4": 0.53,
+    "gpu": 2.69,
+}
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TranscribeOptions(_Model):
+    """``[transcribe]``: speech recognition."""
+
+    model: str = Field(
+        BUNDLED_WHISPER,
+        description="faster-whisper model: a size name (large-v3, large-v3-turbo, distil-large-v3), "
+        "a hub repository id, a local CTranslate2 folder, or 'bundled:tiny.en' (the embedded default)",
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when a GPU is visible")
+    compute_type: str = Field("auto", description="CTranslate2 compute type; auto: float16 on cuda, int8 on cpu")
+    batch_size: int = Field(16, ge=1, le=512, description="30-second chunks per model forward pass, filled across recordings")
+    beam_size: int = Field(5, ge=1, le=16, description="beam width (1 = greedy)")
+    language: str | None = Field(None, description="force a language code; default: the item's `language`, else detect")
+    timestamps: bool = Field(False, description="segment timestamps inside a chunk (else one segment per VAD chunk)")
+    chunk_length_s: int = Field(30, ge=5, le=30, description="longest chunk of speech fed to the model")
+    vad: bool = Field(True, description="Silero VAD: skip silence, and never hallucinate text on noise")
+    vad_threshold: float = Field(0.5, gt=0, lt=1, description="speech probability threshold")
+    vad_min_silence_ms: int = Field(160, ge=0, description="silence that splits speech")
+    vad_speech_pad_ms: int = Field(400, ge=0, description="padding kept around speech")
+    split_channels: bool = Field(False, description="transcribe each channel separately (stereo call recordings)")
+    max_duration_s: float = Field(4 * 3600, gt=0, description="longer recordings fail with error_code=too_long")
+    max_file_mb: float = Field(2048, gt=0, description="larger files fail with error_code=too_large")
+    no_speech_threshold: float = Field(0.6, ge=0, le=1, description="drop a segment above this no-speech probability...")
+    log_prob_threshold: float = Field(-1.0, description="...when its average log-probability is also below this")
+    cpu_threads: int = Field(0, ge=0, description="CTranslate2 threads per actor on CPU (0: one per core it holds)")
+    actors: int = Field(1, ge=1, description="Whisper actors (one model each)")
+    gpus_per_actor: float | None = Field(None, ge=0, description="GPUs per actor; default 1 when device is cuda, else 0")
+    cpus_per_actor: float = Field(1.0, gt=0, description="CPU cores reserved per Whisper actor")
+    decode_cpus: float = Field(0.5, gt=0, description="CPU cores per decode task")
+    items_per_call: int = Field(0, ge=0, description="recordings per actor call; 0: 4 x batch_size")
+    accelerator_type: str | None = Field(None, description="Ray accelerator type for actors, e.g. H100")
+    resource: str | None = Field(None, description="price-table key of what an actor holds; default detected")
+
+
+class RunOptions(_Model):
+    """``[job]``: where, and as what."""
+
+    kind: Literal["transcribe", "process", "chain"] = Field("transcribe", description="which job")
+    input: str = Field(..., description="folder, file, URL prefix (s3://, gs://, file://) or manifest (.csv, .jsonl, .parquet)")
+    output: str = Field(..., description="folder or URL prefix for transcripts/, costs/, runs/")
+    run_id: str | None = Field(None, description="default: <kind>-<UTC time>-<random>; set it for deterministic scheduled runs")
+    ray_address: str | None = Field(None, description="join this Ray cluster; default: start a local one")
+    max_items: int | None = Field(None, ge=1, description="process at most this many pending items (samples, tests)")
+    progress: bool = Field(True, description="print progress lines while running")
+
+
+class JobSpec(_Model):
+    job: RunOptions
+    transcribe: TranscribeOptions = TranscribeOptions()
+    process: dict[str, Any] = Field(default_factory=dict, description="[process] (document job)")
+    prices: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_PRICES), description="USD per hour per unit")
+
+    @field_validator("prices")
+    @classmethod
+    def _prices_complete(cls, prices: dict[str, float]) -> dict[str, float]:
+        merged = {**DEFAULT_PRICES, **prices}
+        bad = {k: v for k, v in merged.items() if v < 0}
+        if bad:
+            raise ValueError(f"prices must be >= 0, got {bad}")
+        return merged
+
+    @model_validator(mode="after")
+    def _run_id(self) -> JobSpec:
+        if self.job.run_id is None:
+            stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+            object.__setattr__(
+                self, "job", self.job.model_copy(update={"run_id": f"{self.job.kind}-{stamp}-{secrets.token_hex(3)}"})
+            )
+        return self
+
+    @property
+    def run_id(self) -> str:
+        assert self.job.run_id is not None  # set by the validator
+        return self.job.run_id
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if value is None:
+            continue
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def read_job_file(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read job file {str(path)!r}: {exc.strerror}") from None
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        else:
+            data = tomllib.loads(text)
+    except Exception as exc:
+        raise ConfigError(f"job file {str(path)!r} is not valid {path.suffix[1:].upper() or 'TOML'}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"job file {str(path)!r} must hold a table of sections ([job], [transcribe], ...)")
+    return data
+
+
+def build_spec(file_data: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None) -> JobSpec:
+    """Validate defaults < file < overrides into a JobSpec; never mutates its arguments."""
+    merged = _deep_merge(file_data or {}, overrides or {})
+    try:
+        return JobSpec.model_validate(merged)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "(job)"
+            value = err.get("input")
+            shown = "" if isinstance(value, dict) else f" (got {value!r})"
+            problems.append(f"  {where}: {err['msg']}{shown}")
+        raise ConfigError("invalid job spec:\n" + "\n".join(problems)) from None
+
+
+def reference() -> str:
+    """The config reference, generated from the models' field descriptions."""
+    lines = []
+    for section, model in (("job", RunOptions), ("transcribe", TranscribeOptions)):
+        lines.append(f"[{section}]")
+        for name, field in model.model_fields.items():
+            default = "required" if field.is_required() else repr(field.default)
+            lines.append(f"  {name} = {default}  # {field.description}")
+        lines.append("")
+    lines.append("[prices]  # USD per hour per unit; defaults:")
+    lines.extend(f"  {k} = {v}" for k, v in DEFAULT_PRICES.items())
+    return "\n".join(lines)

