@@ -1,0 +1,239 @@
+"""CTranslate2 backend: ``ctranslate2.Generator`` on CPU (int8) or CUDA (float16).
+
+No constrained decoding: ``json_schema`` replies are generated freely and validated by the
+task layer; ``choices`` are scored exactly with ``Generator.score_batch``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from workers.llm.adapter import (
+    FINISH_CONTEXT_EXCEEDED,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    BackendConfigError,
+    Generation,
+    GenerationParams,
+    split_on_offsets,
+)
+from workers.llm.prepare import METADATA_FILE
+
+# When a model directory does not say (CTranslate2's config.json has no context length).
+_DEFAULT_CONTEXT_LENGTH = 2048
+
+
+class ChatTemplate:
+    """A Hugging Face style chat template rendered with jinja2, sandboxed as transformers does."""
+
+    def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "") -> None:
+        import jinja2
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message: str) -> None:
+            raise jinja2.exceptions.TemplateError(message)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        self._template = env.from_string(source)
+        self._bos = bos_token
+        self._eos = eos_token
+
+    def render(self, messages: list[dict[str, str]]) -> str:
+        return self._template.render(
+            messages=messages,
+            add_generation_prompt=True,
+            bos_token=self._bos,
+            eos_token=self._eos,
+        )
+
+
+def _load_model_metadata(model_dir: Path) -> dict[str, Any]:
+    """Chat template, special tokens and context length of a CTranslate2 model directory.
+
+    Ours (prepared from GGUF) carry ``overnight_llm.json``; directories made by
+    ``ct2-transformers-converter --copy_files tokenizer.json tokenizer_config.json`` carry
+    the Hugging Face files instead.
+    """
+    ours = model_dir / METADATA_FILE
+    if ours.is_file():
+        meta: dict[str, Any] = json.loads(ours.read_text())
+        return meta
+    config = json.loads((model_dir / "config.json").read_text())
+    tok_config_path = model_dir / "tokenizer_config.json"
+    tok_config = json.loads(tok_config_path.read_text()) if tok_config_path.is_file() else {}
+
+    def token(value: Any) -> str | None:
+        return value.get("content") if isinstance(value, dict) else value
+
+    eos = token(tok_config.get("eos_token")) or config.get("eos_token")
+    template = tok_config.get("chat_template")
+    if not template:
+        raise BackendConfigError(
+            f"model directory {model_dir} has no chat template: copy tokenizer_config.json "
+            "into it (ct2-transformers-converter --copy_files tokenizer.json tokenizer_config.json)"
+        )
+    context = tok_config.get("model_max_length")
+    if not isinstance(context, int) or context > 10_000_000:
+        context = _DEFAULT_CONTEXT_LENGTH
+    end_of_turn = [eos] if eos else []
+    for marker in ("<|im_end|>", "<|eot_id|>", "<end_of_turn>"):
+        if marker in template and marker not in end_of_turn:
+            end_of_turn.append(marker)
+    return {
+        "chat_template": template,
+        "bos_token": token(tok_config.get("bos_token")) or config.get("bos_token") or "",
+        "eos_token": eos or "",
+        "end_of_turn_tokens": end_of_turn,
+        "context_length": context,
+    }
+
+
+class CTranslate2Backend:
+    name = "ctranslate2"
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        model_id: str | None = None,
+        device: str = "cpu",
+        compute_type: str = "int8",
+        max_batch_size: int = 32,
+        cpu_threads: int = 0,
+    ) -> None:
+        import ctranslate2
+        from tokenizers import Tokenizer
+
+        model_dir = Path(model_dir)
+        tokenizer_path = model_dir / "tokenizer.json"
+        if not tokenizer_path.is_file():
+            raise BackendConfigError(f"model directory {model_dir} lacks tokenizer.json")
+        meta = _load_model_metadata(model_dir)
+        self.model_id = model_id or str(model_dir)
+        self.device = device
+        self.compute_type = compute_type
+        self.context_length = int(meta.get("context_length") or _DEFAULT_CONTEXT_LENGTH)
+        self.max_batch_size = max_batch_size
+        self._tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        self._template = ChatTemplate(
+            meta["chat_template"],
+            bos_token=meta.get("bos_token") or "",
+            eos_token=meta.get("eos_token") or "",
+        )
+        self._end_tokens: list[str] = list(meta.get("end_of_turn_tokens") or [meta["eos_token"]])
+        self._end_ids = {self._tokenizer.token_to_id(t) for t in self._end_tokens}
+        self._end_ids.discard(None)
+        self._generator = ctranslate2.Generator(
+            str(model_dir), device=device, compute_type=compute_type, intra_threads=cpu_threads
+        )
+        self.cpu_threads = cpu_threads
+
+    # -- text ------------------------------------------------------------------------------
+
+    def _tokens(self, text: str) -> list[str]:
+        return list(self._tokenizer.encode(text, add_special_tokens=False).tokens)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def split_by_tokens(self, text: str, max_tokens: int) -> list[str]:
+        encoding = self._tokenizer.encode(text, add_special_tokens=False)
+        starts = [start for start, _ in encoding.offsets]
+        return split_on_offsets(text, starts, max_tokens, self.count_tokens)
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        return self._template.render(messages)
+
+    # -- generation ------------------------------------------------------------------------
+
+    def generate(
+        self, conversations: list[list[dict[str, str]]], params: GenerationParams
+    ) -> list[Generation]:
+        prompts = [self._tokens(self.render_chat(c)) for c in conversations]
+        results: list[Generation | None] = [None] * len(prompts)
+        runnable = []
+        for i, prompt in enumerate(prompts):
+            if len(prompt) >= self.context_length:
+                results[i] = Generation("", len(prompt), 0, FINISH_CONTEXT_EXCEEDED)
+            else:
+                runnable.append(i)
+        if params.choices is not None:
+            labels = self._best_choices([prompts[i] for i in runnable], params.choices)
+            for i, label in zip(runnable, labels, strict=True):
+                results[i] = Generation(
+                    text=label,
+                    input_tokens=len(prompts[i]),
+                    output_tokens=self.count_tokens(label) + 1,
+                    finish_reason=FINISH_STOP,
+                )
+            return self._complete(results)
+        # Length-sorted batches waste the least padding; one max_length per batch, so an
+        # item close to the context limit only shortens the replies of its own batch.
+        runnable.sort(key=lambda i: len(prompts[i]))
+        for lo in range(0, len(runnable), self.max_batch_size):
+            batch = runnable[lo : lo + self.max_batch_size]
+            max_length = min(
+                params.max_new_tokens,
+                *(self.context_length - len(prompts[i]) for i in batch),
+            )
+            sampling: dict[str, Any] = {"sampling_topk": 1}
+            if params.temperature > 0:
+                sampling = {"sampling_topk": 0, "sampling_temperature": params.temperature}
+            outputs = self._generator.generate_batch(
+                [prompts[i] for i in batch],
+                max_length=max_length,
+                include_prompt_in_result=False,
+                end_token=self._end_tokens,
+                return_end_token=True,
+                **sampling,
+            )
+            for i, output in zip(batch, outputs, strict=True):
+                ids = list(output.sequences_ids[0])
+                stopped = bool(ids) and ids[-1] in self._end_ids
+                text_ids = ids[:-1] if stopped else ids
+                results[i] = Generation(
+                    text=self._tokenizer.decode(text_ids, skip_special_tokens=True),
+                    input_tokens=len(prompts[i]),
+                    output_tokens=len(ids),
+                    finish_reason=FINISH_STOP if stopped else FINISH_LENGTH,
+                )
+        return self._complete(results)
+
+    @staticmethod
+    def _complete(results: list[Generation | None]) -> list[Generation]:
+        done = [r for r in results if r is not None]
+        if len(done) != len(results):
+            raise RuntimeError("CTranslate2 backend lost replies: this is a bug")
+        return done
+
+    def choose(
+        self, conversations: list[list[dict[str, str]]], choices: Sequence[str]
+    ) -> list[str]:
+        params = GenerationParams(choices=tuple(choices))
+        return [g.text for g in self.generate(conversations, params)]
+
+    def _best_choices(self, prompts: list[list[str]], choices: tuple[str, ...]) -> list[str]:
+        """For each prompt, the choice with the highest log-probability as the whole reply:
+        its tokens followed by the end-of-turn token (so a label that is a prefix of another
+        is not favoured)."""
+        end = self._end_tokens[0]
+        continuations = [[*self._tokens(choice), end] for choice in choices]
+        sequences = [prompt + cont for prompt in prompts for cont in continuations]
+        scores = self._generator.score_batch(
+            sequences, max_batch_size=self.max_batch_size, max_input_length=0
+        )
+        best: list[str] = []
+        for p in range(len(prompts)):
+            top_label, top_score = choices[0], -math.inf
+            for c, cont in enumerate(continuations):
+                log_probs = scores[p * len(choices) + c].log_probs
+                score = float(sum(log_probs[-len(cont) :]))
+                if score > top_score:
+                    top_label, top_score = choices[c], score
+            best.append(top_label)
+        return best
