@@ -93,6 +93,42 @@ def _load_model_metadata(model_dir: Path) -> dict[str, Any]:
     }
 
 
+def _stop_after_json(batch_size: int, done: set[int]) -> Any:
+    """A generate_batch callback that ends a reply once its first JSON object is complete.
+
+    Without constrained decoding, small models often keep talking after the object; those
+    tokens cost time and are thrown away by the parser anyway. Byte-level BPE tokens spell
+    ASCII punctuation as itself, so braces, quotes and backslashes can be tracked on the
+    token strings directly.
+    """
+    depth = [0] * batch_size
+    in_string = [False] * batch_size
+    escaped = [False] * batch_size
+
+    def callback(step: Any) -> bool:
+        b = step.batch_id
+        for char in step.token:
+            if in_string[b]:
+                if escaped[b]:
+                    escaped[b] = False
+                elif char == "\\":
+                    escaped[b] = True
+                elif char == '"':
+                    in_string[b] = False
+            elif char == '"' and depth[b] > 0:
+                in_string[b] = True
+            elif char == "{":
+                depth[b] += 1
+            elif char == "}" and depth[b] > 0:
+                depth[b] -= 1
+                if depth[b] == 0:
+                    done.add(b)
+                    return True
+        return False
+
+    return callback
+
+
 class CTranslate2Backend:
     name = "ctranslate2"
 
@@ -181,21 +217,25 @@ class CTranslate2Backend:
                 params.max_new_tokens,
                 *(self.context_length - len(prompts[i]) for i in batch),
             )
-            sampling: dict[str, Any] = {"sampling_topk": 1}
+            options: dict[str, Any] = {"sampling_topk": 1}
             if params.temperature > 0:
-                sampling = {"sampling_topk": 0, "sampling_temperature": params.temperature}
+                options = {"sampling_topk": 0, "sampling_temperature": params.temperature}
+            json_done: set[int] = set()
+            if params.json_schema is not None:
+                options["callback"] = _stop_after_json(len(batch), json_done)
             outputs = self._generator.generate_batch(
                 [prompts[i] for i in batch],
                 max_length=max_length,
                 include_prompt_in_result=False,
                 end_token=self._end_tokens,
                 return_end_token=True,
-                **sampling,
+                **options,
             )
-            for i, output in zip(batch, outputs, strict=True):
+            for b, (i, output) in enumerate(zip(batch, outputs, strict=True)):
                 ids = list(output.sequences_ids[0])
-                stopped = bool(ids) and ids[-1] in self._end_ids
-                text_ids = ids[:-1] if stopped else ids
+                ended = bool(ids) and ids[-1] in self._end_ids
+                stopped = ended or b in json_done
+                text_ids = ids[:-1] if ended else ids
                 results[i] = Generation(
                     text=self._tokenizer.decode(text_ids, skip_special_tokens=True),
                     input_tokens=len(prompts[i]),

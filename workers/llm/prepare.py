@@ -39,8 +39,16 @@ _DIGIT_SPLIT_PRE = frozenset(
 )
 _GPT2_PRE = frozenset({"gpt2", "default"})
 _CONTROL_TOKEN_TYPES = frozenset({3, 4})  # llama.cpp CONTROL and USER_DEFINED
-_ACCEPTED_QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16")
-_ACCEPTED_QUANTIZATIONS += ("float16", "bfloat16", "float32")
+_ACCEPTED_QUANTIZATIONS = (
+    "int8",
+    "int8_float32",
+    "int8_float16",
+    "int8_bfloat16",
+    "int16",
+    "float16",
+    "bfloat16",
+    "float32",
+)
 
 
 class ModelPreparationError(RuntimeError):
@@ -302,6 +310,7 @@ def _build_tokenizer(reader: Any, tokens: list[str]) -> tuple[Any, list[str]]:
         )
     pre = _field(reader, "tokenizer.ggml.pre", "default")
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    pre_tokenizer: Any
     if pre in _DIGIT_SPLIT_PRE:
         pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Digits(individual_digits=True), byte_level]

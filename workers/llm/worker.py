@@ -1,0 +1,314 @@
+"""``LLMWorker``: the Ray Data ``map_batches`` callable that runs one LLM task over documents.
+
+Use it with ``batch_format="pyarrow"`` and an actor pool, e.g.::
+
+    ds.map_batches(LLMWorker, fn_constructor_kwargs={"config": config},
+                   batch_format="pyarrow", batch_size=64,
+                   compute=ray.data.ActorPoolStrategy(size=1), num_gpus=1)
+
+The model loads once per actor in ``__init__``; nothing loads at import or on the driver.
+Every input row comes out once, in order: rows already in error pass through untouched,
+per-item failures become error rows, and only engine failures (the model cannot load,
+CUDA out of memory at load) raise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from schemas.errors import ErrorCode
+from workers.llm.adapter import BACKENDS, BackendConfigError, LLMBackend, load_backend
+from workers.llm.tasks import STATUS_ERROR, TaskInput, TaskSpec, run_task
+
+# Columns this worker writes, typed as in schemas.DOCUMENT_RESULTS.
+OUTPUT_FIELDS = (
+    pa.field("task", pa.string()),
+    pa.field("output_text", pa.string()),
+    pa.field("output_json", pa.string()),
+    pa.field("label", pa.string()),
+    pa.field("input_tokens", pa.int64()),
+    pa.field("output_tokens", pa.int64()),
+    pa.field("num_chunks", pa.int32()),
+    pa.field("model", pa.string()),
+    pa.field("llm_s", pa.float64()),
+    pa.field("llm_resource", pa.string()),
+    pa.field("llm_units", pa.float64()),
+    pa.field("worker", pa.string()),
+)
+_STATUS_FIELDS = (
+    pa.field("status", pa.string(), nullable=False),
+    pa.field("error_code", pa.string()),
+    pa.field("error_message", pa.string()),
+)
+# Never offered to prompt templates as metadata.
+_NOT_METADATA = frozenset(
+    {"text", "metadata", "segments"}
+    | {f.name for f in OUTPUT_FIELDS}
+    | {f.name for f in _STATUS_FIELDS}
+)
+# GPU product names as they appear in nvidia-smi, longest first ("a100" before "a10").
+_GPU_KINDS = (
+    "gh200",
+    "h200",
+    "h100",
+    "h20",
+    "b200",
+    "b100",
+    "a100",
+    "a10g",
+    "a10",
+    "l40s",
+    "l40",
+    "l4",
+    "a6000",
+    "v100",
+    "t4",
+)
+
+
+@dataclass(frozen=True)
+class LLMWorkerConfig:
+    """Everything an LLM actor needs; immutable and picklable.
+
+    task: what to do with each document (see ``workers.llm.tasks``).
+    backend: ``ctranslate2`` (CPU or CUDA) or ``vllm`` (CUDA, the ``gpu`` extra).
+    model: None for the backend's embedded default, else a path or hub name.
+    device, compute_type: ``auto`` picks cuda/float16 when a GPU is visible, else cpu/int8.
+    max_batch_size: CTranslate2 examples per batch.
+    max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, max_model_len: vLLM.
+    cpu_threads: CTranslate2 threads on CPU (0: its default).
+    max_new_tokens: overrides the task's cap on generated tokens per call.
+    resource: the ``llm_resource`` label (a price-table key); None detects it.
+    units: ``llm_units`` (GPUs or CPU cores held); None takes Ray's assignment or a guess.
+    """
+
+    task: TaskSpec
+    backend: str = "ctranslate2"
+    model: str | None = None
+    device: str = "auto"
+    compute_type: str = "auto"
+    max_batch_size: int = 32
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None
+    cpu_threads: int = 0
+    max_new_tokens: int | None = None
+    resource: str | None = None
+    units: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.task, TaskSpec):
+            raise BackendConfigError(f"task={self.task!r}: must be a TaskSpec")
+        if self.backend not in BACKENDS:
+            raise BackendConfigError(f"backend={self.backend!r}: use one of {', '.join(BACKENDS)}")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise BackendConfigError(f"max_new_tokens={self.max_new_tokens}: must be >= 1")
+        if self.units is not None and self.units <= 0:
+            raise BackendConfigError(f"units={self.units}: must be positive")
+
+    @property
+    def effective_task(self) -> TaskSpec:
+        if self.max_new_tokens is None:
+            return self.task
+        fields = {k: getattr(self.task, k) for k in self.task.__dataclass_fields__}
+        fields["max_new_tokens"] = self.max_new_tokens
+        return TaskSpec(**fields)
+
+    def options(self) -> dict[str, Any]:
+        """The effective options, as JSON-ready data, for the rows' ``options`` column."""
+        data = asdict(self)
+        data["task"] = self.effective_task.options()
+        return data
+
+
+def detect_gpu_kind() -> str:
+    """A short GPU label such as ``h100`` from ``nvidia-smi``; ``gpu`` when unknown."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return "gpu"
+    try:
+        names = subprocess.run(
+            [exe, "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "gpu"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    lines = [line.strip().lower() for line in names.splitlines() if line.strip()]
+    if visible and visible.split(",")[0].isdigit() and int(visible.split(",")[0]) < len(lines):
+        lines = [lines[int(visible.split(",")[0])]]
+    compact = lines[0].replace(" ", "").replace("-", "") if lines else ""
+    for kind in _GPU_KINDS:
+        if kind in compact:
+            return kind
+    return "gpu"
+
+
+def _ray_context() -> tuple[str | None, dict[str, float]]:
+    """(``node=... actor=...``, assigned resources) inside a Ray worker; (None, {}) outside."""
+    try:
+        import ray
+    except ImportError:
+        return None, {}
+    if not ray.is_initialized():
+        return None, {}
+    ctx = ray.get_runtime_context()
+    parts = [f"node={ctx.get_node_id()}"]
+    actor = ctx.get_actor_id()
+    if actor:
+        parts.append(f"actor={actor}")
+    try:
+        resources = dict(ctx.get_assigned_resources())
+    except Exception:
+        resources = {}
+    return " ".join(parts), resources
+
+
+class LLMWorker:
+    """Adds the LLM task's result columns to a batch of document rows (see module doc)."""
+
+    def __init__(self, config: LLMWorkerConfig) -> None:
+        self.config = config
+        self.task = config.effective_task
+        self.backend: LLMBackend = load_backend(
+            config.backend,
+            config.model,
+            device=config.device,
+            compute_type=config.compute_type,
+            max_batch_size=config.max_batch_size,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            cpu_threads=config.cpu_threads,
+            max_model_len=config.max_model_len,
+        )
+        ray_worker, assigned = _ray_context()
+        self.worker_id = ray_worker or f"host={socket.gethostname()} pid={os.getpid()}"
+        if config.resource is not None:
+            self.resource = config.resource
+        else:
+            self.resource = "cpu" if self.backend.device == "cpu" else detect_gpu_kind()
+        if config.units is not None:
+            self.units = float(config.units)
+        elif self.backend.device == "cpu":
+            threads = getattr(self.backend, "cpu_threads", 0) or 0
+            self.units = float(assigned.get("CPU") or threads or os.cpu_count() or 1)
+        else:
+            self.units = float(assigned.get("GPU") or 1.0)
+        self.model = f"{self.backend.name}:{self.backend.model_id}"
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        if not isinstance(batch, pa.Table):
+            raise TypeError(
+                f"LLMWorker takes pyarrow tables (map_batches(..., batch_format='pyarrow')), "
+                f"got {type(batch).__name__}"
+            )
+        rows = batch.num_rows
+        names = set(batch.column_names)
+        for required in ("item_id", "text", "status"):
+            if required not in names:
+                raise KeyError(f"LLMWorker input lacks the column {required!r}")
+        item_ids = batch.column("item_id").to_pylist()
+        texts = batch.column("text").to_pylist()
+        status = batch.column("status").to_pylist()
+        error_code = _column(batch, "error_code", rows)
+        error_message = _column(batch, "error_message", rows)
+        metadata = _metadata(batch)
+
+        inputs: list[TaskInput] = []
+        positions: list[int] = []
+        for i in range(rows):
+            if status[i] == STATUS_ERROR:
+                continue
+            if texts[i] is None:
+                status[i] = STATUS_ERROR
+                error_code[i] = ErrorCode.INVALID_INPUT.value
+                error_message[i] = "no document text for an item not marked as failed"
+                continue
+            inputs.append(TaskInput(str(item_ids[i]), texts[i], metadata[i]))
+            positions.append(i)
+
+        out: dict[str, list[Any]] = {f.name: [None] * rows for f in OUTPUT_FIELDS}
+        results = run_task(self.backend, self.task, inputs)
+        for i, result in zip(positions, results, strict=True):
+            out["task"][i] = self.task.task_name
+            out["model"][i] = self.model
+            out["llm_resource"][i] = self.resource
+            out["llm_units"][i] = self.units
+            out["worker"][i] = self.worker_id
+            out["input_tokens"][i] = result.input_tokens
+            out["output_tokens"][i] = result.output_tokens
+            out["num_chunks"][i] = result.num_chunks
+            out["llm_s"][i] = result.llm_s
+            out["output_text"][i] = result.output_text
+            out["output_json"][i] = result.output_json
+            out["label"][i] = result.label
+            status[i] = result.status
+            if result.status == STATUS_ERROR:
+                error_code[i] = result.error_code
+                error_message[i] = result.error_message
+
+        table = batch
+        for field, values in (
+            *zip(_STATUS_FIELDS, (status, error_code, error_message), strict=True),
+            *((f, out[f.name]) for f in OUTPUT_FIELDS),
+        ):
+            table = _put(table, field, pa.array(values, type=field.type))
+        if table.num_rows != rows:
+            raise RuntimeError("LLMWorker changed the number of rows: this is a bug")
+        return table
+
+
+def _column(batch: pa.Table, name: str, rows: int) -> list[Any]:
+    return batch.column(name).to_pylist() if name in batch.column_names else [None] * rows
+
+
+def _put(table: pa.Table, field: pa.Field, values: pa.Array) -> pa.Table:
+    if field.name in table.column_names:
+        return table.set_column(table.column_names.index(field.name), field, values)
+    return table.append_column(field, values)
+
+
+def _metadata(batch: pa.Table) -> list[dict[str, str]]:
+    """Per row, the values prompt templates may use: scalar columns (tenant, source_uri,
+    ...) and the entries of the ``metadata`` map column; columns win over map entries."""
+    rows = batch.num_rows
+    result: list[dict[str, str]] = [{} for _ in range(rows)]
+    if "metadata" in batch.column_names:
+        for i, entries in enumerate(batch.column("metadata").to_pylist()):
+            for key, value in entries or []:
+                if value is not None:
+                    result[i][str(key)] = str(value)
+    for field in batch.schema:
+        if field.name in _NOT_METADATA:
+            continue
+        kind = field.type
+        if not (
+            pa.types.is_string(kind)
+            or pa.types.is_large_string(kind)
+            or pa.types.is_integer(kind)
+            or pa.types.is_floating(kind)
+            or pa.types.is_boolean(kind)
+        ):
+            continue
+        for i, value in enumerate(batch.column(field.name).to_pylist()):
+            if value is not None:
+                result[i][field.name] = str(value)
+    return result
+
+
+def options_json(config: LLMWorkerConfig) -> str:
+    """``config.options()`` as compact JSON (for the ``options`` provenance column)."""
+    return json.dumps(config.options(), sort_keys=True, default=str)
