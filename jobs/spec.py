@@ -57,6 +57,7 @@ class TranscribeOptions(_Model):
     vad_min_silence_ms: int = Field(160, ge=0, description="silence that splits speech")
     vad_speech_pad_ms: int = Field(400, ge=0, description="padding kept around speech")
     split_channels: bool = Field(False, description="transcribe each channel separately (stereo call recordings)")
+    turn_gap_s: float = Field(1.0, gt=0, description="split channels: a pause this long on one channel ends a dialogue turn")
     max_duration_s: float = Field(4 * 3600, gt=0, description="longer recordings fail with error_code=too_long")
     max_file_mb: float = Field(2048, gt=0, description="larger files fail with error_code=too_large")
     no_speech_threshold: float = Field(0.6, ge=0, le=1, description="drop a segment above this no-speech probability...")
@@ -114,12 +115,13 @@ class JobSpec(_Model):
 
 
 def _deep_merge(base: dict, over: dict) -> dict:
+    """``over`` wins; its None values mean "not given" at any depth."""
     out = copy.deepcopy(base)
     for key, value in over.items():
         if value is None:
             continue
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
+        if isinstance(value, dict):
+            out[key] = _deep_merge(out.get(key) if isinstance(out.get(key), dict) else {}, value)
         else:
             out[key] = copy.deepcopy(value)
     return out

@@ -14,7 +14,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import fsspec
@@ -65,6 +65,24 @@ class Location:
         return Location(self.fs, posixpath.join(self.path, *parts), self.scheme)
 
 
+@dataclass(frozen=True)
+class StorageConfig:
+    """Connection settings captured once on the driver and shipped to Ray tasks.
+
+    Tasks on other nodes must not depend on their own environment, so the driver's view of
+    endpoints and credentials travels with the job. ``repr`` never shows it.
+    """
+
+    s3: tuple[tuple[str, object], ...] = field(default=(), repr=False)
+
+    @classmethod
+    def from_env(cls) -> StorageConfig:
+        return cls(s3=tuple(sorted(_s3_options().items())))
+
+    def __repr__(self) -> str:
+        return "StorageConfig(<credentials hidden>)"
+
+
 def _s3_options() -> dict:
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     options: dict = {}
@@ -84,7 +102,7 @@ def _s3_options() -> dict:
     return options
 
 
-def resolve(url: str) -> Location:
+def resolve(url: str, config: StorageConfig | None = None) -> Location:
     """Parse a local path, ``file://``, ``s3://`` or ``gs://`` URL."""
     if "://" not in url:
         return Location(fsspec.filesystem("file"), os.path.abspath(os.path.expanduser(url)), "file")
@@ -93,7 +111,8 @@ def resolve(url: str) -> Location:
         return Location(fsspec.filesystem("file"), os.path.abspath(rest), "file")
     if scheme in ("s3", "s3a"):
         # Fresh instance: fsspec caches instances by arguments, and tests change endpoints.
-        fs = fsspec.filesystem("s3", skip_instance_cache=True, **_s3_options())
+        options = dict(config.s3) if config is not None else _s3_options()
+        fs = fsspec.filesystem("s3", skip_instance_cache=True, **options)
         return Location(fs, rest.rstrip("/"), "s3")
     if scheme in ("gs", "gcs"):
         try:
@@ -175,9 +194,9 @@ def _etag(info: dict) -> str | None:
     return f"mtime:{int(float(mtime) * 1e9)}"
 
 
-def stat(uri: str) -> ObjectInfo:
+def stat(uri: str, config: StorageConfig | None = None) -> ObjectInfo:
     """Size and ETag (or mtime) of one object; (None, None) when it does not exist."""
-    loc = resolve(uri)
+    loc = resolve(uri, config)
     try:
         info = with_retries(f"stat {uri}", lambda: loc.fs.info(loc.path))
     except (FileNotFoundError, PermissionError):
@@ -217,10 +236,10 @@ def list_objects(url: str) -> list[ObjectInfo]:
     return objects
 
 
-def read_bytes(uri: str) -> bytes:
+def read_bytes(uri: str, config: StorageConfig | None = None) -> bytes:
     """Whole object bytes. FileNotFoundError/PermissionError for a per-item failure; raises
     StorageUnavailable when storage itself is down."""
-    loc = resolve(uri)
+    loc = resolve(uri, config)
     return with_retries(f"read {uri}", lambda: loc.fs.cat_file(loc.path))
 
 

@@ -4,8 +4,9 @@ Shape (one row per item from the manifest to the sink, map-only):
 
     read_parquet(OUTPUT/_manifests/<run_id>/)            one small file per decode task
       → map_batches(fetch_and_decode)                    CPU tasks: bytes → feature chunks
-      → map_batches(WhisperWorker, ActorPoolStrategy)    one model per actor, cross-file batches
-      → map_batches(commit)                              one atomic Parquet file per batch
+      → map_batches(CommittingWhisper, ActorPoolStrategy) one model per actor, cross-file
+                                                         batches, each batch committed as one
+                                                         atomic Parquet file
       → driver iterates the slim commit rows             progress, counts, summary
 
 Resume uses our own commit protocol rather than Ray Data's ``checkpoint_config``: each output
@@ -19,6 +20,7 @@ pending-file cleanup pass that would delete files the driver already counted.
 from __future__ import annotations
 
 import functools
+import logging
 import io
 import math
 import sys
@@ -79,6 +81,7 @@ def audio_options(opts: TranscribeOptions) -> AudioOptions:
         vad_min_silence_ms=opts.vad_min_silence_ms,
         vad_speech_pad_ms=opts.vad_speech_pad_ms,
         split_channels=opts.split_channels,
+        turn_gap_s=opts.turn_gap_s,
         max_duration_s=opts.max_duration_s,
         feature_size=feature_size_for(opts.model),
     )
@@ -107,7 +110,14 @@ def _chunker(options: AudioOptions) -> AudioChunker:
     return AudioChunker(options)
 
 
-def fetch_and_decode(batch: pa.Table, *, options: AudioOptions, max_bytes: int, decode_units: float) -> pa.Table:
+def fetch_and_decode(
+    batch: pa.Table,
+    *,
+    options: AudioOptions,
+    max_bytes: int,
+    decode_units: float,
+    storage_config: storage.StorageConfig,
+) -> pa.Table:
     """CPU stage: object bytes → feature chunks; every failure becomes the row's error."""
     chunker = _chunker(options)
     out = []
@@ -123,7 +133,7 @@ def fetch_and_decode(batch: pa.Table, *, options: AudioOptions, max_bytes: int, 
             out.append(row)
             continue
         try:
-            data = storage.read_bytes(row["uri"])
+            data = storage.read_bytes(row["uri"], storage_config)
         except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
             row.update(status="error", error_code=ErrorCode.FETCH_FAILED.value,
                        error_message=storage.redact(f"cannot read the object: {type(exc).__name__}: {exc}"))
@@ -148,14 +158,31 @@ def fetch_and_decode(batch: pa.Table, *, options: AudioOptions, max_bytes: int, 
     return pa.Table.from_pylist(out, schema=DECODED)
 
 
-def commit(batch: pa.Table, *, dataset: storage.Location) -> pa.Table:
-    """Sink stage: validate against the schema, write one file atomically, return slim rows."""
-    table = batch.cast(TRANSCRIPTS) if batch.schema != TRANSCRIPTS else batch
+def commit(table: pa.Table, dataset: storage.Location) -> pa.Table:
+    """Validate against the schema, write one file atomically, return the slim rows."""
+    table = table.cast(TRANSCRIPTS) if table.schema != TRANSCRIPTS else table
     ids = table["item_id"].to_pylist()
     if len(set(ids)) != len(ids):
         raise RuntimeError("a batch holds the same item twice: the manifest must have unique ids")
     ledger.write_table(dataset, table)
     return table.select(_SLIM)
+
+
+class CommittingWhisper:
+    """The Whisper actor plus the commit of each batch it finishes.
+
+    Committing inside the actor call, rather than in a later stage, makes every finished
+    batch durable at once: Ray Data coalesces small output rows into large blocks, so a
+    separate sink stage would only see (and write) them when the whole task ends, and a
+    killed run would lose all of it.
+    """
+
+    def __init__(self, config: WhisperWorkerConfig, dataset: storage.Location):
+        self.worker = WhisperWorker(config)
+        self.dataset = dataset
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        return commit(self.worker(batch), self.dataset)
 
 
 def ensure_ray(address: str | None) -> None:
@@ -168,6 +195,8 @@ def ensure_ray(address: str | None) -> None:
     else:
         ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
+    # Our own progress lines replace Ray Data's per-operator log dumps.
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
 
 
 def _cluster_has_gpu() -> bool:
@@ -274,21 +303,19 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
             .map_batches(
                 fetch_and_decode,
                 fn_kwargs={"options": a_opts, "max_bytes": int(opts.max_file_mb * 2**20),
-                           "decode_units": opts.decode_cpus},
+                           "decode_units": opts.decode_cpus, "storage_config": storage.StorageConfig.from_env()},
                 batch_format="pyarrow",
                 batch_size=None,
                 num_cpus=opts.decode_cpus,
             )
             .map_batches(
-                WhisperWorker,
-                fn_constructor_kwargs={"config": config},
+                CommittingWhisper,
+                fn_constructor_kwargs={"config": config, "dataset": transcripts},
                 batch_format="pyarrow",
                 batch_size=items_per_call,
                 compute=ray.data.ActorPoolStrategy(size=opts.actors),
                 **actor_args,
             )
-            .map_batches(commit, fn_kwargs={"dataset": transcripts}, batch_format="pyarrow",
-                         batch_size=None, num_cpus=0.1)
         )
         progress = Progress(len(pending), spec.job.progress)
         t0 = time.monotonic()

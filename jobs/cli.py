@@ -1,0 +1,180 @@
+"""The ``overnight`` command: parse flags, merge them over the job file, call a job.
+
+No business logic here. Systemic failures arrive as ``OvernightError`` and are turned into
+one clear message and an exit status; per-item failures are in the output, exit status 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from jobs.errors import ConfigError, OvernightError
+from jobs.spec import JobSpec, build_spec, read_job_file, reference
+from jobs.storage import redact
+
+
+def _transcribe_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="faster-whisper model name or path (default: bundled tiny.en)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--compute-type")
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--beam-size", type=int)
+    p.add_argument("--language")
+    p.add_argument("--actors", type=int, help="Whisper actors (one model each)")
+    p.add_argument("--split-channels", action="store_true", default=None,
+                   help="transcribe each channel separately (agent/customer stereo calls)")
+    p.add_argument("--no-vad", dest="vad", action="store_false", default=None)
+
+
+def _common_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="job spec file (TOML or YAML); flags override it")
+    p.add_argument("--address", help="Ray cluster address (default: start Ray locally)")
+    p.add_argument("--run-id")
+    p.add_argument("--max-items", type=int)
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="overnight", description="Batch transcription and document processing on Ray.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("transcribe", help="transcribe recordings: INPUT → OUTPUT/transcripts, costs, runs")
+    t.add_argument("input", help="folder, file, URL prefix or manifest (.csv/.jsonl/.parquet)")
+    t.add_argument("output", help="folder or URL prefix")
+    _transcribe_flags(t)
+    _common_flags(t)
+
+    r = sub.add_parser("run", help="run a job spec file (scheduled runs)")
+    r.add_argument("job_file")
+    r.add_argument("--address")
+    r.add_argument("--run-id")
+    r.add_argument("--quiet", action="store_true")
+
+    sub.add_parser("config", help="print the job spec reference")
+
+    d = sub.add_parser("demo", help="synthesize a few calls and transcribe them (no input needed)")
+    d.add_argument("--output", default="demo-output")
+    d.add_argument("--address")
+    return ap
+
+
+def _overrides(args: argparse.Namespace, kind: str) -> dict[str, Any]:
+    job = {
+        "kind": kind,
+        "input": getattr(args, "input", None),
+        "output": getattr(args, "output", None),
+        "ray_address": getattr(args, "address", None),
+        "run_id": getattr(args, "run_id", None),
+        "max_items": getattr(args, "max_items", None),
+        "progress": False if getattr(args, "quiet", False) else None,
+    }
+    transcribe = {
+        key: getattr(args, key, None)
+        for key in ("model", "device", "compute_type", "batch_size", "beam_size", "language",
+                    "actors", "split_channels", "vad")
+    }
+    return {"job": job, "transcribe": transcribe}
+
+
+def run_spec(spec: JobSpec) -> dict[str, Any]:
+    if spec.job.kind == "transcribe":
+        from jobs.transcribe import run_transcribe
+
+        return run_transcribe(spec)
+    raise ConfigError(f"job kind {spec.job.kind!r} is not available in this version")
+
+
+def print_summary(summary: dict[str, Any], out=sys.stdout) -> None:
+    def money(value):
+        return "n/a" if value is None else f"${value:.6f}"
+
+    lines = [
+        f"run {summary['run_id']} ({summary['kind']})",
+        f"  items        {summary['items']} processed, {summary['succeeded']} ok, {summary['failed']} failed"
+        f" ({summary['items_already_done']} already done of {summary['items_listed']} listed)",
+    ]
+    if summary.get("errors_by_code"):
+        lines.append("  errors       " + ", ".join(f"{k}: {v}" for k, v in summary["errors_by_code"].items()))
+    if "audio_seconds" in summary:
+        lines.append(f"  audio        {summary['audio_seconds'] / 60:.2f} min, {summary.get('rtfx')}x real time")
+    lines += [
+        f"  time         {summary['wall_seconds']:.1f} s wall, {summary['accelerator_seconds']:.1f} s busy on "
+        f"{summary['accelerator']} of {summary['accelerator_reserved_seconds']:.1f} s reserved"
+        f" (utilization {summary['utilization']})",
+        f"  cost         {money(summary['cost_usd'])} busy, {money(summary['reserved_cost_usd'])} reserved",
+    ]
+    if summary.get("cost_per_audio_minute_usd") is not None:
+        lines.append(
+            f"  per minute   {money(summary['cost_per_audio_minute_usd'])} busy, "
+            f"{money(summary['reserved_cost_per_audio_minute_usd'])} reserved"
+        )
+    for key in ("transcripts", "results", "costs", "summary_path"):
+        if key in summary:
+            lines.append(f"  {key:<12} {summary[key]}")
+    print("\n".join(lines), file=out)
+
+
+def _demo(args: argparse.Namespace) -> dict[str, Any]:
+    from jobs.demo import make_demo_calls
+
+    work = Path(tempfile.mkdtemp(prefix="overnight-demo-"))
+    refs = make_demo_calls(work / "calls")
+    manifest = work / "calls" / "manifest.jsonl"
+    with open(manifest, "w") as f:
+        for name in refs:
+            row = {"uri": name, "tenant": "demo", "external_id": name.removesuffix(".wav")}
+            if name == "call_stereo.wav":
+                row["channel_labels"] = "agent,customer"
+            f.write(json.dumps(row) + "\n")
+    print(f"[overnight] synthesized {len(refs)} calls in {work / 'calls'}", file=sys.stderr)
+    spec = build_spec(overrides={"job": {"input": str(manifest), "output": os.path.abspath(args.output),
+                                         "ray_address": args.address}})
+    summary = run_spec(spec)
+    import pyarrow.dataset as pads
+
+    table = pads.dataset(summary["transcripts"], format="parquet").to_table(
+        columns=["source_uri", "status", "error_code", "text"])
+    print("\ntranscripts:")
+    for row in sorted(table.to_pylist(), key=lambda r: r["source_uri"]):
+        shown = row["text"] if row["status"] == "ok" else f"<{row['error_code']}>"
+        print(f"  {Path(row['source_uri']).name:<22} {shown!s:.110}")
+    print()
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if args.command == "config":
+            print(reference())
+            return 0
+        if args.command == "demo":
+            summary = _demo(args)
+        elif args.command == "transcribe":
+            file_data = read_job_file(args.config) if args.config else {}
+            summary = run_spec(build_spec(file_data, _overrides(args, "transcribe")))
+        elif args.command == "run":
+            file_data = read_job_file(args.job_file)
+            over = {"job": {"ray_address": args.address, "run_id": args.run_id,
+                            "progress": False if args.quiet else None}}
+            summary = run_spec(build_spec(file_data, over))
+        else:  # pragma: no cover - argparse enforces the choices
+            raise ConfigError(f"unknown command {args.command}")
+    except OvernightError as exc:
+        print(f"overnight: error: {redact(str(exc))}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("overnight: interrupted; finished items are committed, rerun to resume", file=sys.stderr)
+        return 130
+    print_summary(summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

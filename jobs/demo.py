@@ -1,0 +1,104 @@
+"""Synthesized calls for the quick start and the tests (no third-party media needed).
+
+espeak-ng (Debian package ``espeak-ng``) speaks known text; numpy mixes it into mono or
+agent/customer stereo WAVs. The texts are the references a word error rate is computed on.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import subprocess
+import wave
+from pathlib import Path
+
+import numpy as np
+
+SAMPLE_RATE = 16_000
+
+CALLS: tuple[tuple[str, str], ...] = (
+    ("call_billing", "Thank you for calling. I would like to pay my bill of fifty dollars on Friday."),
+    ("call_address", "Hello, I need to change the address on my account to the new apartment."),
+    ("call_cancel", "I want to cancel my subscription because the service stopped working last week."),
+    ("call_refund", "Could you please send the refund to my credit card before the end of the month?"),
+)
+DIALOGUE: tuple[tuple[str, str], ...] = (
+    ("agent", "Good morning, this is the billing department, how can I help you today?"),
+    ("customer", "I was charged twice for my internet service this month."),
+    ("agent", "I am sorry about that, I will refund the second payment right away."),
+)
+
+
+class SynthesisUnavailable(RuntimeError):
+    pass
+
+
+def espeak_available() -> bool:
+    return shutil.which("espeak-ng") is not None
+
+
+def speak(text: str, *, voice: str = "en-us", speed: int = 150) -> np.ndarray:
+    """Mono float32 speech at 16 kHz."""
+    exe = shutil.which("espeak-ng")
+    if exe is None:
+        raise SynthesisUnavailable("espeak-ng is not installed: apt-get install espeak-ng")
+    wav = subprocess.run(
+        [exe, "-v", voice, "-s", str(speed), "--stdout", text], capture_output=True, check=True
+    ).stdout
+    with wave.open(io.BytesIO(wav)) as w:
+        rate = w.getframerate()
+        pcm = np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16).astype(np.float32) / 32768
+    # espeak-ng speaks at 22.05 kHz: resample linearly, plenty for speech recognition.
+    n_out = int(len(pcm) * SAMPLE_RATE / rate)
+    return np.interp(np.linspace(0, len(pcm) - 1, n_out), np.arange(len(pcm)), pcm).astype(np.float32)
+
+
+def write_wav(path: Path, audio: np.ndarray) -> Path:
+    """audio: (samples,) mono or (channels, samples)."""
+    audio = np.atleast_2d(audio)
+    pcm = (np.clip(audio, -1, 1) * 32767).astype(np.int16).T.copy()
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(audio.shape[0])
+        w.setsampwidth(2)
+        w.setframerate(SAMPLE_RATE)
+        w.writeframes(pcm.tobytes())
+    return path
+
+
+def silence(seconds: float) -> np.ndarray:
+    return np.zeros(int(seconds * SAMPLE_RATE), dtype=np.float32)
+
+
+def noise(seconds: float, level: float = 0.05, seed: int = 0) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(int(seconds * SAMPLE_RATE)) * level).astype(np.float32)
+
+
+def stereo_dialogue(turns=DIALOGUE, gap_s: float = 0.6) -> tuple[np.ndarray, dict[str, str]]:
+    """Agent on the left channel, customer on the right, taking turns."""
+    labels = sorted({speaker for speaker, _ in turns}, key=[s for s, _ in turns].index)
+    channels: dict[str, list[np.ndarray]] = {label: [] for label in labels}
+    said: dict[str, list[str]] = {label: [] for label in labels}
+    for speaker, text in turns:
+        clip = np.concatenate([speak(text, voice="en-us" if speaker == "agent" else "en-gb"), silence(gap_s)])
+        for label in labels:
+            channels[label].append(clip if label == speaker else np.zeros_like(clip))
+        said[speaker].append(text)
+    audio = np.stack([np.concatenate(channels[label]) for label in labels])
+    return audio, {label: " ".join(texts) for label, texts in said.items()}
+
+
+def make_demo_calls(folder: Path) -> dict[str, str]:
+    """Write a few synthesized calls plus one bad file; returns file name → reference text."""
+    folder.mkdir(parents=True, exist_ok=True)
+    refs: dict[str, str] = {}
+    for name, text in CALLS:
+        write_wav(folder / f"{name}.wav", np.concatenate([silence(0.5), speak(text), silence(0.5)]))
+        refs[f"{name}.wav"] = text
+    audio, said = stereo_dialogue()
+    write_wav(folder / "call_stereo.wav", audio)
+    refs["call_stereo.wav"] = " ".join(said.values())
+    write_wav(folder / "call_silent.wav", noise(4.0))
+    refs["call_silent.wav"] = ""
+    (folder / "call_corrupt.wav").write_bytes(b"RIFF\x00\x00\x00\x00WAVEfmt garbage")
+    refs["call_corrupt.wav"] = ""
+    return refs

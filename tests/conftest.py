@@ -1,0 +1,134 @@
+"""Shared fixtures: one local Ray for the session, a real S3 endpoint, real and synthesized audio."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import string
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def normalize(text: str) -> list[str]:
+    text = text.lower().replace("-", " ")
+    text = re.sub(r"\$(\d+)", r"\1 dollars", text)
+    table = str.maketrans("", "", string.punctuation)
+    return text.translate(table).split()
+
+
+_NUMBERS = {"50": "fifty", "fifty": "fifty"}
+
+
+def wer(reference: str, hypothesis: str) -> float:
+    """Word error rate after lower-casing and stripping punctuation (Levenshtein on words)."""
+    ref = [_NUMBERS.get(w, w) for w in normalize(reference)]
+    hyp = [_NUMBERS.get(w, w) for w in normalize(hypothesis)]
+    if not ref:
+        return float(bool(hyp))
+    d = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        prev, d[0] = d[0], i
+        for j, h in enumerate(hyp, 1):
+            cur = min(d[j] + 1, d[j - 1] + 1, prev + (r != h))
+            prev, d[j] = d[j], cur
+    return d[len(hyp)] / len(ref)
+
+
+@pytest.fixture(scope="session")
+def shared_audio() -> Path:
+    folder = SHARED_DATA / "audio"
+    if not folder.is_dir():
+        pytest.skip("../shared/data/audio is absent (fresh clone outside the workplace)")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def shared_docs() -> Path:
+    folder = SHARED_DATA / "docs"
+    if not folder.is_dir():
+        pytest.skip("../shared/data/docs is absent (fresh clone outside the workplace)")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray for the whole session: starting Ray costs seconds on two cores."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def synth_calls(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    from jobs.demo import espeak_available, make_demo_calls
+
+    if not espeak_available():
+        pytest.skip("espeak-ng is not installed (apt-get install espeak-ng)")
+    folder = tmp_path_factory.mktemp("calls")
+    return folder, make_demo_calls(folder)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+_S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "AKIAOVERNIGHTTEST000",
+    "AWS_SECRET_ACCESS_KEY": "overnight-test-secret-key-do-not-log",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's real HTTP S3 endpoint on 127.0.0.1 (a free port)."""
+    from moto.server import ThreadedMotoServer
+
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch):
+    """Environment pointing at the moto endpoint (restored after the test), and a boto3 client."""
+    import boto3
+
+    for key, value in {**_S3_ENV, "AWS_ENDPOINT_URL": s3_server}.items():
+        monkeypatch.setenv(key, value)
+    for key in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(key, raising=False)
+    client = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1")
+    return client
+
+
+def upload_folder(client, bucket: str, folder: Path, prefix: str) -> None:
+    existing = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
+    if bucket not in existing:
+        client.create_bucket(Bucket=bucket)
+    for path in sorted(folder.iterdir()):
+        if path.is_file():
+            client.upload_file(str(path), bucket, f"{prefix.rstrip('/')}/{path.name}")
+
+
+def secrets_in(text: str) -> list[str]:
+    return [v for v in _S3_ENV.values() if v in text and v != "us-east-1"]
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for key in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(key)
+    return monkeypatch
