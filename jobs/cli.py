@@ -7,6 +7,7 @@ one clear message and an exit status; per-item failures are in the output, exit 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -61,7 +62,15 @@ def parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="synthesize a few calls and transcribe them (no input needed)")
     d.add_argument("--output", default="demo-output")
     d.add_argument("--address")
+
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).add_parser(sub)
     return ap
+
+
+# Modules that add their own subcommands: each has add_parser(subparsers) and sets
+# `handler=` on its parser; a handler takes the parsed args and returns an exit status.
+COMMAND_MODULES: tuple[str, ...] = ()
 
 
 def _overrides(args: argparse.Namespace, kind: str) -> dict[str, Any]:
@@ -159,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "transcribe":
             file_data = read_job_file(args.config) if args.config else {}
             summary = run_spec(build_spec(file_data, _overrides(args, "transcribe")))
+        elif getattr(args, "handler", None) is not None:
+            return int(args.handler(args))
         elif args.command == "run":
             file_data = read_job_file(args.job_file)
             over = {"job": {"ray_address": args.address, "run_id": args.run_id,

@@ -1,0 +1,283 @@
+#!/usr/bin/env python
+"""Side-by-side transcription benchmark, one process run, same files, model and options.
+
+(a) plain faster-whisper, one file at a time (WhisperModel.transcribe)
+(b) faster-whisper's BatchedInferencePipeline, one file at a time
+(c) overnight's pipeline (Ray Data, cross-file batching)
+
+Prints audio-seconds per second, ratios, word error rates and peak memory (RSS of the whole
+process tree, Ray's workers included). ``--scale 10`` also runs (c) on ten times the files to
+show time grows linearly and peak memory stays flat.
+
+    python scripts/bench_transcribe.py --files 60 --scale 10 --json bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from jobs.demo import silence, speak, write_wav  # noqa: E402
+from tests.conftest import normalize  # noqa: E402
+
+SENTENCES = [
+    "Thank you for calling customer support, how can I help you today",
+    "I would like to check the balance on my account please",
+    "My last payment was charged twice this month",
+    "Could you tell me when the technician will arrive",
+    "I need to update the billing address on my file",
+    "The internet connection keeps dropping every evening",
+    "I can promise to pay two hundred dollars next Friday",
+    "Please cancel the premium plan at the end of this cycle",
+    "Let me transfer you to the billing department",
+    "Your reference number is seven four two nine",
+    "I have been waiting for the refund for three weeks",
+    "Can you send me a copy of the invoice by email",
+    "The package was delivered to the wrong address",
+    "I would like to speak with a supervisor about this complaint",
+    "We will call you back tomorrow morning between nine and eleven",
+    "Is there a discount for customers who pay the whole year in advance",
+    "My card expired and I need to add a new one",
+    "The mobile application shows an error when I sign in",
+    "I am calling about the letter I received yesterday",
+    "Please confirm your date of birth and postal code",
+    "The new router arrived but the lights are blinking red",
+    "I want to move my appointment to next Tuesday afternoon",
+    "Thank you for your patience while I look into this",
+    "Is there anything else I can help you with today",
+]
+VOICES = ["en-us", "en-gb", "en-us+f3", "en-gb+m3"]
+
+
+def make_corpus(folder: Path, n: int, seed: int = 0) -> dict[str, str]:
+    """n recordings of 5-30 s of synthesized speech with pauses and light noise."""
+    refs_path = folder / "references.json"
+    if refs_path.exists():
+        refs = json.loads(refs_path.read_text())
+        if len(refs) == n:
+            return refs
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    rng = random.Random(seed)
+    cache: dict[tuple[str, str], np.ndarray] = {}
+    refs = {}
+    for i in range(n):
+        voice = VOICES[i % len(VOICES)]
+        target = rng.uniform(5, 28)
+        parts, said, length = [silence(rng.uniform(0.2, 1.0))], [], 0.0
+        while length < target:
+            sentence = rng.choice(SENTENCES)
+            clip = cache.setdefault((sentence, voice), speak(sentence, voice=voice))
+            if length + len(clip) / 16000 > 29 and said:
+                break
+            parts += [clip, silence(rng.uniform(0.3, 1.5))]
+            said.append(sentence)
+            length += len(clip) / 16000
+        audio = np.concatenate(parts)
+        audio = audio + np.random.default_rng(i).standard_normal(audio.size).astype(np.float32) * 0.003
+        name = f"call_{i:05d}.wav"
+        write_wav(folder / name, audio)
+        refs[name] = ". ".join(said) + "."
+    refs_path.write_text(json.dumps(refs))
+    return refs
+
+
+def errors_and_words(ref: str, hyp: str) -> tuple[int, int]:
+    r, h = normalize(ref), normalize(hyp)
+    d = list(range(len(h) + 1))
+    for i, rw in enumerate(r, 1):
+        prev, d[0] = d[0], i
+        for j, hw in enumerate(h, 1):
+            cur = min(d[j] + 1, d[j - 1] + 1, prev + (rw != hw))
+            prev, d[j] = d[j], cur
+    return d[len(h)], len(r)
+
+
+class PeakRSS:
+    """Peak resident memory of this process and all its descendants (Ray workers too)."""
+
+    def __init__(self, interval: float = 0.05):
+        import psutil
+
+        self.proc = psutil.Process(os.getpid())
+        self.interval, self.peak = interval, 0
+        self._stop = threading.Event()
+
+    def _total(self) -> int:
+        total = 0
+        for p in [self.proc, *self.proc.children(recursive=True)]:
+            try:
+                total += p.memory_info().rss
+            except Exception:
+                pass
+        return total
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._total())
+            time.sleep(self.interval)
+
+    def __enter__(self):
+        self.peak = self._total()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+# Options every variant shares (the job's defaults, pinned).
+BEAM, VAD, BATCH = 5, True, 16
+
+
+def run_plain(files: list[Path], threads: int) -> dict[str, str]:
+    from faster_whisper import WhisperModel
+
+    from workers.whisper import bundled_model_path
+
+    model = WhisperModel(bundled_model_path(), device="cpu", compute_type="int8", cpu_threads=threads)
+    out = {}
+    for f in files:
+        segments, _ = model.transcribe(
+            str(f), beam_size=BEAM, vad_filter=VAD, temperature=0.0,
+            condition_on_previous_text=False, without_timestamps=True, language="en",
+        )
+        out[f.name] = " ".join(s.text.strip() for s in segments)
+    return out
+
+
+def run_batched(files: list[Path], threads: int) -> dict[str, str]:
+    from faster_whisper import BatchedInferencePipeline, WhisperModel
+
+    from workers.whisper import bundled_model_path
+
+    model = WhisperModel(bundled_model_path(), device="cpu", compute_type="int8", cpu_threads=threads)
+    pipe = BatchedInferencePipeline(model)
+    out = {}
+    for f in files:
+        segments, _ = pipe.transcribe(str(f), beam_size=BEAM, vad_filter=VAD, batch_size=BATCH, language="en")
+        out[f.name] = " ".join(s.text.strip() for s in segments)
+    return out
+
+
+def run_overnight(folder: Path, output: Path, args) -> dict[str, str]:
+    import pyarrow.dataset as pads
+
+    from jobs.spec import build_spec
+    from jobs.transcribe import run_transcribe
+
+    spec = build_spec(overrides={
+        "job": {"input": str(folder), "output": str(output), "progress": False},
+        "transcribe": {"batch_size": BATCH, "beam_size": BEAM, "vad": VAD, "actors": args.actors,
+                       "cpus_per_actor": args.cpus_per_actor, "cpu_threads": args.actor_threads,
+                       "decode_cpus": args.decode_cpus, "items_per_call": args.items_per_call},
+    })
+    summary = run_transcribe(spec)
+    rows = pads.dataset(str(output / "transcripts"), format="parquet").to_table(columns=["source_uri", "text"])
+    run_overnight.last_summary = summary  # type: ignore[attr-defined]
+    return {Path(r["source_uri"]).name: r["text"] or "" for r in rows.to_pylist()}
+
+
+def measure(name: str, fn, refs: dict[str, str], audio_s: float) -> dict:
+    t0 = time.perf_counter()
+    with PeakRSS() as mem:
+        texts = fn()
+    wall = time.perf_counter() - t0
+    errs = words = 0
+    for fname, ref in refs.items():
+        e, w = errors_and_words(ref, texts.get(fname, ""))
+        errs, words = errs + e, words + w
+    result = {"variant": name, "files": len(refs), "audio_s": round(audio_s, 1), "wall_s": round(wall, 2),
+              "audio_s_per_s": round(audio_s / wall, 2), "wer": round(errs / words, 4),
+              "peak_rss_mb": round(mem.peak / 2**20)}
+    print(f"  {name:<34} {result['wall_s']:>8.1f} s  {result['audio_s_per_s']:>7.2f} audio-s/s  "
+          f"WER {result['wer']:.4f}  peak RSS {result['peak_rss_mb']} MB", flush=True)
+    return result
+
+
+def audio_seconds(files: list[Path]) -> float:
+    import wave
+
+    total = 0.0
+    for f in files:
+        with wave.open(str(f)) as w:
+            total += w.getnframes() / w.getframerate()
+    return total
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--files", type=int, default=60)
+    ap.add_argument("--scale", type=int, default=0, help="also run (c) on files x scale")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="CTranslate2 threads for (a)/(b)")
+    ap.add_argument("--actors", type=int, default=2)
+    ap.add_argument("--cpus-per-actor", type=float, default=1.0)
+    ap.add_argument("--actor-threads", type=int, default=1)
+    ap.add_argument("--decode-cpus", type=float, default=0.25)
+    ap.add_argument("--items-per-call", type=int, default=32)
+    ap.add_argument("--corpus", default=os.path.join(tempfile.gettempdir(), "overnight-bench-corpus"))
+    ap.add_argument("--skip", default="", help="comma list of variants to skip: plain,batched")
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args()
+
+    import ray
+
+    corpus = Path(args.corpus)
+    refs = make_corpus(corpus / f"n{args.files}", args.files)
+    folder = corpus / f"n{args.files}"
+    files = sorted(folder / n for n in refs)
+    audio_s = audio_seconds(files)
+    print(f"corpus: {len(files)} recordings, {audio_s:.0f} s of audio "
+          f"({min(audio_seconds([f]) for f in files):.1f}-{max(audio_seconds([f]) for f in files):.1f} s each); "
+          f"model tiny.en int8 CPU, beam {BEAM}, VAD {VAD}, batch {BATCH}", flush=True)
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, configure_logging=False)
+    results = []
+    skip = set(filter(None, args.skip.split(",")))
+    if "plain" not in skip:
+        results.append(measure("(a) faster-whisper, file by file", lambda: run_plain(files, args.threads), refs, audio_s))
+    if "batched" not in skip:
+        results.append(measure("(b) BatchedInferencePipeline", lambda: run_batched(files, args.threads), refs, audio_s))
+    work = Path(tempfile.mkdtemp(prefix="overnight-bench-"))
+    results.append(measure("(c) overnight", lambda: run_overnight(folder, work / "out1", args), refs, audio_s))
+    ours = results[-1]
+    summary = run_overnight.last_summary  # type: ignore[attr-defined]
+    print(f"      overnight: model busy {summary['accelerator_seconds']:.1f} s of {summary['pipeline_seconds']:.1f} s "
+          f"pipeline wall; cost/audio-min ${summary['cost_per_audio_minute_usd']:.6f} busy")
+    for r in results[:-1]:
+        print(f"  ratio (c)/{r['variant'][:3]}: {ours['audio_s_per_s'] / r['audio_s_per_s']:.2f}x throughput, "
+              f"WER {ours['wer']:.4f} vs {r['wer']:.4f}")
+    scaled = None
+    if args.scale > 1:
+        n = args.files * args.scale
+        big_refs = make_corpus(corpus / f"n{n}", n, seed=1)
+        big_files = sorted(corpus / f"n{n}" / f for f in big_refs)
+        big_audio = audio_seconds(big_files)
+        scaled = measure(f"(c) overnight x{args.scale} files", lambda: run_overnight(corpus / f"n{n}", work / "out10", args),
+                         big_refs, big_audio)
+        per_audio_1 = ours["wall_s"] / ours["audio_s"]
+        per_audio_n = scaled["wall_s"] / scaled["audio_s"]
+        print(f"  scaling x{args.scale}: wall per audio-second {per_audio_n / per_audio_1:.2f}x of the 1x run "
+              f"(1.00 = linear), peak RSS {scaled['peak_rss_mb']} MB vs {ours['peak_rss_mb']} MB")
+    shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"results": results, "scaled": scaled, "args": vars(args)}, indent=2))
+    ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
