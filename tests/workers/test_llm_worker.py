@@ -1,0 +1,136 @@
+"""LLMWorker, the map_batches callable, on the real SmolLM2 (CTranslate2, CPU)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from schemas import DOCUMENT_RESULTS
+from workers.llm.adapter import BackendConfigError, EngineUnavailable
+from workers.llm.prepare import prepare_ctranslate2_from_gguf, smollm2_gguf_path
+from workers.llm.tasks import TaskSpec
+from workers.llm.worker import LLMWorker, LLMWorkerConfig, options_json
+
+LABELS = ("billing", "support")
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cache = tmp_path_factory.getbasetemp() / "llm-models"
+    return prepare_ctranslate2_from_gguf(smollm2_gguf_path(), cache_dir=cache)
+
+
+@pytest.fixture(scope="module")
+def worker(model_dir: Path) -> LLMWorker:
+    task = TaskSpec(kind="classify", labels=LABELS)
+    return LLMWorker(LLMWorkerConfig(task=task, model=str(model_dir), device="cpu"))
+
+
+def _batch() -> pa.Table:
+    return pa.table(
+        {
+            "item_id": ["a", "b", "c", "d"],
+            "text": ["My invoice is wrong.", None, "The app crashes on start.", None],
+            "status": ["ok", "error", "ok", "ok"],
+            "error_code": [None, "corrupt_document", None, None],
+            "error_message": [None, "bad xref table", None, None],
+            "tenant": ["t1", "t1", "t2", "t2"],
+            "document_chars": pa.array([20, None, 25, None], pa.int64()),
+        }
+    )
+
+
+def test_worker_returns_the_same_rows_in_order_and_passes_error_rows_through(
+    worker: LLMWorker,
+) -> None:
+    batch = _batch()
+    out = worker(batch)
+    assert out.num_rows == batch.num_rows
+    assert out.column("item_id").to_pylist() == ["a", "b", "c", "d"]
+    assert out.column("tenant").to_pylist() == batch.column("tenant").to_pylist()
+    rows = out.to_pylist()
+
+    a, b, c, d = rows
+    for ok in (a, c):
+        assert ok["status"] == "ok" and ok["label"] in LABELS
+        assert ok["task"] == "classify" and ok["num_chunks"] == 1
+        assert ok["input_tokens"] > 0 and ok["output_tokens"] > 0
+        assert ok["llm_s"] > 0 and ok["llm_resource"] == "cpu" and ok["llm_units"] > 0
+        assert ok["model"].startswith("ctranslate2:") and ok["worker"]
+    # Already failed upstream: untouched, and no LLM columns filled in.
+    assert (b["status"], b["error_code"], b["error_message"]) == (
+        "error",
+        "corrupt_document",
+        "bad xref table",
+    )
+    assert b["label"] is None and b["input_tokens"] is None and b["model"] is None
+    # No text on a row nobody failed: this stage fails it, the batch goes on.
+    assert (d["status"], d["error_code"]) == ("error", "invalid_input")
+
+
+def test_worker_output_columns_have_the_document_results_types(worker: LLMWorker) -> None:
+    out = worker(_batch())
+    for name in (
+        "task",
+        "output_text",
+        "output_json",
+        "label",
+        "input_tokens",
+        "output_tokens",
+        "num_chunks",
+        "model",
+        "llm_s",
+        "llm_resource",
+        "llm_units",
+        "worker",
+        "status",
+    ):
+        assert out.schema.field(name).type == DOCUMENT_RESULTS.field(name).type, name
+
+
+def test_worker_batch_of_only_error_rows_calls_no_model(worker: LLMWorker) -> None:
+    batch = _batch().filter(pa.array([False, True, False, False]))
+    out = worker(batch)
+    assert out.num_rows == 1 and out.column("status").to_pylist() == ["error"]
+
+
+def test_worker_config_is_validated_and_records_effective_options() -> None:
+    task = TaskSpec(kind="summarize", summary_words=30)
+    config = LLMWorkerConfig(task=task, max_new_tokens=12, resource="cpu")
+    options = json.loads(options_json(config))
+    assert options["task"]["max_new_tokens"] == 12 and options["backend"] == "ctranslate2"
+    with pytest.raises(BackendConfigError, match="backend"):
+        LLMWorkerConfig(task=task, backend="openai")
+
+
+def test_worker_fails_loudly_when_the_engine_cannot_load() -> None:
+    config = LLMWorkerConfig(task=TaskSpec(kind="summarize"), backend="vllm")
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        with pytest.raises(EngineUnavailable):
+            LLMWorker(config)
+    else:
+        pytest.skip("vLLM is installed here")
+
+
+@pytest.mark.slow
+def test_worker_runs_as_a_ray_data_actor_pool_stage(ray_local, model_dir: Path) -> None:
+    import ray
+
+    config = LLMWorkerConfig(task=TaskSpec(kind="classify", labels=LABELS), model=str(model_dir))
+    ds = ray.data.from_arrow(_batch()).map_batches(
+        LLMWorker,
+        fn_constructor_kwargs={"config": config},
+        batch_format="pyarrow",
+        batch_size=4,
+        compute=ray.data.ActorPoolStrategy(size=1),
+        num_cpus=1,
+    )
+    rows = sorted(ds.take_all(), key=lambda r: r["item_id"])
+    assert [r["status"] for r in rows] == ["ok", "error", "ok", "error"]
+    assert rows[0]["label"] in LABELS
+    assert "actor=" in rows[0]["worker"] and rows[0]["llm_units"] == 1.0
