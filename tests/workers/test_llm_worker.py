@@ -12,7 +12,7 @@ from schemas import DOCUMENT_RESULTS
 from workers.llm.adapter import BackendConfigError, EngineUnavailable
 from workers.llm.prepare import prepare_ctranslate2_from_gguf, smollm2_gguf_path
 from workers.llm.tasks import TaskSpec
-from workers.llm.worker import LLMWorker, LLMWorkerConfig, options_json
+from workers.llm.worker import LLMWorker, LLMWorkerConfig, gpu_kind, options_json
 
 LABELS = ("billing", "support")
 
@@ -134,3 +134,20 @@ def test_worker_runs_as_a_ray_data_actor_pool_stage(ray_local, model_dir: Path) 
     assert [r["status"] for r in rows] == ["ok", "error", "ok", "error"]
     assert rows[0]["label"] in LABELS
     assert "actor=" in rows[0]["worker"] and rows[0]["llm_units"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("NVIDIA H100 80GB HBM3", "h100"),
+        ("NVIDIA H200", "h200"),
+        ("NVIDIA A100-SXM4-80GB", "a100"),
+        ("NVIDIA A10G", "a10g"),
+        ("NVIDIA L40S", "l40s"),
+        ("NVIDIA L4", "l4"),
+        ("Tesla T4", "t4"),
+        ("NVIDIA GeForce RTX 4090", "gpu"),
+    ],
+)
+def test_gpu_product_names_map_to_price_table_kinds(name: str, kind: str) -> None:
+    assert gpu_kind(name) == kind

@@ -130,8 +130,17 @@ class LLMWorkerConfig:
         return data
 
 
+def gpu_kind(product_name: str) -> str:
+    """``h100`` for "NVIDIA H100 80GB HBM3" and so on; ``gpu`` for names we do not know."""
+    compact = product_name.lower().replace(" ", "").replace("-", "")
+    for kind in _GPU_KINDS:
+        if kind in compact:
+            return kind
+    return "gpu"
+
+
 def detect_gpu_kind() -> str:
-    """A short GPU label such as ``h100`` from ``nvidia-smi``; ``gpu`` when unknown."""
+    """The kind of the first visible GPU according to ``nvidia-smi``; ``gpu`` when unknown."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return "gpu"
@@ -145,15 +154,11 @@ def detect_gpu_kind() -> str:
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return "gpu"
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-    lines = [line.strip().lower() for line in names.splitlines() if line.strip()]
-    if visible and visible.split(",")[0].isdigit() and int(visible.split(",")[0]) < len(lines):
-        lines = [lines[int(visible.split(",")[0])]]
-    compact = lines[0].replace(" ", "").replace("-", "") if lines else ""
-    for kind in _GPU_KINDS:
-        if kind in compact:
-            return kind
-    return "gpu"
+    lines = [line.strip() for line in names.splitlines() if line.strip()]
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    if first.isdigit() and int(first) < len(lines):
+        lines = [lines[int(first)]]
+    return gpu_kind(lines[0]) if lines else "gpu"
 
 
 def _ray_context() -> tuple[str | None, dict[str, float]]:
