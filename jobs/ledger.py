@@ -10,7 +10,7 @@ import hashlib
 import io
 import json
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
@@ -45,7 +45,7 @@ def price(prices: dict[str, float], resource: str | None) -> float:
 
 def build_ledger(rows: list[dict[str, Any]], prices: dict[str, float], stages=TRANSCRIBE_STAGES) -> pa.Table:
     """One ledger row per item and stage that consumed time."""
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     out = []
     for row in rows:
         for stage, seconds_col, resource_col, units_col in stages:
@@ -163,7 +163,7 @@ def summarize_run(
         "run_id": run_id,
         "kind": kind,
         "schema_version": SCHEMA_VERSION,
-        "finished_at": datetime.now(timezone.utc).isoformat(),
+        "finished_at": datetime.now(UTC).isoformat(),
         "items_listed": listed,
         "items_already_done": already_done,
         "items": len(rows),

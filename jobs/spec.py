@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import secrets
 import tomllib
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -102,7 +102,7 @@ class JobSpec(_Model):
     @model_validator(mode="after")
     def _run_id(self) -> JobSpec:
         if self.job.run_id is None:
-            stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+            stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
             object.__setattr__(
                 self, "job", self.job.model_copy(update={"run_id": f"{self.job.kind}-{stamp}-{secrets.token_hex(3)}"})
             )

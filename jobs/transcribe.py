@@ -4,7 +4,7 @@ Shape (one row per item from the manifest to the sink, map-only):
 
     read_parquet(OUTPUT/_manifests/<run_id>/)            one small file per decode task
       → map_batches(fetch_and_decode)                    CPU tasks: bytes → feature chunks
-      → map_batches(CommittingWhisper, ActorPoolStrategy) one model per actor, cross-file
+      → map_batches(CommittingActor(WhisperWorker))     one model per actor, cross-file
                                                          batches, each batch committed as one
                                                          atomic Parquet file
       → driver iterates the slim commit rows             progress, counts, summary
@@ -20,19 +20,15 @@ pending-file cleanup pass that would delete files the driver already counted.
 from __future__ import annotations
 
 import functools
-import logging
-import io
 import math
-import sys
 import time
 from dataclasses import asdict
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from jobs import ledger, storage
-from jobs.errors import EngineFailed, ModelNotFound, OvernightError
+from jobs import ledger, pipeline, storage
+from jobs.errors import ModelNotFound
 from jobs.manifest import committed_ids, list_items, manifest_table
 from jobs.spec import JobSpec, TranscribeOptions
 from schemas import MANIFEST, TRANSCRIPTS, ErrorCode
@@ -158,109 +154,6 @@ def fetch_and_decode(
     return pa.Table.from_pylist(out, schema=DECODED)
 
 
-def commit(table: pa.Table, dataset: storage.Location) -> pa.Table:
-    """Validate against the schema, write one file atomically, return the slim rows."""
-    table = table.cast(TRANSCRIPTS) if table.schema != TRANSCRIPTS else table
-    ids = table["item_id"].to_pylist()
-    if len(set(ids)) != len(ids):
-        raise RuntimeError("a batch holds the same item twice: the manifest must have unique ids")
-    ledger.write_table(dataset, table)
-    return table.select(_SLIM)
-
-
-class CommittingWhisper:
-    """The Whisper actor plus the commit of each batch it finishes.
-
-    Committing inside the actor call, rather than in a later stage, makes every finished
-    batch durable at once: Ray Data coalesces small output rows into large blocks, so a
-    separate sink stage would only see (and write) them when the whole task ends, and a
-    killed run would lose all of it.
-    """
-
-    def __init__(self, config: WhisperWorkerConfig, dataset: storage.Location):
-        self.worker = WhisperWorker(config)
-        self.dataset = dataset
-
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        return commit(self.worker(batch), self.dataset)
-
-
-def ensure_ray(address: str | None) -> None:
-    import ray
-
-    if ray.is_initialized():
-        return
-    if address:
-        ray.init(address=address, log_to_driver=False)
-    else:
-        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    # Our own progress lines replace Ray Data's per-operator log dumps.
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
-
-
-def _cluster_has_gpu() -> bool:
-    import ray
-
-    return ray.cluster_resources().get("GPU", 0) > 0
-
-
-def _write_manifest_parts(output: storage.Location, run_id: str, records: list[dict], per_file: int) -> storage.Location:
-    """One small manifest file per decode task, so decoding spreads over the cluster."""
-    folder = output.join("_manifests", run_id)
-    for i in range(0, len(records), per_file):
-        buf = io.BytesIO()
-        pq.write_table(manifest_table(records[i : i + per_file]), buf)
-        storage.write_bytes_atomic(folder.join(f"part-{i // per_file:06d}.parquet"), buf.getvalue())
-    return folder
-
-
-def _arrow_fs(loc: storage.Location):
-    import pyarrow.fs as pafs
-
-    if loc.scheme == "file":
-        return pafs.LocalFileSystem()
-    return pafs.PyFileSystem(pafs.FSSpecHandler(loc.fs))
-
-
-class Progress:
-    def __init__(self, total: int, enabled: bool, every_s: float = 5.0):
-        self.total, self.enabled, self.every_s = total, enabled, every_s
-        self.done = self.errors = 0
-        self.audio_s = 0.0
-        self.start = self.last = time.monotonic()
-
-    def update(self, rows: list[dict]) -> None:
-        self.done += len(rows)
-        self.errors += sum(1 for r in rows if r["status"] == "error")
-        self.audio_s += sum(r["duration_s"] or 0.0 for r in rows)
-        now = time.monotonic()
-        if self.enabled and (now - self.last >= self.every_s or self.done == self.total):
-            self.last = now
-            elapsed = now - self.start
-            eta = elapsed / self.done * (self.total - self.done) if self.done else float("nan")
-            print(
-                f"[overnight] {self.done}/{self.total} items ({100 * self.done / max(self.total, 1):.0f}%), "
-                f"{self.audio_s / 3600:.3f} h audio, {self.errors} errors, "
-                f"{self.audio_s / max(elapsed, 1e-9):.1f}x real time, ETA {eta:.0f} s",
-                file=sys.stderr,
-                flush=True,
-            )
-
-
-def _unwrap(exc: BaseException) -> BaseException:
-    """Ray wraps worker exceptions; find ours (or the model load error) inside."""
-    seen = exc
-    for _ in range(8):
-        if isinstance(seen, OvernightError | ModelLoadError):
-            return seen
-        cause = getattr(seen, "cause", None) or seen.__cause__
-        if cause is None:
-            break
-        seen = cause
-    return exc
-
-
 def run_transcribe(spec: JobSpec) -> dict[str, Any]:
     """Run the job; returns the run summary (also written to OUTPUT/runs/<run_id>.json)."""
     import ray
@@ -276,30 +169,30 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
     records = list_items(spec.job.input)
     transcripts = output.join("transcripts")
     done = committed_ids(transcripts)
-    pending = [r for r in records if r["item_id"] not in done]
-    if spec.job.max_items is not None:
-        pending = pending[: spec.job.max_items]
+    todo = [r for r in records if r["item_id"] not in done]
+    pending = todo[: spec.job.max_items] if spec.job.max_items is not None else todo
 
-    ensure_ray(spec.job.ray_address)
+    pipeline.ensure_ray(spec.job.ray_address)
     device = opts.device
     if device == "auto":
-        device = "cuda" if _cluster_has_gpu() else "cpu"
+        device = "cuda" if pipeline.cluster_has_gpu() else "cpu"
     w_opts = whisper_options(opts, device)
     a_opts = audio_options(opts)
     gpus = opts.gpus_per_actor if opts.gpus_per_actor is not None else (1.0 if device == "cuda" else 0.0)
     items_per_call = opts.items_per_call or 4 * opts.batch_size
 
-    rows: list[dict] = []
-    pipeline_s = 0.0
+    outcome = pipeline.Outcome()
     if pending:
-        manifest_dir = _write_manifest_parts(output, run_id, pending, per_file=max(1, min(8, items_per_call)))
+        manifest_dir = pipeline.write_manifest_parts(
+            output, run_id, manifest_table(pending), per_file=max(1, min(8, items_per_call))
+        )
         extra = {f"audio.{k}": v for k, v in asdict(a_opts).items()}
         config = WhisperWorkerConfig(whisper=w_opts, run_id=run_id, extra_options=tuple(sorted(extra.items())))
         actor_args: dict[str, Any] = {"num_cpus": opts.cpus_per_actor, "num_gpus": gpus}
         if opts.accelerator_type:
             actor_args["accelerator_type"] = opts.accelerator_type
         ds = (
-            ray.data.read_parquet(manifest_dir.path, filesystem=_arrow_fs(manifest_dir), schema=MANIFEST)
+            ray.data.read_parquet(manifest_dir.path, filesystem=pipeline.arrow_fs(manifest_dir), schema=MANIFEST)
             .map_batches(
                 fetch_and_decode,
                 fn_kwargs={"options": a_opts, "max_bytes": int(opts.max_file_mb * 2**20),
@@ -309,51 +202,33 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
                 num_cpus=opts.decode_cpus,
             )
             .map_batches(
-                CommittingWhisper,
-                fn_constructor_kwargs={"config": config, "dataset": transcripts},
+                pipeline.CommittingActor,
+                fn_constructor_kwargs={"make_worker": functools.partial(WhisperWorker, config),
+                                       "dataset": transcripts, "schema": TRANSCRIPTS, "slim": _SLIM},
                 batch_format="pyarrow",
                 batch_size=items_per_call,
                 compute=ray.data.ActorPoolStrategy(size=opts.actors),
                 **actor_args,
             )
         )
-        progress = Progress(len(pending), spec.job.progress)
-        t0 = time.monotonic()
-        try:
-            for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
-                slim = batch.to_pylist()
-                rows.extend(slim)
-                progress.update(slim)
-        except Exception as exc:
-            inner = _unwrap(exc)
-            if isinstance(inner, OvernightError):
-                raise inner from None
-            if isinstance(inner, ModelLoadError):
-                raise ModelNotFound(str(inner)) from None
-            raise EngineFailed(
-                storage.redact(
-                    f"the pipeline failed: {type(inner).__name__}: {str(inner)[:2000]}. Finished items "
-                    "are committed; fix the cause and rerun the same command to resume."
-                )
-            ) from None
-        pipeline_s = time.monotonic() - t0
+        outcome = pipeline.execute(
+            ds, {r["item_id"] for r in pending}, pipeline.Progress(len(pending), spec.job.progress), (ModelLoadError,)
+        )
 
-    seen = [r["item_id"] for r in rows]
-    if len(seen) != len(set(seen)) or set(seen) != {r["item_id"] for r in pending}:
-        raise EngineFailed("invariant broken: the run did not produce exactly one row per pending item")
-
+    rows = outcome.rows
     costs = ledger.catch_up(output, "transcripts", spec.prices)
+    resource = next((r["asr_resource"] for r in rows if r["asr_resource"]), None)
     summary = ledger.summarize_run(
         run_id=run_id,
         kind="transcribe",
         rows=rows,
         ledger=costs,
         listed=len(records),
-        already_done=len(records) - len([r for r in records if r["item_id"] not in done]),
+        already_done=len(records) - len(todo),
         wall_s=time.monotonic() - started,
-        pipeline_wall_s=pipeline_s,
+        pipeline_wall_s=outcome.pipeline_s,
         model_actors=opts.actors if pending else 0,
-        model_resource=(rows[0]["asr_resource"] if rows and rows[0]["asr_resource"] else w_opts.resource or ("gpu" if device == "cuda" else "cpu")),
+        model_resource=resource or w_opts.resource or ("gpu" if device == "cuda" else "cpu"),
         model_units=w_opts.units,
         prices=spec.prices,
         extra={

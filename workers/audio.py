@@ -54,6 +54,8 @@ class AudioOptions:
     split_channels: bool = False
     max_duration_s: float = 4 * 3600.0
     feature_size: int = 80
+    # Split-channel calls: a pause longer than this on one channel ends a dialogue turn.
+    turn_gap_s: float = 1.0
 
 
 @dataclass
@@ -171,12 +173,22 @@ def speech_clips(channel_audio: np.ndarray, options: AudioOptions) -> list[tuple
     return [(c["start"], c["end"]) for c in get_speech_timestamps(channel_audio, vad)]
 
 
-def pack_clips(clips: list[tuple[int, int]], chunk_samples: int) -> list[list[tuple[int, int]]]:
-    """Group consecutive clips into chunks of at most ``chunk_samples``; split longer clips."""
+def pack_clips(
+    clips: list[tuple[int, int]], chunk_samples: int, max_gap_samples: int | None = None
+) -> list[list[tuple[int, int]]]:
+    """Group consecutive clips into chunks of at most ``chunk_samples``; split longer clips.
+
+    With ``max_gap_samples``, a longer pause also starts a new chunk: in a split-channel call
+    a pause on one channel is the other party's turn, and a chunk must not span two turns or
+    the dialogue cannot be put back in order.
+    """
     chunks: list[list[tuple[int, int]]] = []
     current: list[tuple[int, int]] = []
     current_len = 0
     for start, end in clips:
+        if current and max_gap_samples is not None and start - current[-1][1] > max_gap_samples:
+            chunks.append(current)
+            current, current_len = [], 0
         # A clip longer than a chunk (VAD off, or VAD's own hard cut) is cut into pieces.
         while end - start > chunk_samples:
             if current:
@@ -211,8 +223,9 @@ class AudioChunker:
             return DecodedAudio(error_code=exc.code.value, error_message=str(exc))
         result = DecodedAudio(duration_s=duration, num_channels=audio.shape[0])
         chunk_samples = opts.chunk_length_s * SAMPLE_RATE
+        max_gap = int(opts.turn_gap_s * SAMPLE_RATE) if audio.shape[0] > 1 else None
         for channel, channel_audio in enumerate(audio):
-            for group in pack_clips(speech_clips(channel_audio, opts), chunk_samples):
+            for group in pack_clips(speech_clips(channel_audio, opts), chunk_samples, max_gap):
                 speech = np.concatenate([channel_audio[s:e] for s, e in group])
                 # Same framing as faster-whisper's batched pipeline: drop the last frame.
                 feats = self._features(speech)[..., :-1].astype(np.float32, copy=False)

@@ -17,7 +17,7 @@ import os
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -313,7 +313,7 @@ class WhisperWorker:
                     fills[c.row].append(fill)
                     segments[c.row].extend(self._segments(c, out, rows[c.row]))
 
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         out_rows = []
         for i, row in enumerate(rows):
             out_rows.append(

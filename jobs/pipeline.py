@@ -1,0 +1,168 @@
+"""What every overnight Ray Data job shares: Ray start-up, manifest parts, the committing
+actor, progress, the run loop and its invariant, and turning Ray's wrapped errors back into
+ours.
+
+Both jobs have the same shape: the driver lists the input, subtracts what is already
+committed in the result dataset, writes the rest as small manifest files, and Ray Data runs
+``read_parquet → CPU stage (tasks) → model stage (actor pool, commits each batch)``. The
+driver only iterates the slim rows the model stage returns.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from jobs import ledger, storage
+from jobs.errors import EngineFailed, ModelNotFound, OvernightError
+
+
+def ensure_ray(address: str | None) -> None:
+    """Join ``address`` (or RAY_ADDRESS, as Ray Jobs sets it), else start Ray locally."""
+    import ray
+
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    # Our own progress lines replace Ray Data's per-operator log dumps.
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+
+
+def cluster_has_gpu() -> bool:
+    import ray
+
+    return ray.cluster_resources().get("GPU", 0) > 0
+
+
+def write_manifest_parts(
+    output: storage.Location, run_id: str, table: pa.Table, per_file: int
+) -> storage.Location:
+    """OUTPUT/_manifests/<run_id>/part-*.parquet: one small file per CPU task, so the CPU
+    stage spreads over the cluster (Ray reads one file per read task)."""
+    folder = output.join("_manifests", run_id)
+    for i in range(0, table.num_rows, per_file):
+        buf = io.BytesIO()
+        pq.write_table(table.slice(i, per_file), buf)
+        storage.write_bytes_atomic(folder.join(f"part-{i // per_file:06d}.parquet"), buf.getvalue())
+    return folder
+
+
+def arrow_fs(loc: storage.Location):
+    import pyarrow.fs as pafs
+
+    if loc.scheme == "file":
+        return pafs.LocalFileSystem()
+    return pafs.PyFileSystem(pafs.FSSpecHandler(loc.fs))
+
+
+def commit(table: pa.Table, dataset: storage.Location, schema: pa.Schema, slim: Sequence[str]) -> pa.Table:
+    """Validate against the schema, write one file atomically, return the slim rows."""
+    table = table.select(schema.names).cast(schema)
+    ids = table["item_id"].to_pylist()
+    if len(set(ids)) != len(ids):
+        raise RuntimeError("a batch holds the same item twice: the manifest must have unique ids")
+    ledger.write_table(dataset, table)
+    return table.select(list(slim))
+
+
+class CommittingActor:
+    """A model worker plus the commit of each batch it finishes.
+
+    Committing inside the actor call, rather than in a later stage, makes every finished
+    batch durable at once: Ray Data coalesces small output rows into large blocks, so a
+    separate sink stage would only see (and write) them when the whole task ends, and a
+    killed run would lose all of it.
+    """
+
+    def __init__(self, make_worker: Callable[[], Callable[[pa.Table], pa.Table]], dataset: storage.Location,
+                 schema: pa.Schema, slim: Sequence[str]):
+        self.worker = make_worker()
+        self.dataset, self.schema, self.slim = dataset, schema, tuple(slim)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        return commit(self.worker(batch), self.dataset, self.schema, self.slim)
+
+
+class Progress:
+    def __init__(self, total: int, enabled: bool, every_s: float = 5.0):
+        self.total, self.enabled, self.every_s = total, enabled, every_s
+        self.done = self.errors = 0
+        self.audio_s = 0.0
+        self.start = self.last = time.monotonic()
+
+    def update(self, rows: list[dict]) -> None:
+        self.done += len(rows)
+        self.errors += sum(1 for r in rows if r["status"] == "error")
+        self.audio_s += sum(r.get("duration_s") or 0.0 for r in rows)
+        now = time.monotonic()
+        if self.enabled and (now - self.last >= self.every_s or self.done == self.total):
+            self.last = now
+            elapsed = now - self.start
+            eta = elapsed / self.done * (self.total - self.done) if self.done else float("nan")
+            audio = (f"{self.audio_s / 3600:.3f} h audio ({self.audio_s / max(elapsed, 1e-9):.1f}x real time), "
+                     if self.audio_s else "")
+            print(
+                f"[overnight] {self.done}/{self.total} items ({100 * self.done / max(self.total, 1):.0f}%), "
+                f"{audio}{self.errors} errors, ETA {eta:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def _unwrap(exc: BaseException, load_errors: tuple[type[BaseException], ...]) -> BaseException:
+    """Ray wraps worker exceptions; find ours (or a model load error) inside."""
+    seen = exc
+    for _ in range(8):
+        if isinstance(seen, OvernightError | load_errors):
+            return seen
+        cause = getattr(seen, "cause", None) or seen.__cause__
+        if cause is None:
+            break
+        seen = cause
+    return exc
+
+
+@dataclass
+class Outcome:
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    pipeline_s: float = 0.0
+
+
+def execute(ds, pending_ids: set[str], progress: Progress, load_errors: tuple[type[BaseException], ...]) -> Outcome:
+    """Iterate the dataset's slim rows; map failures to our systemic errors; check that the
+    run produced exactly one row per pending item."""
+    outcome = Outcome()
+    t0 = time.monotonic()
+    try:
+        for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+            slim = batch.to_pylist()
+            outcome.rows.extend(slim)
+            progress.update(slim)
+    except Exception as exc:
+        inner = _unwrap(exc, load_errors)
+        if isinstance(inner, OvernightError):
+            raise inner from None
+        if isinstance(inner, load_errors):
+            raise ModelNotFound(str(inner)) from None
+        raise EngineFailed(
+            storage.redact(
+                f"the pipeline failed: {type(inner).__name__}: {str(inner)[:2000]}. Finished items "
+                "are committed; fix the cause and rerun the same command to resume."
+            )
+        ) from None
+    outcome.pipeline_s = time.monotonic() - t0
+    seen = [r["item_id"] for r in outcome.rows]
+    if len(seen) != len(set(seen)) or set(seen) != pending_ids:
+        raise EngineFailed("invariant broken: the run did not produce exactly one row per pending item")
+    return outcome
