@@ -112,6 +112,14 @@ def test_generate_keeps_input_order_across_length_sorted_batches(model_dir: Path
     ]
 
 
+def test_a_reply_does_not_depend_on_the_other_prompts_in_its_batch(backend: LLMBackend) -> None:
+    france = _conv("What is the capital of France?")
+    params = GenerationParams(max_new_tokens=12)
+    [alone] = backend.generate([france], params)
+    mixed = backend.generate([_conv("Hi"), france, _conv("Name three colors please.")], params)
+    assert mixed[1] == alone
+
+
 def test_a_prompt_longer_than_the_context_is_reported_not_run(backend: LLMBackend) -> None:
     huge = "word " * (backend.context_length + 10)
     long_one, short_one = backend.generate(

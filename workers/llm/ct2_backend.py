@@ -7,6 +7,7 @@ task layer; ``choices`` are scored exactly with ``Generator.score_batch``.
 from __future__ import annotations
 
 import atexit
+import itertools
 import json
 import math
 import weakref
@@ -225,11 +226,9 @@ class CTranslate2Backend:
                     finish_reason=FINISH_STOP,
                 )
             return self._complete(results)
-        # Length-sorted batches waste the least padding; one max_length per batch, so an
-        # item close to the context limit only shortens the replies of its own batch.
-        runnable.sort(key=lambda i: len(prompts[i]))
-        for lo in range(0, len(runnable), self.max_batch_size):
-            batch = runnable[lo : lo + self.max_batch_size]
+        for batch in self._batches(runnable, [len(p) for p in prompts]):
+            # One max_length per batch: an item close to the context limit only shortens
+            # the replies of its own batch.
             max_length = min(
                 params.max_new_tokens,
                 *(self.context_length - len(prompts[i]) for i in batch),
@@ -267,6 +266,28 @@ class CTranslate2Backend:
         if len(done) != len(results):
             raise RuntimeError("CTranslate2 backend lost replies: this is a bug")
         return done
+
+    def _batches(self, indices: list[int], lengths: list[int]) -> list[list[int]]:
+        """Length-sorted batches of at most ``max_batch_size`` (the least padding).
+
+        With int8 compute, only prompts of exactly equal length share a batch. CTranslate2
+        feeds the prompt tokens beyond the shortest prompt of a batch one step at a time,
+        and with int8 that path gives different logits from the one-pass prefill: measured
+        on SmolLM2, "What is the capital of France?" batched with a 3-token-shorter prompt
+        answered in broken French instead of "Paris". Equal-length batches give exactly
+        the single-prompt result, so an item's output never depends on its batch mates; on
+        CPU batching gains little anyway.
+        """
+        ordered = sorted(indices, key=lambda i: lengths[i])
+        if "int8" in self.compute_type:
+            groups = [list(g) for _, g in itertools.groupby(ordered, key=lambda i: lengths[i])]
+        else:
+            groups = [ordered]
+        return [
+            group[lo : lo + self.max_batch_size]
+            for group in groups
+            for lo in range(0, len(group), self.max_batch_size)
+        ]
 
     def choose(
         self, conversations: list[list[dict[str, str]]], choices: Sequence[str]
