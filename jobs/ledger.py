@@ -184,6 +184,19 @@ def summarize_run(
         "rtfx": round(audio_s / pipeline_wall_s, 3) if pipeline_wall_s else None,
         "prices": prices,
     }
+    tokens_in = sum(r.get("input_tokens") or 0 for r in rows)
+    tokens_out = sum(r.get("output_tokens") or 0 for r in rows)
+    if tokens_in or tokens_out:
+        tokens = tokens_in + tokens_out
+        summary.update(
+            input_tokens=tokens_in,
+            output_tokens=tokens_out,
+            cost_per_document_usd=round(cost / len(rows), 8) if rows else None,
+            reserved_cost_per_document_usd=round(reserved_cost / len(rows), 8) if rows else None,
+            cost_per_million_tokens_usd=round(cost / tokens * 1e6, 6),
+            reserved_cost_per_million_tokens_usd=round(reserved_cost / tokens * 1e6, 6),
+            tokens_per_second=round(tokens / pipeline_wall_s, 2) if pipeline_wall_s else None,
+        )
     summary.update(extra or {})
     return summary
 

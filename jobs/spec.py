@@ -34,7 +34,7 @@ DEFAULT_PRICES: dict[str, float] = {
 }
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
 class TranscribeOptions(_Model):
@@ -72,6 +72,53 @@ class TranscribeOptions(_Model):
     resource: str | None = Field(None, description="price-table key of what an actor holds; default detected")
 
 
+class ProcessOptions(_Model):
+    """``[process]``: documents and transcripts through an LLM."""
+
+    task: str | list[str] = Field(
+        "summarize",
+        description="summarize | extract | classify | prompt | call_summary | disposition | "
+        "promise_to_pay | compliance; a list runs each (one result row per document and task)",
+    )
+    schema_: dict[str, Any] | str | None = Field(
+        None, alias="schema", description="extract: the fields as a JSON schema (a table, or a path to a .json file)"
+    )
+    labels: list[str] = Field(default_factory=list, description="classify: the label set")
+    prompt: str | None = Field(None, description="prompt: a template with {text} and metadata fields, or a path to one")
+    instructions: str = Field("", description="trusted guidance added to the system prompt")
+    summary_words: int = Field(100, ge=5, description="summarize: target length in words")
+    required_phrases: list[str] = Field(default_factory=list, description="compliance: phrases the agent must say")
+    backend: Literal["ctranslate2", "vllm"] = Field("ctranslate2", description="vllm: GPU, the gpu extra")
+    model: str | None = Field(None, description="default: SmolLM2-135M (ctranslate2) or Llama-3.1-8B-Instruct (vllm)")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when the cluster has GPUs")
+    compute_type: str = Field("auto", description="auto: float16 on cuda, int8 on cpu")
+    max_new_tokens: int | None = Field(None, ge=1, description="cap on generated tokens per call")
+    max_batch_size: int = Field(32, ge=1, description="ctranslate2: sequences per generate_batch")
+    max_num_seqs: int = Field(256, ge=1, description="vllm: sequences in flight")
+    max_num_batched_tokens: int = Field(8192, ge=256, description="vllm: tokens per scheduler step")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="vllm")
+    max_model_len: int | None = Field(None, ge=256, description="vllm: context length cap")
+    actors: int = Field(1, ge=1, description="LLM actors (one model each)")
+    gpus_per_actor: float | None = Field(None, ge=0, description="default 1 on cuda, else 0")
+    cpus_per_actor: float = Field(1.0, gt=0, description="CPU cores reserved per LLM actor")
+    cpu_threads: int = Field(0, ge=0, description="ctranslate2 threads on CPU (0: one per core held)")
+    extract_cpus: float = Field(0.5, gt=0, description="CPU cores per text-extraction task")
+    extract_timeout_s: float = Field(60.0, gt=0, description="per-document extraction limit → extract_timeout")
+    max_file_mb: float = Field(256, gt=0, description="larger files → too_large")
+    max_chars: int = Field(2_000_000, ge=1, description="longer extracted text → too_large")
+    json_text_field: str = Field("text", description=".json/.jsonl: the field holding the text")
+    pdf_password_env: str = Field(
+        "OVERNIGHT_PDF_PASSWORD", description="environment variable holding the password for encrypted PDFs"
+    )
+    items_per_call: int = Field(64, ge=1, description="documents per actor call")
+    accelerator_type: str | None = Field(None, description="Ray accelerator type for actors, e.g. H100")
+    resource: str | None = Field(None, description="price-table key of what an actor holds; default detected")
+
+    @property
+    def tasks(self) -> list[str]:
+        return [self.task] if isinstance(self.task, str) else list(self.task)
+
+
 class RunOptions(_Model):
     """``[job]``: where, and as what."""
 
@@ -87,7 +134,7 @@ class RunOptions(_Model):
 class JobSpec(_Model):
     job: RunOptions
     transcribe: TranscribeOptions = TranscribeOptions()
-    process: dict[str, Any] = Field(default_factory=dict, description="[process] (document job)")
+    process: ProcessOptions = ProcessOptions()
     prices: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_PRICES), description="USD per hour per unit")
 
     @field_validator("prices")
@@ -165,11 +212,11 @@ def build_spec(file_data: dict[str, Any] | None = None, overrides: dict[str, Any
 def reference() -> str:
     """The config reference, generated from the models' field descriptions."""
     lines = []
-    for section, model in (("job", RunOptions), ("transcribe", TranscribeOptions)):
+    for section, model in (("job", RunOptions), ("transcribe", TranscribeOptions), ("process", ProcessOptions)):
         lines.append(f"[{section}]")
         for name, field in model.model_fields.items():
             default = "required" if field.is_required() else repr(field.default)
-            lines.append(f"  {name} = {default}  # {field.description}")
+            lines.append(f"  {field.alias or name} = {default}  # {field.description}")
         lines.append("")
     lines.append("[prices]  # USD per hour per unit; defaults:")
     lines.extend(f"  {k} = {v}" for k, v in DEFAULT_PRICES.items())

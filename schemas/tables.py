@@ -113,7 +113,10 @@ TRANSCRIPTS = with_version(
 DOCUMENT_RESULTS = with_version(
     pa.schema(
         [
+            # Hash of the source item and the task: one row per document and task.
             pa.field("item_id", pa.string(), nullable=False),
+            # The document's own item id (for a transcript: the recording's item_id).
+            pa.field("source_item_id", pa.string()),
             pa.field("source_uri", pa.string(), nullable=False),
             pa.field("source_size", pa.int64()),
             pa.field("source_etag", pa.string()),
