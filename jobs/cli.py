@@ -51,6 +51,19 @@ def parser() -> argparse.ArgumentParser:
     _transcribe_flags(t)
     _common_flags(t)
 
+    pr = sub.add_parser("process", help="run an LLM task over documents or transcripts: INPUT → OUTPUT/results")
+    pr.add_argument("input", help="documents (folder, file, URL prefix, manifest) or a transcripts dataset")
+    pr.add_argument("output")
+    pr.add_argument("--task", help="summarize|extract|classify|prompt|call_summary|disposition|promise_to_pay|compliance")
+    pr.add_argument("--schema", help="extract: the fields as a JSON schema file")
+    pr.add_argument("--labels", help="classify: comma-separated labels")
+    pr.add_argument("--prompt", help="prompt: a template file with {text}")
+    pr.add_argument("--model", help="model path or hub name (default: the backend's embedded default)")
+    pr.add_argument("--backend", choices=["ctranslate2", "vllm"])
+    pr.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    pr.add_argument("--summary-words", type=int)
+    _common_flags(pr)
+
     r = sub.add_parser("run", help="run a job spec file (scheduled runs)")
     r.add_argument("job_file")
     r.add_argument("--address")
@@ -70,7 +83,7 @@ def parser() -> argparse.ArgumentParser:
 
 # Modules that add their own subcommands: each has add_parser(subparsers) and sets
 # `handler=` on its parser; a handler takes the parsed args and returns an exit status.
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("jobs.submit", "jobs.submissions", "jobs.report", "jobs.plan", "jobs.tune")
 
 
 def _overrides(args: argparse.Namespace, kind: str) -> dict[str, Any]:
@@ -88,6 +101,14 @@ def _overrides(args: argparse.Namespace, kind: str) -> dict[str, Any]:
         for key in ("model", "device", "compute_type", "batch_size", "beam_size", "language",
                     "actors", "split_channels", "vad")
     }
+    if kind == "process":
+        labels = getattr(args, "labels", None)
+        process = {
+            "task": args.task, "schema": args.schema, "prompt": args.prompt, "model": args.model,
+            "backend": args.backend, "device": args.device, "summary_words": args.summary_words,
+            "labels": [x.strip() for x in labels.split(",") if x.strip()] if labels else None,
+        }
+        return {"job": job, "process": process}
     return {"job": job, "transcribe": transcribe}
 
 
@@ -96,10 +117,20 @@ def run_spec(spec: JobSpec) -> dict[str, Any]:
         from jobs.transcribe import run_transcribe
 
         return run_transcribe(spec)
-    raise ConfigError(f"job kind {spec.job.kind!r} is not available in this version")
+    from jobs.process import run_chain, run_process
+
+    if spec.job.kind == "process":
+        stages = [run_process(spec, task_name=name) for name in spec.process.tasks]
+        return stages[0] if len(stages) == 1 else {"run_id": spec.run_id, "kind": "process", "stages": stages}
+    return run_chain(spec)
 
 
 def print_summary(summary: dict[str, Any], out=sys.stdout) -> None:
+    for stage in summary.get("stages", []):
+        print_summary(stage, out)
+    if "stages" in summary:
+        return
+
     def money(value):
         return "n/a" if value is None else f"${value:.6f}"
 
@@ -110,7 +141,7 @@ def print_summary(summary: dict[str, Any], out=sys.stdout) -> None:
     ]
     if summary.get("errors_by_code"):
         lines.append("  errors       " + ", ".join(f"{k}: {v}" for k, v in summary["errors_by_code"].items()))
-    if "audio_seconds" in summary:
+    if summary.get("audio_seconds"):
         lines.append(f"  audio        {summary['audio_seconds'] / 60:.2f} min, {summary.get('rtfx')}x real time")
     lines += [
         f"  time         {summary['wall_seconds']:.1f} s wall, {summary['accelerator_seconds']:.1f} s busy on "
@@ -118,6 +149,12 @@ def print_summary(summary: dict[str, Any], out=sys.stdout) -> None:
         f" (utilization {summary['utilization']})",
         f"  cost         {money(summary['cost_usd'])} busy, {money(summary['reserved_cost_usd'])} reserved",
     ]
+    if summary.get("cost_per_document_usd") is not None:
+        lines.append(
+            f"  tokens       {summary['input_tokens']} in, {summary['output_tokens']} out; "
+            f"{money(summary['cost_per_document_usd'])} per document, "
+            f"{money(summary['cost_per_million_tokens_usd'])} per million tokens (busy)"
+        )
     if summary.get("cost_per_audio_minute_usd") is not None:
         lines.append(
             f"  per minute   {money(summary['cost_per_audio_minute_usd'])} busy, "
@@ -165,9 +202,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "demo":
             summary = _demo(args)
-        elif args.command == "transcribe":
+        elif args.command in ("transcribe", "process"):
             file_data = read_job_file(args.config) if args.config else {}
-            summary = run_spec(build_spec(file_data, _overrides(args, "transcribe")))
+            summary = run_spec(build_spec(file_data, _overrides(args, args.command)))
         elif getattr(args, "handler", None) is not None:
             return int(args.handler(args))
         elif args.command == "run":
