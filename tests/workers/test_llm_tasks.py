@@ -64,10 +64,14 @@ class ScriptedBackend:
     device = "cpu"
 
     def __init__(
-        self, reply: Callable[[list[dict[str, str]]], str], context_length: int = 4096
+        self,
+        reply: Callable[[list[dict[str, str]]], str],
+        context_length: int = 4096,
+        structured_outputs: bool = False,
     ) -> None:
         self.reply = reply
         self.context_length = context_length
+        self.structured_outputs = structured_outputs
         self.calls: list[tuple[str, list[list[dict[str, str]]]]] = []
 
     def count_tokens(self, text: str) -> int:
@@ -227,6 +231,13 @@ def test_invalid_output_after_one_retry_becomes_invalid_output_error() -> None:
     assert bad.input_tokens == sum(per_call)
     assert bad.output_tokens == 2 * (fake.count_tokens(replies["bad"]) + 1)
     assert bad_again.error_code == "invalid_output"
+
+
+def test_a_schema_enforcing_backend_gets_no_retry_for_an_invalid_reply() -> None:
+    fake = ScriptedBackend(lambda conv: '{"name": "Bo", "amou', structured_outputs=True)
+    [out] = run_task(fake, TaskSpec(kind="extract", json_schema=NAME_AMOUNT), _items("doc"))
+    assert (out.status, out.error_code) == ("error", "invalid_output")
+    assert len(fake.calls) == 1
 
 
 def test_extract_drops_keys_outside_the_schema_and_validates_the_rest() -> None:

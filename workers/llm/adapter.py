@@ -84,6 +84,9 @@ class LLMBackend(Protocol):
     model_id: str  # provenance: what was loaded, recorded on every row
     context_length: int  # prompt + generated tokens the model accepts
     device: str  # "cpu" | "cuda"
+    # True when json_schema/choices constrain decoding itself (vLLM); False when replies are
+    # generated freely and only validated afterwards (CTranslate2), so a retry can help.
+    structured_outputs: bool
 
     def count_tokens(self, text: str) -> int:
         """Tokens of ``text`` as the model sees it (no special tokens added)."""

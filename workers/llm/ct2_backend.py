@@ -140,6 +140,7 @@ def _release(ref: weakref.ReferenceType[CTranslate2Backend]) -> None:
 
 class CTranslate2Backend:
     name = "ctranslate2"
+    structured_outputs = False
 
     def __init__(
         self,

@@ -860,7 +860,13 @@ def _run_extract(
         if result is None:
             continue
         problem = _accept_json(states[index], spec, result.text)
-        if problem is not None:
+        if problem is not None and backend.structured_outputs:
+            # Decoding followed the schema, so the reply was cut short: a retry would be too.
+            states[index].fail(
+                ErrorCode.INVALID_OUTPUT,
+                f"reply failed validation: {problem}; reply: {result.text[:_ERROR_SNIPPET]!r}",
+            )
+        elif problem is not None:
             # One retry with the validation error in the prompt, after the model's own reply.
             retry = [
                 *conv,

@@ -52,6 +52,7 @@ def _structured(vllm_sampling: Any, params: GenerationParams) -> dict[str, Any]:
 
 class VLLMBackend:
     name = "vllm"
+    structured_outputs = True
     device = "cuda"
 
     def __init__(
