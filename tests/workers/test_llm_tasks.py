@@ -348,6 +348,8 @@ def test_task_spec_validates_fields_and_copies_the_callers_schema() -> None:
         TaskSpec(kind="classify", labels=("only",))
     with pytest.raises(TaskSpecError, match="unsupported keyword"):
         TaskSpec(kind="extract", json_schema={"type": "object", "oneOf": []})
+    with pytest.raises(TaskSpecError, match="additionalProperties"):
+        TaskSpec(kind="extract", json_schema={"type": "object", "additionalProperties": True})
     with pytest.raises(TaskSpecError, match="kind"):
         TaskSpec(kind="translate")
 

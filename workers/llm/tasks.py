@@ -69,6 +69,11 @@ def check_schema(schema: Any, path: str = "json_schema") -> None:
     kind = schema.get("type")
     if kind not in _SCHEMA_TYPES:
         raise TaskSpecError(f"{path}.type={kind!r}: use one of {', '.join(_SCHEMA_TYPES)}")
+    if schema.get("additionalProperties", False) is not False:
+        raise TaskSpecError(
+            f"{path}.additionalProperties: keys outside the schema are always dropped; "
+            "remove it or set it to false"
+        )
     if "enum" in schema and (not isinstance(schema["enum"], list) or not schema["enum"]):
         raise TaskSpecError(f"{path}.enum: must be a non-empty list")
     if kind == "object":
