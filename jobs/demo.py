@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import wave
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -53,11 +54,11 @@ def speak(text: str, *, voice: str = "en-us", speed: int = 150) -> np.ndarray:
     return np.interp(np.linspace(0, len(pcm) - 1, n_out), np.arange(len(pcm)), pcm).astype(np.float32)
 
 
-def write_wav(path: Path, audio: np.ndarray) -> Path:
-    """audio: (samples,) mono or (channels, samples)."""
+def write_wav(path: Path | BinaryIO, audio: np.ndarray) -> Path | BinaryIO:
+    """16-bit WAV; audio: (samples,) mono or (channels, samples)."""
     audio = np.atleast_2d(audio)
     pcm = (np.clip(audio, -1, 1) * 32767).astype(np.int16).T.copy()
-    with wave.open(str(path), "wb") as w:
+    with wave.open(path if hasattr(path, "write") else str(path), "wb") as w:
         w.setnchannels(audio.shape[0])
         w.setsampwidth(2)
         w.setframerate(SAMPLE_RATE)

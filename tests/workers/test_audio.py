@@ -1,0 +1,63 @@
+"""Decoding, channel handling, VAD packing and time mapping."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+from jobs.demo import noise, silence, write_wav
+from workers.audio import SAMPLE_RATE, AudioChunker, AudioOptions, pack_clips, to_original_time
+
+
+def wav(audio: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    write_wav(buf, audio)
+    return buf.getvalue()
+
+
+def tone(seconds: float, hz: float = 220.0) -> np.ndarray:
+    t = np.arange(int(seconds * SAMPLE_RATE)) / SAMPLE_RATE
+    return (0.3 * np.sin(2 * np.pi * hz * t)).astype(np.float32)
+
+
+def test_errors_are_classified_not_raised():
+    chunker = AudioChunker(AudioOptions())
+    assert chunker(b"").error_code == "empty_file"
+    assert chunker(b"hello, this is a text file, not audio").error_code == "not_audio"
+    assert chunker(b"fLaC" + bytes(500)).error_code == "corrupt_audio"
+    assert AudioChunker(AudioOptions(max_duration_s=1.0))(wav(silence(3.0))).error_code == "too_long"
+
+
+def test_stereo_is_mixed_down_unless_split():
+    stereo = np.stack([tone(2.0), silence(2.0)])
+    mixed = AudioChunker(AudioOptions(vad=False))(wav(stereo))
+    split = AudioChunker(AudioOptions(vad=False, split_channels=True))(wav(stereo))
+    assert mixed.num_channels == 1 and {c.channel for c in mixed.chunks} == {0}
+    assert split.num_channels == 2 and {c.channel for c in split.chunks} == {0, 1}
+    assert mixed.duration_s == split.duration_s == 2.0
+
+
+def test_without_vad_long_audio_is_cut_into_chunks_of_at_most_the_chunk_length():
+    d = AudioChunker(AudioOptions(vad=False, chunk_length_s=10))(wav(noise(25.0)))
+    assert [round(c.duration_s, 3) for c in d.chunks] == [10.0, 10.0, 5.0]
+    assert all(c.features.shape[0] == 80 and c.features.shape[1] <= 1000 for c in d.chunks)
+
+
+def test_vad_keeps_no_chunk_for_noise():
+    d = AudioChunker(AudioOptions())(wav(noise(4.0)))
+    assert d.error_code is None and d.chunks == [] and d.speech_s == 0
+
+
+def test_pack_clips_respects_chunk_length_and_turn_gaps():
+    clips = [(0, 100), (150, 300), (1000, 1100)]
+    assert pack_clips(clips, chunk_samples=1000) == [[(0, 100), (150, 300), (1000, 1100)]]
+    assert pack_clips(clips, chunk_samples=1000, max_gap_samples=200) == [[(0, 100), (150, 300)], [(1000, 1100)]]
+    assert pack_clips([(0, 2500)], chunk_samples=1000) == [[(0, 1000)], [(1000, 2000)], [(2000, 2500)]]
+
+
+def test_times_inside_a_chunk_map_back_to_the_recording():
+    clips = [(1.0, 3.0), (10.0, 11.0)]  # 2 s then 1 s of speech
+    assert to_original_time(clips, 0.5) == 1.5
+    assert to_original_time(clips, 2.5) == 10.5
+    assert to_original_time(clips, 99) == 11.0

@@ -1,0 +1,106 @@
+"""The Whisper worker on the real tiny.en model: cross-recording batches, reassembly, timing."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from jobs.demo import espeak_available, noise, silence, speak
+from jobs.transcribe import DECODED
+from schemas import TRANSCRIPTS
+from tests.conftest import wer
+from workers.audio import AudioChunker, AudioOptions
+from workers.whisper import ModelLoadError, WhisperOptions, WhisperWorker, WhisperWorkerConfig, check_model_reference
+
+pytestmark = pytest.mark.skipif(not espeak_available(), reason="espeak-ng not installed")
+
+TEXTS = [
+    "Please cancel my order from last week.",
+    "The package arrived damaged and I want a refund.",
+    "Can you call me back after five o'clock?",
+    "My account number is on the letter you sent.",
+    "I would like to upgrade my internet plan.",
+]
+
+
+def _wav_bytes(audio: np.ndarray) -> bytes:
+    import io
+
+    from jobs.demo import write_wav
+
+    buf = io.BytesIO()
+    write_wav(buf, audio)
+    return buf.getvalue()
+
+
+def decoded_rows(audios: list[np.ndarray], options: AudioOptions | None = None) -> pa.Table:
+    chunker = AudioChunker(options or AudioOptions())
+    rows = []
+    for i, audio in enumerate(audios):
+        d = chunker(_wav_bytes(audio))
+        rows.append({
+            "item_id": f"item{i}", "uri": f"mem://{i}.wav", "size": 1, "etag": "e", "tenant": None,
+            "submission_id": None, "external_id": None, "metadata": None, "language": None,
+            "channel_labels": None, "status": "ok" if not d.error_code else "error",
+            "error_code": d.error_code, "error_message": d.error_message, "fetch_s": 0.0, "decode_s": 0.0,
+            "decode_units": 1.0, "duration_s": d.duration_s, "speech_s": d.speech_s, "_split": False,
+            "chunks": [{"channel": c.channel, "clips": [list(x) for x in c.clips],
+                        "feature_size": c.features.shape[0], "features": c.features.tobytes()} for c in d.chunks],
+        })
+    return pa.Table.from_pylist(rows, schema=DECODED)
+
+
+@pytest.fixture(scope="module")
+def worker():
+    return WhisperWorker(WhisperWorkerConfig(whisper=WhisperOptions(batch_size=4, beam_size=5, cpu_threads=2), run_id="t"))
+
+
+def test_model_batches_are_filled_across_recordings_and_results_return_to_their_recording(worker, monkeypatch):
+    audios = [np.concatenate([silence(0.3), speak(t)]) for t in TEXTS]
+    calls: list[int] = []
+    forward = worker._forward
+    monkeypatch.setattr(worker, "_forward", lambda part, lang: calls.append(len(part)) or forward(part, lang))
+    out = worker(decoded_rows(audios))
+    assert out.schema.equals(TRANSCRIPTS) and out.num_rows == len(TEXTS)
+    # 5 one-chunk recordings, batch size 4: two forward passes (4 + 1), not five.
+    assert calls == [4, 1]
+    got = [row["text"] for row in out.to_pylist()]
+    for i, text in enumerate(got):
+        # Each row holds its own recording's words: closest to its own reference, and close.
+        assert min(range(len(TEXTS)), key=lambda j: wer(TEXTS[j], text)) == i, got
+        assert wer(TEXTS[i], text) <= 0.3, (TEXTS[i], text)
+    assert json.loads(out.to_pylist()[0]["options"])["batch_size"] == 4
+
+
+def test_batch_time_is_apportioned_to_recordings_by_their_audio(worker):
+    audios = [speak(TEXTS[0]), np.concatenate([speak(TEXTS[1]), speak(TEXTS[2])])]
+    out = worker(decoded_rows(audios)).to_pylist()
+    short, long_ = out
+    assert short["asr_s"] > 0 and long_["asr_s"] > short["asr_s"]
+    ratio = long_["asr_s"] / short["asr_s"]
+    assert ratio == pytest.approx(long_["speech_s"] / short["speech_s"], rel=0.05)
+    assert short["batch_fill"] == pytest.approx(0.5)
+
+
+def test_error_rows_pass_through_and_noise_gives_empty_text(worker):
+    table = decoded_rows([noise(3.0), speak(TEXTS[4])])
+    rows = table.to_pylist()
+    rows.insert(1, {**rows[1], "item_id": "bad", "status": "error", "error_code": "corrupt_audio",
+                    "error_message": "x", "chunks": []})
+    out = worker(pa.Table.from_pylist(rows, schema=DECODED)).to_pylist()
+    assert [r["item_id"] for r in out] == ["item0", "bad", "item1"]
+    assert out[0]["status"] == "ok" and out[0]["text"] == ""
+    assert (out[1]["status"], out[1]["error_code"], out[1]["text"]) == ("error", "corrupt_audio", None)
+    assert wer(TEXTS[4], out[2]["text"]) <= 0.3
+
+
+def test_a_missing_model_is_refused_before_any_work(tmp_path):
+    with pytest.raises(ModelLoadError, match="not found"):
+        check_model_reference(str(tmp_path / "no-such-model"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelLoadError, match="model.bin"):
+        check_model_reference(str(tmp_path / "empty"))
+    check_model_reference("large-v3-turbo")  # a faster-whisper name: fine, loads from the hub later
