@@ -124,7 +124,7 @@ def _unwrap(exc: BaseException, load_errors: tuple[type[BaseException], ...]) ->
     """Ray wraps worker exceptions; find ours (or a model load error) inside."""
     seen = exc
     for _ in range(8):
-        if isinstance(seen, OvernightError | load_errors):
+        if isinstance(seen, (OvernightError, *load_errors)):
             return seen
         cause = getattr(seen, "cause", None) or seen.__cause__
         if cause is None:

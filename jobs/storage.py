@@ -29,6 +29,8 @@ _SECRET_ENV = (
     "AWS_ACCESS_KEY_ID",
     "GOOGLE_APPLICATION_CREDENTIALS",
     "OVERNIGHT_PDF_PASSWORD",
+    "RAY_AUTH_TOKEN",
+    "HF_TOKEN",
 )
 # Looks like a key even when we did not get it from the environment.
 _SECRET_PATTERNS = (
@@ -149,7 +151,7 @@ def with_retries(
         try:
             return fn()
         except Exception as exc:
-            if _is_missing(exc) or not isinstance(exc, _TRANSIENT | _botocore_errors()):
+            if _is_missing(exc) or not isinstance(exc, (*_TRANSIENT, *_botocore_errors())):
                 raise
             last = exc
             if attempt < attempts - 1:
