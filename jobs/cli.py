@@ -28,8 +28,12 @@ def _transcribe_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--beam-size", type=int)
     p.add_argument("--language")
     p.add_argument("--actors", type=int, help="Whisper actors (one model each)")
-    p.add_argument("--split-channels", action="store_true", default=None,
-                   help="transcribe each channel separately (agent/customer stereo calls)")
+    p.add_argument(
+        "--split-channels",
+        action="store_true",
+        default=None,
+        help="transcribe each channel separately (agent/customer stereo calls)",
+    )
     p.add_argument("--no-vad", dest="vad", action="store_false", default=None)
 
 
@@ -42,23 +46,36 @@ def _common_flags(p: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="overnight", description="Batch transcription and document processing on Ray.")
+    ap = argparse.ArgumentParser(
+        prog="overnight", description="Batch transcription and document processing on Ray."
+    )
     sub = ap.add_subparsers(dest="command", required=True)
 
-    t = sub.add_parser("transcribe", help="transcribe recordings: INPUT → OUTPUT/transcripts, costs, runs")
+    t = sub.add_parser(
+        "transcribe", help="transcribe recordings: INPUT → OUTPUT/transcripts, costs, runs"
+    )
     t.add_argument("input", help="folder, file, URL prefix or manifest (.csv/.jsonl/.parquet)")
     t.add_argument("output", help="folder or URL prefix")
     _transcribe_flags(t)
     _common_flags(t)
 
-    pr = sub.add_parser("process", help="run an LLM task over documents or transcripts: INPUT → OUTPUT/results")
-    pr.add_argument("input", help="documents (folder, file, URL prefix, manifest) or a transcripts dataset")
+    pr = sub.add_parser(
+        "process", help="run an LLM task over documents or transcripts: INPUT → OUTPUT/results"
+    )
+    pr.add_argument(
+        "input", help="documents (folder, file, URL prefix, manifest) or a transcripts dataset"
+    )
     pr.add_argument("output")
-    pr.add_argument("--task", help="summarize|extract|classify|prompt|call_summary|disposition|promise_to_pay|compliance")
+    pr.add_argument(
+        "--task",
+        help="summarize|extract|classify|prompt|call_summary|disposition|promise_to_pay|compliance",
+    )
     pr.add_argument("--schema", help="extract: the fields as a JSON schema file")
     pr.add_argument("--labels", help="classify: comma-separated labels")
     pr.add_argument("--prompt", help="prompt: a template file with {text}")
-    pr.add_argument("--model", help="model path or hub name (default: the backend's embedded default)")
+    pr.add_argument(
+        "--model", help="model path or hub name (default: the backend's embedded default)"
+    )
     pr.add_argument("--backend", choices=["ctranslate2", "vllm"])
     pr.add_argument("--device", choices=["auto", "cpu", "cuda"])
     pr.add_argument("--summary-words", type=int)
@@ -83,7 +100,13 @@ def parser() -> argparse.ArgumentParser:
 
 # Modules that add their own subcommands: each has add_parser(subparsers) and sets
 # `handler=` on its parser; a handler takes the parsed args and returns an exit status.
-COMMAND_MODULES: tuple[str, ...] = ("jobs.submit", "jobs.submissions", "jobs.report", "jobs.plan", "jobs.tune")
+COMMAND_MODULES: tuple[str, ...] = (
+    "jobs.submit",
+    "jobs.submissions",
+    "jobs.report",
+    "jobs.plan",
+    "jobs.tune",
+)
 
 
 def _overrides(args: argparse.Namespace, kind: str) -> dict[str, Any]:
@@ -98,14 +121,28 @@ def _overrides(args: argparse.Namespace, kind: str) -> dict[str, Any]:
     }
     transcribe = {
         key: getattr(args, key, None)
-        for key in ("model", "device", "compute_type", "batch_size", "beam_size", "language",
-                    "actors", "split_channels", "vad")
+        for key in (
+            "model",
+            "device",
+            "compute_type",
+            "batch_size",
+            "beam_size",
+            "language",
+            "actors",
+            "split_channels",
+            "vad",
+        )
     }
     if kind == "process":
         labels = getattr(args, "labels", None)
         process = {
-            "task": args.task, "schema": args.schema, "prompt": args.prompt, "model": args.model,
-            "backend": args.backend, "device": args.device, "summary_words": args.summary_words,
+            "task": args.task,
+            "schema": args.schema,
+            "prompt": args.prompt,
+            "model": args.model,
+            "backend": args.backend,
+            "device": args.device,
+            "summary_words": args.summary_words,
             "labels": [x.strip() for x in labels.split(",") if x.strip()] if labels else None,
         }
         return {"job": job, "process": process}
@@ -121,7 +158,11 @@ def run_spec(spec: JobSpec) -> dict[str, Any]:
 
     if spec.job.kind == "process":
         stages = [run_process(spec, task_name=name) for name in spec.process.tasks]
-        return stages[0] if len(stages) == 1 else {"run_id": spec.run_id, "kind": "process", "stages": stages}
+        return (
+            stages[0]
+            if len(stages) == 1
+            else {"run_id": spec.run_id, "kind": "process", "stages": stages}
+        )
     return run_chain(spec)
 
 
@@ -140,9 +181,13 @@ def print_summary(summary: dict[str, Any], out=sys.stdout) -> None:
         f" ({summary['items_already_done']} already done of {summary['items_listed']} listed)",
     ]
     if summary.get("errors_by_code"):
-        lines.append("  errors       " + ", ".join(f"{k}: {v}" for k, v in summary["errors_by_code"].items()))
+        lines.append(
+            "  errors       " + ", ".join(f"{k}: {v}" for k, v in summary["errors_by_code"].items())
+        )
     if summary.get("audio_seconds"):
-        lines.append(f"  audio        {summary['audio_seconds'] / 60:.2f} min, {summary.get('rtfx')}x real time")
+        lines.append(
+            f"  audio        {summary['audio_seconds'] / 60:.2f} min, {summary.get('rtfx')}x real time"
+        )
     lines += [
         f"  time         {summary['wall_seconds']:.1f} s wall, {summary['accelerator_seconds']:.1f} s busy on "
         f"{summary['accelerator']} of {summary['accelerator_reserved_seconds']:.1f} s reserved"
@@ -179,13 +224,21 @@ def _demo(args: argparse.Namespace) -> dict[str, Any]:
                 row["channel_labels"] = "agent,customer"
             f.write(json.dumps(row) + "\n")
     print(f"[overnight] synthesized {len(refs)} calls in {work / 'calls'}", file=sys.stderr)
-    spec = build_spec(overrides={"job": {"input": str(manifest), "output": os.path.abspath(args.output),
-                                         "ray_address": args.address}})
+    spec = build_spec(
+        overrides={
+            "job": {
+                "input": str(manifest),
+                "output": os.path.abspath(args.output),
+                "ray_address": args.address,
+            }
+        }
+    )
     summary = run_spec(spec)
     import pyarrow.dataset as pads
 
     table = pads.dataset(summary["transcripts"], format="parquet").to_table(
-        columns=["source_uri", "status", "error_code", "text"])
+        columns=["source_uri", "status", "error_code", "text"]
+    )
     print("\ntranscripts:")
     for row in sorted(table.to_pylist(), key=lambda r: r["source_uri"]):
         shown = row["text"] if row["status"] == "ok" else f"<{row['error_code']}>"
@@ -209,8 +262,13 @@ def main(argv: list[str] | None = None) -> int:
             return int(args.handler(args))
         elif args.command == "run":
             file_data = read_job_file(args.job_file)
-            over = {"job": {"ray_address": args.address, "run_id": args.run_id,
-                            "progress": False if args.quiet else None}}
+            over = {
+                "job": {
+                    "ray_address": args.address,
+                    "run_id": args.run_id,
+                    "progress": False if args.quiet else None,
+                }
+            }
             summary = run_spec(build_spec(file_data, over))
         else:  # pragma: no cover - argparse enforces the choices
             raise ConfigError(f"unknown command {args.command}")
@@ -218,7 +276,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"overnight: error: {redact(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("overnight: interrupted; finished items are committed, rerun to resume", file=sys.stderr)
+        print(
+            "overnight: interrupted; finished items are committed, rerun to resume", file=sys.stderr
+        )
         return 130
     print_summary(summary)
     return 0

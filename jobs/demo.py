@@ -18,10 +18,19 @@ import numpy as np
 SAMPLE_RATE = 16_000
 
 CALLS: tuple[tuple[str, str], ...] = (
-    ("call_billing", "Thank you for calling. I would like to pay my bill of fifty dollars on Friday."),
+    (
+        "call_billing",
+        "Thank you for calling. I would like to pay my bill of fifty dollars on Friday.",
+    ),
     ("call_address", "Hello, I need to change the address on my account to the new apartment."),
-    ("call_cancel", "I want to cancel my subscription because the service stopped working last week."),
-    ("call_refund", "Could you please send the refund to my credit card before the end of the month?"),
+    (
+        "call_cancel",
+        "I want to cancel my subscription because the service stopped working last week.",
+    ),
+    (
+        "call_refund",
+        "Could you please send the refund to my credit card before the end of the month?",
+    ),
 )
 DIALOGUE: tuple[tuple[str, str], ...] = (
     ("agent", "Good morning, this is the billing department, how can I help you today?"),
@@ -51,7 +60,9 @@ def speak(text: str, *, voice: str = "en-us", speed: int = 150) -> np.ndarray:
         pcm = np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16).astype(np.float32) / 32768
     # espeak-ng speaks at 22.05 kHz: resample linearly, plenty for speech recognition.
     n_out = int(len(pcm) * SAMPLE_RATE / rate)
-    return np.interp(np.linspace(0, len(pcm) - 1, n_out), np.arange(len(pcm)), pcm).astype(np.float32)
+    return np.interp(np.linspace(0, len(pcm) - 1, n_out), np.arange(len(pcm)), pcm).astype(
+        np.float32
+    )
 
 
 def write_wav(path: Path | BinaryIO, audio: np.ndarray) -> Path | BinaryIO:
@@ -71,7 +82,9 @@ def silence(seconds: float) -> np.ndarray:
 
 
 def noise(seconds: float, level: float = 0.05, seed: int = 0) -> np.ndarray:
-    return (np.random.default_rng(seed).standard_normal(int(seconds * SAMPLE_RATE)) * level).astype(np.float32)
+    return (np.random.default_rng(seed).standard_normal(int(seconds * SAMPLE_RATE)) * level).astype(
+        np.float32
+    )
 
 
 def stereo_dialogue(turns=DIALOGUE, gap_s: float = 0.6) -> tuple[np.ndarray, dict[str, str]]:
@@ -80,7 +93,9 @@ def stereo_dialogue(turns=DIALOGUE, gap_s: float = 0.6) -> tuple[np.ndarray, dic
     channels: dict[str, list[np.ndarray]] = {label: [] for label in labels}
     said: dict[str, list[str]] = {label: [] for label in labels}
     for speaker, text in turns:
-        clip = np.concatenate([speak(text, voice="en-us" if speaker == "agent" else "en-gb"), silence(gap_s)])
+        clip = np.concatenate(
+            [speak(text, voice="en-us" if speaker == "agent" else "en-gb"), silence(gap_s)]
+        )
         for label in labels:
             channels[label].append(clip if label == speaker else np.zeros_like(clip))
         said[speaker].append(text)

@@ -43,7 +43,9 @@ def price(prices: dict[str, float], resource: str | None) -> float:
     return prices.get("gpu", 0.0) if resource != "cpu" else prices.get("cpu", 0.0)
 
 
-def build_ledger(rows: list[dict[str, Any]], prices: dict[str, float], stages=TRANSCRIBE_STAGES) -> pa.Table:
+def build_ledger(
+    rows: list[dict[str, Any]], prices: dict[str, float], stages=TRANSCRIBE_STAGES
+) -> pa.Table:
     """One ledger row per item and stage that consumed time."""
     now = datetime.now(UTC)
     out = []
@@ -78,13 +80,31 @@ def build_ledger(rows: list[dict[str, Any]], prices: dict[str, float], stages=TR
 
 
 _LEDGER_COLUMNS = (
-    "item_id", "run_id", "tenant", "submission_id", "duration_s", "input_tokens", "output_tokens",
-    "fetch_s", "decode_s", "decode_resource", "decode_units", "asr_s", "asr_resource", "asr_units",
-    "extract_s", "extract_resource", "llm_s", "llm_resource", "llm_units",
+    "item_id",
+    "run_id",
+    "tenant",
+    "submission_id",
+    "duration_s",
+    "input_tokens",
+    "output_tokens",
+    "fetch_s",
+    "decode_s",
+    "decode_resource",
+    "decode_units",
+    "asr_s",
+    "asr_resource",
+    "asr_units",
+    "extract_s",
+    "extract_resource",
+    "llm_s",
+    "llm_resource",
+    "llm_units",
 )
 
 
-def read_results(dataset: storage.Location, columns: list[str] | None = None, run_id: str | None = None) -> pa.Table | None:
+def read_results(
+    dataset: storage.Location, columns: list[str] | None = None, run_id: str | None = None
+) -> pa.Table | None:
     """Read a result dataset (transcripts/ or results/) written by overnight."""
     files = storage.list_files(dataset, ".parquet")
     if not files:
@@ -102,7 +122,9 @@ def read_results(dataset: storage.Location, columns: list[str] | None = None, ru
     return table
 
 
-def catch_up(output: storage.Location, results_dir: str, prices: dict[str, float], stages=TRANSCRIBE_STAGES) -> pa.Table:
+def catch_up(
+    output: storage.Location, results_dir: str, prices: dict[str, float], stages=TRANSCRIBE_STAGES
+) -> pa.Table:
     """Write ledger rows for every committed result item that has none yet.
 
     A killed run commits results without reaching its ledger step; the next run prices them,
@@ -122,7 +144,9 @@ def catch_up(output: storage.Location, results_dir: str, prices: dict[str, float
 
 def write_table(dataset: storage.Location, table: pa.Table) -> str:
     """Commit one Parquet file, named by its content's item ids, atomically."""
-    digest = hashlib.sha256("\n".join(sorted(set(table["item_id"].to_pylist()))).encode()).hexdigest()[:24]
+    digest = hashlib.sha256(
+        "\n".join(sorted(set(table["item_id"].to_pylist()))).encode()
+    ).hexdigest()[:24]
     loc = dataset.join(f"part-{digest}.parquet")
     buf = io.BytesIO()
     pq.write_table(table, buf, compression="zstd")
@@ -154,7 +178,9 @@ def summarize_run(
     cpu_cost = sum(r["cost_usd"] for r in mine if r["stage"] not in model_stage)
     # An actor that waits for work still holds its device: reserved = actors x wall.
     reserved_model_s = model_actors * pipeline_wall_s
-    reserved_cost = cpu_cost + reserved_model_s * model_units * price(prices, model_resource) / 3600.0
+    reserved_cost = (
+        cpu_cost + reserved_model_s * model_units * price(prices, model_resource) / 3600.0
+    )
     audio_s = sum(r.get("duration_s") or 0.0 for r in rows)
     errors = Counter(r["error_code"] for r in rows if r["status"] == "error")
     succeeded = sum(1 for r in rows if r["status"] == "ok")
@@ -180,7 +206,9 @@ def summarize_run(
         "cost_usd": round(cost, 8),
         "reserved_cost_usd": round(reserved_cost, 8),
         "cost_per_audio_minute_usd": round(cost / minutes, 8) if minutes else None,
-        "reserved_cost_per_audio_minute_usd": round(reserved_cost / minutes, 8) if minutes else None,
+        "reserved_cost_per_audio_minute_usd": round(reserved_cost / minutes, 8)
+        if minutes
+        else None,
         "rtfx": round(audio_s / pipeline_wall_s, 3) if pipeline_wall_s else None,
         "prices": prices,
     }

@@ -25,7 +25,13 @@ MANIFEST_SUFFIXES = (".csv", ".jsonl", ".parquet")
 _KNOWN = {"uri", "language", "channel_labels", *METADATA_COLUMNS}
 
 
-def item_id(uri: str, size: int | None, etag: str | None, submission_id: str | None = None, external_id: str | None = None) -> str:
+def item_id(
+    uri: str,
+    size: int | None,
+    etag: str | None,
+    submission_id: str | None = None,
+    external_id: str | None = None,
+) -> str:
     key = "\n".join([uri, str(size), etag or "", submission_id or "", external_id or ""])
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
@@ -74,7 +80,10 @@ def records_from_manifest(url: str) -> list[dict[str, Any]]:
         raise ConfigError(f"manifest {url!r} needs a 'uri' column; it has {sorted(rows[0])}")
     uris = [_resolve_uri(str(r["uri"]).strip(), url) for r in rows]
     infos = storage.map_threads(storage.stat, uris)
-    return [_record(row, uri, info.size, info.etag) for row, uri, info in zip(rows, uris, infos, strict=True)]
+    return [
+        _record(row, uri, info.size, info.etag)
+        for row, uri, info in zip(rows, uris, infos, strict=True)
+    ]
 
 
 def _record(row: dict[str, Any], uri: str, size: int | None, etag: str | None) -> dict[str, Any]:
@@ -104,7 +113,10 @@ def list_items(input_url: str, defaults: dict[str, Any] | None = None) -> list[d
     if is_manifest(input_url):
         records = records_from_manifest(input_url)
     else:
-        records = [_record(dict(defaults or {}), o.uri, o.size, o.etag) for o in storage.list_objects(input_url)]
+        records = [
+            _record(dict(defaults or {}), o.uri, o.size, o.etag)
+            for o in storage.list_objects(input_url)
+        ]
     seen: set[str] = set()
     unique = []
     for r in records:

@@ -66,7 +66,9 @@ def arrow_fs(loc: storage.Location):
     return pafs.PyFileSystem(pafs.FSSpecHandler(loc.fs))
 
 
-def commit(table: pa.Table, dataset: storage.Location, schema: pa.Schema, slim: Sequence[str]) -> pa.Table:
+def commit(
+    table: pa.Table, dataset: storage.Location, schema: pa.Schema, slim: Sequence[str]
+) -> pa.Table:
     """Validate against the schema, write one file atomically, return the slim rows."""
     table = table.select(schema.names).cast(schema)
     ids = table["item_id"].to_pylist()
@@ -85,8 +87,13 @@ class CommittingActor:
     killed run would lose all of it.
     """
 
-    def __init__(self, make_worker: Callable[[], Callable[[pa.Table], pa.Table]], dataset: storage.Location,
-                 schema: pa.Schema, slim: Sequence[str]):
+    def __init__(
+        self,
+        make_worker: Callable[[], Callable[[pa.Table], pa.Table]],
+        dataset: storage.Location,
+        schema: pa.Schema,
+        slim: Sequence[str],
+    ):
         self.worker = make_worker()
         self.dataset, self.schema, self.slim = dataset, schema, tuple(slim)
 
@@ -110,8 +117,11 @@ class Progress:
             self.last = now
             elapsed = now - self.start
             eta = elapsed / self.done * (self.total - self.done) if self.done else float("nan")
-            audio = (f"{self.audio_s / 3600:.3f} h audio ({self.audio_s / max(elapsed, 1e-9):.1f}x real time), "
-                     if self.audio_s else "")
+            audio = (
+                f"{self.audio_s / 3600:.3f} h audio ({self.audio_s / max(elapsed, 1e-9):.1f}x real time), "
+                if self.audio_s
+                else ""
+            )
             print(
                 f"[overnight] {self.done}/{self.total} items ({100 * self.done / max(self.total, 1):.0f}%), "
                 f"{audio}{self.errors} errors, ETA {eta:.0f} s",
@@ -139,7 +149,9 @@ class Outcome:
     pipeline_s: float = 0.0
 
 
-def execute(ds, pending_ids: set[str], progress: Progress, load_errors: tuple[type[BaseException], ...]) -> Outcome:
+def execute(
+    ds, pending_ids: set[str], progress: Progress, load_errors: tuple[type[BaseException], ...]
+) -> Outcome:
     """Iterate the dataset's slim rows; map failures to our systemic errors; check that the
     run produced exactly one row per pending item."""
     outcome = Outcome()
@@ -164,5 +176,7 @@ def execute(ds, pending_ids: set[str], progress: Progress, load_errors: tuple[ty
     outcome.pipeline_s = time.monotonic() - t0
     seen = [r["item_id"] for r in outcome.rows]
     if len(seen) != len(set(seen)) or set(seen) != pending_ids:
-        raise EngineFailed("invariant broken: the run did not produce exactly one row per pending item")
+        raise EngineFailed(
+            "invariant broken: the run did not produce exactly one row per pending item"
+        )
     return outcome

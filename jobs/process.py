@@ -23,7 +23,7 @@ import hashlib
 import json
 import os
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -55,16 +55,31 @@ DOC_INPUT = pa.schema(
         pa.field("document_chars", pa.int64()),
     ]
 )
-_SLIM = ["item_id", "status", "error_code", "input_tokens", "output_tokens", "llm_s", "llm_resource", "llm_units"]
+_SLIM = [
+    "item_id",
+    "status",
+    "error_code",
+    "input_tokens",
+    "output_tokens",
+    "llm_s",
+    "llm_resource",
+    "llm_units",
+]
 
 
 def _load_json_or_path(value: dict | str, what: str) -> dict:
     if isinstance(value, dict):
         return value
     try:
-        data = json.loads(Path(value).read_text()) if not value.lstrip().startswith("{") else json.loads(value)
+        data = (
+            json.loads(Path(value).read_text())
+            if not value.lstrip().startswith("{")
+            else json.loads(value)
+        )
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"process.{what}: cannot read a JSON schema from {value!r}: {exc}") from None
+        raise ConfigError(
+            f"process.{what}: cannot read a JSON schema from {value!r}: {exc}"
+        ) from None
     if not isinstance(data, dict):
         raise ConfigError(f"process.{what}: the JSON schema must be an object")
     return data
@@ -81,19 +96,36 @@ def task_spec(name: str, opts: ProcessOptions) -> TaskSpec:
                 return READY_TASKS[name](opts.summary_words, **common)
             return READY_TASKS[name](**common)
         if name == "summarize":
-            return TaskSpec(kind="summarize", summary_words=opts.summary_words, instructions=opts.instructions, **common)
+            return TaskSpec(
+                kind="summarize",
+                summary_words=opts.summary_words,
+                instructions=opts.instructions,
+                **common,
+            )
         if name == "extract":
             if opts.schema_ is None:
-                raise ConfigError("process.schema: the extract task needs the fields as a JSON schema (--schema FILE)")
-            return TaskSpec(kind="extract", json_schema=_load_json_or_path(opts.schema_, "schema"),
-                            instructions=opts.instructions, **common)
+                raise ConfigError(
+                    "process.schema: the extract task needs the fields as a JSON schema (--schema FILE)"
+                )
+            return TaskSpec(
+                kind="extract",
+                json_schema=_load_json_or_path(opts.schema_, "schema"),
+                instructions=opts.instructions,
+                **common,
+            )
         if name == "classify":
-            return TaskSpec(kind="classify", labels=tuple(opts.labels), instructions=opts.instructions, **common)
+            return TaskSpec(
+                kind="classify", labels=tuple(opts.labels), instructions=opts.instructions, **common
+            )
         if name == "prompt":
             if not opts.prompt:
-                raise ConfigError("process.prompt: the prompt task needs a template with {text} (--prompt FILE)")
+                raise ConfigError(
+                    "process.prompt: the prompt task needs a template with {text} (--prompt FILE)"
+                )
             template = Path(opts.prompt).read_text() if os.path.isfile(opts.prompt) else opts.prompt
-            return TaskSpec(kind="prompt", template=template, instructions=opts.instructions, **common)
+            return TaskSpec(
+                kind="prompt", template=template, instructions=opts.instructions, **common
+            )
     except TaskSpecError as exc:
         raise ConfigError(f"process: {exc}") from None
     raise ConfigError(
@@ -127,36 +159,78 @@ def _is_transcripts(url: str) -> storage.Location | None:
 def _transcript_records(dataset: storage.Location, task: str) -> list[dict[str, Any]]:
     table = ledger.read_results(
         dataset,
-        ["item_id", "source_uri", "source_size", "source_etag", "tenant", "submission_id", "external_id",
-         "metadata", "language", "channel_labels", "status", "error_code", "text"],
+        [
+            "item_id",
+            "source_uri",
+            "source_size",
+            "source_etag",
+            "tenant",
+            "submission_id",
+            "external_id",
+            "metadata",
+            "language",
+            "channel_labels",
+            "status",
+            "error_code",
+            "text",
+        ],
     )
     records = []
-    for row in (table.to_pylist() if table is not None else []):
+    for row in table.to_pylist() if table is not None else []:
         text, status, code, message = row["text"], "ok", None, None
         if row["status"] != "ok":
             status, code = "error", ErrorCode.INVALID_INPUT.value
             message = f"the transcription of this recording failed ({row['error_code']})"
         elif not (text or "").strip():
-            status, code, message = "error", ErrorCode.NO_TEXT.value, "the call has no speech to process"
-        records.append({
-            "item_id": result_id(row["item_id"], task),
-            "source_item_id": row["item_id"],
-            "uri": row["source_uri"], "size": row["source_size"], "etag": row["source_etag"],
-            "tenant": row["tenant"], "submission_id": row["submission_id"], "external_id": row["external_id"],
-            "metadata": row["metadata"], "language": row["language"], "channel_labels": row["channel_labels"],
-            "text": text if status == "ok" else None, "status": status, "error_code": code,
-            "error_message": message, "fetch_s": 0.0, "extract_s": 0.0, "extract_resource": "cpu",
-            "document_chars": len(text or ""),
-        })
+            status, code, message = (
+                "error",
+                ErrorCode.NO_TEXT.value,
+                "the call has no speech to process",
+            )
+        records.append(
+            {
+                "item_id": result_id(row["item_id"], task),
+                "source_item_id": row["item_id"],
+                "uri": row["source_uri"],
+                "size": row["source_size"],
+                "etag": row["source_etag"],
+                "tenant": row["tenant"],
+                "submission_id": row["submission_id"],
+                "external_id": row["external_id"],
+                "metadata": row["metadata"],
+                "language": row["language"],
+                "channel_labels": row["channel_labels"],
+                "text": text if status == "ok" else None,
+                "status": status,
+                "error_code": code,
+                "error_message": message,
+                "fetch_s": 0.0,
+                "extract_s": 0.0,
+                "extract_resource": "cpu",
+                "document_chars": len(text or ""),
+            }
+        )
     return records
 
 
 def _document_records(url: str, task: str) -> list[dict[str, Any]]:
     records = []
     for r in list_items(url):
-        records.append({**r, "source_item_id": r["item_id"], "item_id": result_id(r["item_id"], task),
-                        "text": None, "status": None, "error_code": None, "error_message": None,
-                        "fetch_s": None, "extract_s": None, "extract_resource": "cpu", "document_chars": None})
+        records.append(
+            {
+                **r,
+                "source_item_id": r["item_id"],
+                "item_id": result_id(r["item_id"], task),
+                "text": None,
+                "status": None,
+                "error_code": None,
+                "error_message": None,
+                "fetch_s": None,
+                "extract_s": None,
+                "extract_resource": "cpu",
+                "document_chars": None,
+            }
+        )
     return records
 
 
@@ -171,23 +245,33 @@ def fetch_and_extract(
             continue
         row.update(status="ok", fetch_s=0.0, extract_s=0.0)
         if row["size"] is not None and row["size"] > max_bytes:
-            row.update(status="error", error_code=ErrorCode.TOO_LARGE.value,
-                       error_message=f"file is {row['size']} bytes; the job's maximum is {max_bytes}")
+            row.update(
+                status="error",
+                error_code=ErrorCode.TOO_LARGE.value,
+                error_message=f"file is {row['size']} bytes; the job's maximum is {max_bytes}",
+            )
             out.append(row)
             continue
         t0 = time.perf_counter()
         try:
             data = storage.read_bytes(row["uri"], storage_config)
         except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
-            row.update(status="error", error_code=ErrorCode.FETCH_FAILED.value,
-                       error_message=storage.redact(f"cannot read the object: {type(exc).__name__}: {exc}"))
+            row.update(
+                status="error",
+                error_code=ErrorCode.FETCH_FAILED.value,
+                error_message=storage.redact(
+                    f"cannot read the object: {type(exc).__name__}: {exc}"
+                ),
+            )
             out.append(row)
             continue
         row["fetch_s"] = time.perf_counter() - t0
         result = extract_text(data, row["uri"].rsplit("/", 1)[-1], options)
         row["extract_s"] = result.seconds
         if result.error_code:
-            row.update(status="error", error_code=result.error_code, error_message=result.error_message)
+            row.update(
+                status="error", error_code=result.error_code, error_message=result.error_message
+            )
         else:
             row["text"], row["document_chars"] = result.text, len(result.text or "")
         out.append(row)
@@ -208,7 +292,7 @@ class _ResultRows:
         out = out.append_column("source_etag", out["etag"])
         out = out.append_column("run_id", pa.array([self.run_id] * n, pa.string()))
         out = out.append_column("options", pa.array([self.options_json] * n, pa.string()))
-        now = pa.array([datetime.now(timezone.utc)] * n, pa.timestamp("us", tz="UTC"))
+        now = pa.array([datetime.now(UTC)] * n, pa.timestamp("us", tz="UTC"))
         return out.append_column("processed_at", now)
 
 
@@ -224,13 +308,16 @@ def _worker_config(opts: ProcessOptions, task: TaskSpec, device: str) -> LLMWork
         max_num_batched_tokens=opts.max_num_batched_tokens,
         gpu_memory_utilization=opts.gpu_memory_utilization,
         max_model_len=opts.max_model_len,
-        cpu_threads=opts.cpu_threads or (max(1, int(opts.cpus_per_actor)) if device == "cpu" else 0),
+        cpu_threads=opts.cpu_threads
+        or (max(1, int(opts.cpus_per_actor)) if device == "cpu" else 0),
         resource=opts.resource,
         units=(opts.gpus_per_actor or 1.0) if device == "cuda" else opts.cpus_per_actor,
     )
 
 
-def run_process(spec: JobSpec, *, input_url: str | None = None, task_name: str | None = None) -> dict[str, Any]:
+def run_process(
+    spec: JobSpec, *, input_url: str | None = None, task_name: str | None = None
+) -> dict[str, Any]:
     """Run one task over every document of the input; returns the run summary."""
     import ray
 
@@ -239,22 +326,43 @@ def run_process(spec: JobSpec, *, input_url: str | None = None, task_name: str |
     task_name = task_name or opts.tasks[0]
     task = task_spec(task_name, opts)
     input_url = input_url or spec.job.input
-    run_id = spec.run_id if len(opts.tasks) == 1 and spec.job.kind == "process" else f"{spec.run_id}-{task_name}"
+    run_id = (
+        spec.run_id
+        if len(opts.tasks) == 1 and spec.job.kind == "process"
+        else f"{spec.run_id}-{task_name}"
+    )
     output = storage.resolve(spec.job.output)
     results = output.join("results")
 
     transcripts = _is_transcripts(input_url)
-    records = _transcript_records(transcripts, task_name) if transcripts else _document_records(input_url, task_name)
+    records = (
+        _transcript_records(transcripts, task_name)
+        if transcripts
+        else _document_records(input_url, task_name)
+    )
     done = committed_ids(results)
     todo = [r for r in records if r["item_id"] not in done]
     pending = todo[: spec.job.max_items] if spec.job.max_items is not None else todo
 
     pipeline.ensure_ray(spec.job.ray_address)
-    device = opts.device if opts.device != "auto" else ("cuda" if pipeline.cluster_has_gpu() else "cpu")
+    device = (
+        opts.device if opts.device != "auto" else ("cuda" if pipeline.cluster_has_gpu() else "cpu")
+    )
     config = _worker_config(opts, task, device)
-    options_json = json.dumps({**config.options(), "device": device, "input_kind": "transcripts" if transcripts else "documents"},
-                              sort_keys=True, default=str)
-    gpus = opts.gpus_per_actor if opts.gpus_per_actor is not None else (1.0 if device == "cuda" else 0.0)
+    options_json = json.dumps(
+        {
+            **config.options(),
+            "device": device,
+            "input_kind": "transcripts" if transcripts else "documents",
+        },
+        sort_keys=True,
+        default=str,
+    )
+    gpus = (
+        opts.gpus_per_actor
+        if opts.gpus_per_actor is not None
+        else (1.0 if device == "cuda" else 0.0)
+    )
 
     outcome = pipeline.Outcome()
     if pending:
@@ -271,11 +379,16 @@ def run_process(spec: JobSpec, *, input_url: str | None = None, task_name: str |
         if opts.accelerator_type:
             actor_args["accelerator_type"] = opts.accelerator_type
         ds = (
-            ray.data.read_parquet(manifest_dir.path, filesystem=pipeline.arrow_fs(manifest_dir), schema=DOC_INPUT)
+            ray.data.read_parquet(
+                manifest_dir.path, filesystem=pipeline.arrow_fs(manifest_dir), schema=DOC_INPUT
+            )
             .map_batches(
                 fetch_and_extract,
-                fn_kwargs={"options": text_options, "max_bytes": int(opts.max_file_mb * 2**20),
-                           "storage_config": storage.StorageConfig.from_env()},
+                fn_kwargs={
+                    "options": text_options,
+                    "max_bytes": int(opts.max_file_mb * 2**20),
+                    "storage_config": storage.StorageConfig.from_env(),
+                },
                 batch_format="pyarrow",
                 batch_size=None,
                 num_cpus=opts.extract_cpus,
@@ -284,7 +397,9 @@ def run_process(spec: JobSpec, *, input_url: str | None = None, task_name: str |
                 pipeline.CommittingActor,
                 fn_constructor_kwargs={
                     "make_worker": functools.partial(_ResultRows, config, run_id, options_json),
-                    "dataset": results, "schema": DOCUMENT_RESULTS, "slim": _SLIM,
+                    "dataset": results,
+                    "schema": DOCUMENT_RESULTS,
+                    "slim": _SLIM,
                 },
                 batch_format="pyarrow",
                 batch_size=opts.items_per_call,
@@ -293,7 +408,9 @@ def run_process(spec: JobSpec, *, input_url: str | None = None, task_name: str |
             )
         )
         outcome = pipeline.execute(
-            ds, {r["item_id"] for r in pending}, pipeline.Progress(len(pending), spec.job.progress),
+            ds,
+            {r["item_id"] for r in pending},
+            pipeline.Progress(len(pending), spec.job.progress),
             (EngineUnavailable,),
         )
 

@@ -33,6 +33,7 @@ DEFAULT_PRICES: dict[str, float] = {
     "gpu": 2.69,
 }
 
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -45,31 +46,70 @@ class TranscribeOptions(_Model):
         description="faster-whisper model: a size name (large-v3, large-v3-turbo, distil-large-v3), "
         "a hub repository id, a local CTranslate2 folder, or 'bundled:tiny.en' (the embedded default)",
     )
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when a GPU is visible")
-    compute_type: str = Field("auto", description="CTranslate2 compute type; auto: float16 on cuda, int8 on cpu")
-    batch_size: int = Field(16, ge=1, le=512, description="30-second chunks per model forward pass, filled across recordings")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto: cuda when a GPU is visible"
+    )
+    compute_type: str = Field(
+        "auto", description="CTranslate2 compute type; auto: float16 on cuda, int8 on cpu"
+    )
+    batch_size: int = Field(
+        16,
+        ge=1,
+        le=512,
+        description="30-second chunks per model forward pass, filled across recordings",
+    )
     beam_size: int = Field(5, ge=1, le=16, description="beam width (1 = greedy)")
-    language: str | None = Field(None, description="force a language code; default: the item's `language`, else detect")
-    timestamps: bool = Field(False, description="segment timestamps inside a chunk (else one segment per VAD chunk)")
-    chunk_length_s: int = Field(30, ge=5, le=30, description="longest chunk of speech fed to the model")
-    vad: bool = Field(True, description="Silero VAD: skip silence, and never hallucinate text on noise")
+    language: str | None = Field(
+        None, description="force a language code; default: the item's `language`, else detect"
+    )
+    timestamps: bool = Field(
+        False, description="segment timestamps inside a chunk (else one segment per VAD chunk)"
+    )
+    chunk_length_s: int = Field(
+        30, ge=5, le=30, description="longest chunk of speech fed to the model"
+    )
+    vad: bool = Field(
+        True, description="Silero VAD: skip silence, and never hallucinate text on noise"
+    )
     vad_threshold: float = Field(0.5, gt=0, lt=1, description="speech probability threshold")
     vad_min_silence_ms: int = Field(160, ge=0, description="silence that splits speech")
     vad_speech_pad_ms: int = Field(400, ge=0, description="padding kept around speech")
-    split_channels: bool = Field(False, description="transcribe each channel separately (stereo call recordings)")
-    turn_gap_s: float = Field(1.0, gt=0, description="split channels: a pause this long on one channel ends a dialogue turn")
-    max_duration_s: float = Field(4 * 3600, gt=0, description="longer recordings fail with error_code=too_long")
-    max_file_mb: float = Field(2048, gt=0, description="larger files fail with error_code=too_large")
-    no_speech_threshold: float = Field(0.6, ge=0, le=1, description="drop a segment above this no-speech probability...")
-    log_prob_threshold: float = Field(-1.0, description="...when its average log-probability is also below this")
-    cpu_threads: int = Field(0, ge=0, description="CTranslate2 threads per actor on CPU (0: one per core it holds)")
+    split_channels: bool = Field(
+        False, description="transcribe each channel separately (stereo call recordings)"
+    )
+    turn_gap_s: float = Field(
+        1.0,
+        gt=0,
+        description="split channels: a pause this long on one channel ends a dialogue turn",
+    )
+    max_duration_s: float = Field(
+        4 * 3600, gt=0, description="longer recordings fail with error_code=too_long"
+    )
+    max_file_mb: float = Field(
+        2048, gt=0, description="larger files fail with error_code=too_large"
+    )
+    no_speech_threshold: float = Field(
+        0.6, ge=0, le=1, description="drop a segment above this no-speech probability..."
+    )
+    log_prob_threshold: float = Field(
+        -1.0, description="...when its average log-probability is also below this"
+    )
+    cpu_threads: int = Field(
+        0, ge=0, description="CTranslate2 threads per actor on CPU (0: one per core it holds)"
+    )
     actors: int = Field(1, ge=1, description="Whisper actors (one model each)")
-    gpus_per_actor: float | None = Field(None, ge=0, description="GPUs per actor; default 1 when device is cuda, else 0")
+    gpus_per_actor: float | None = Field(
+        None, ge=0, description="GPUs per actor; default 1 when device is cuda, else 0"
+    )
     cpus_per_actor: float = Field(1.0, gt=0, description="CPU cores reserved per Whisper actor")
     decode_cpus: float = Field(0.5, gt=0, description="CPU cores per decode task")
     items_per_call: int = Field(0, ge=0, description="recordings per actor call; 0: 4 x batch_size")
-    accelerator_type: str | None = Field(None, description="Ray accelerator type for actors, e.g. H100")
-    resource: str | None = Field(None, description="price-table key of what an actor holds; default detected")
+    accelerator_type: str | None = Field(
+        None, description="Ray accelerator type for actors, e.g. H100"
+    )
+    resource: str | None = Field(
+        None, description="price-table key of what an actor holds; default detected"
+    )
 
 
 class ProcessOptions(_Model):
@@ -81,16 +121,28 @@ class ProcessOptions(_Model):
         "promise_to_pay | compliance; a list runs each (one result row per document and task)",
     )
     schema_: dict[str, Any] | str | None = Field(
-        None, alias="schema", description="extract: the fields as a JSON schema (a table, or a path to a .json file)"
+        None,
+        alias="schema",
+        description="extract: the fields as a JSON schema (a table, or a path to a .json file)",
     )
     labels: list[str] = Field(default_factory=list, description="classify: the label set")
-    prompt: str | None = Field(None, description="prompt: a template with {text} and metadata fields, or a path to one")
+    prompt: str | None = Field(
+        None, description="prompt: a template with {text} and metadata fields, or a path to one"
+    )
     instructions: str = Field("", description="trusted guidance added to the system prompt")
     summary_words: int = Field(100, ge=5, description="summarize: target length in words")
-    required_phrases: list[str] = Field(default_factory=list, description="compliance: phrases the agent must say")
-    backend: Literal["ctranslate2", "vllm"] = Field("ctranslate2", description="vllm: GPU, the gpu extra")
-    model: str | None = Field(None, description="default: SmolLM2-135M (ctranslate2) or Llama-3.1-8B-Instruct (vllm)")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when the cluster has GPUs")
+    required_phrases: list[str] = Field(
+        default_factory=list, description="compliance: phrases the agent must say"
+    )
+    backend: Literal["ctranslate2", "vllm"] = Field(
+        "ctranslate2", description="vllm: GPU, the gpu extra"
+    )
+    model: str | None = Field(
+        None, description="default: SmolLM2-135M (ctranslate2) or Llama-3.1-8B-Instruct (vllm)"
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto: cuda when the cluster has GPUs"
+    )
     compute_type: str = Field("auto", description="auto: float16 on cuda, int8 on cpu")
     max_new_tokens: int | None = Field(None, ge=1, description="cap on generated tokens per call")
     max_batch_size: int = Field(32, ge=1, description="ctranslate2: sequences per generate_batch")
@@ -101,18 +153,27 @@ class ProcessOptions(_Model):
     actors: int = Field(1, ge=1, description="LLM actors (one model each)")
     gpus_per_actor: float | None = Field(None, ge=0, description="default 1 on cuda, else 0")
     cpus_per_actor: float = Field(1.0, gt=0, description="CPU cores reserved per LLM actor")
-    cpu_threads: int = Field(0, ge=0, description="ctranslate2 threads on CPU (0: one per core held)")
+    cpu_threads: int = Field(
+        0, ge=0, description="ctranslate2 threads on CPU (0: one per core held)"
+    )
     extract_cpus: float = Field(0.5, gt=0, description="CPU cores per text-extraction task")
-    extract_timeout_s: float = Field(60.0, gt=0, description="per-document extraction limit → extract_timeout")
+    extract_timeout_s: float = Field(
+        60.0, gt=0, description="per-document extraction limit → extract_timeout"
+    )
     max_file_mb: float = Field(256, gt=0, description="larger files → too_large")
     max_chars: int = Field(2_000_000, ge=1, description="longer extracted text → too_large")
     json_text_field: str = Field("text", description=".json/.jsonl: the field holding the text")
     pdf_password_env: str = Field(
-        "OVERNIGHT_PDF_PASSWORD", description="environment variable holding the password for encrypted PDFs"
+        "OVERNIGHT_PDF_PASSWORD",
+        description="environment variable holding the password for encrypted PDFs",
     )
     items_per_call: int = Field(64, ge=1, description="documents per actor call")
-    accelerator_type: str | None = Field(None, description="Ray accelerator type for actors, e.g. H100")
-    resource: str | None = Field(None, description="price-table key of what an actor holds; default detected")
+    accelerator_type: str | None = Field(
+        None, description="Ray accelerator type for actors, e.g. H100"
+    )
+    resource: str | None = Field(
+        None, description="price-table key of what an actor holds; default detected"
+    )
 
     @property
     def tasks(self) -> list[str]:
@@ -123,11 +184,21 @@ class RunOptions(_Model):
     """``[job]``: where, and as what."""
 
     kind: Literal["transcribe", "process", "chain"] = Field("transcribe", description="which job")
-    input: str = Field(..., description="folder, file, URL prefix (s3://, gs://, file://) or manifest (.csv, .jsonl, .parquet)")
+    input: str = Field(
+        ...,
+        description="folder, file, URL prefix (s3://, gs://, file://) or manifest (.csv, .jsonl, .parquet)",
+    )
     output: str = Field(..., description="folder or URL prefix for transcripts/, costs/, runs/")
-    run_id: str | None = Field(None, description="default: <kind>-<UTC time>-<random>; set it for deterministic scheduled runs")
-    ray_address: str | None = Field(None, description="join this Ray cluster; default: start a local one")
-    max_items: int | None = Field(None, ge=1, description="process at most this many pending items (samples, tests)")
+    run_id: str | None = Field(
+        None,
+        description="default: <kind>-<UTC time>-<random>; set it for deterministic scheduled runs",
+    )
+    ray_address: str | None = Field(
+        None, description="join this Ray cluster; default: start a local one"
+    )
+    max_items: int | None = Field(
+        None, ge=1, description="process at most this many pending items (samples, tests)"
+    )
     progress: bool = Field(True, description="print progress lines while running")
 
 
@@ -135,7 +206,9 @@ class JobSpec(_Model):
     job: RunOptions
     transcribe: TranscribeOptions = TranscribeOptions()
     process: ProcessOptions = ProcessOptions()
-    prices: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_PRICES), description="USD per hour per unit")
+    prices: dict[str, float] = Field(
+        default_factory=lambda: dict(DEFAULT_PRICES), description="USD per hour per unit"
+    )
 
     @field_validator("prices")
     @classmethod
@@ -151,7 +224,11 @@ class JobSpec(_Model):
         if self.job.run_id is None:
             stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
             object.__setattr__(
-                self, "job", self.job.model_copy(update={"run_id": f"{self.job.kind}-{stamp}-{secrets.token_hex(3)}"})
+                self,
+                "job",
+                self.job.model_copy(
+                    update={"run_id": f"{self.job.kind}-{stamp}-{secrets.token_hex(3)}"}
+                ),
             )
         return self
 
@@ -188,13 +265,19 @@ def read_job_file(path: str | Path) -> dict[str, Any]:
         else:
             data = tomllib.loads(text)
     except Exception as exc:
-        raise ConfigError(f"job file {str(path)!r} is not valid {path.suffix[1:].upper() or 'TOML'}: {exc}") from None
+        raise ConfigError(
+            f"job file {str(path)!r} is not valid {path.suffix[1:].upper() or 'TOML'}: {exc}"
+        ) from None
     if not isinstance(data, dict):
-        raise ConfigError(f"job file {str(path)!r} must hold a table of sections ([job], [transcribe], ...)")
+        raise ConfigError(
+            f"job file {str(path)!r} must hold a table of sections ([job], [transcribe], ...)"
+        )
     return data
 
 
-def build_spec(file_data: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None) -> JobSpec:
+def build_spec(
+    file_data: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None
+) -> JobSpec:
     """Validate defaults < file < overrides into a JobSpec; never mutates its arguments."""
     merged = _deep_merge(file_data or {}, overrides or {})
     try:
@@ -212,7 +295,11 @@ def build_spec(file_data: dict[str, Any] | None = None, overrides: dict[str, Any
 def reference() -> str:
     """The config reference, generated from the models' field descriptions."""
     lines = []
-    for section, model in (("job", RunOptions), ("transcribe", TranscribeOptions), ("process", ProcessOptions)):
+    for section, model in (
+        ("job", RunOptions),
+        ("transcribe", TranscribeOptions),
+        ("process", ProcessOptions),
+    ):
         lines.append(f"[{section}]")
         for name, field in model.model_fields.items():
             default = "required" if field.is_required() else repr(field.default)

@@ -100,7 +100,11 @@ def _s3_options() -> dict:
     if client_kwargs:
         options["client_kwargs"] = client_kwargs
     # Fail within seconds when the endpoint is down; our own retry loop adds backoff.
-    options["config_kwargs"] = {"connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 2}}
+    options["config_kwargs"] = {
+        "connect_timeout": 5,
+        "read_timeout": 60,
+        "retries": {"max_attempts": 2},
+    }
     return options
 
 
@@ -124,7 +128,9 @@ def resolve(url: str, config: StorageConfig | None = None) -> Location:
                 "gs:// needs the gcs extra: pip install 'overnight[gcs]'"
             ) from None
         return Location(fs, rest, "gs")
-    raise StorageUnavailable(f"unsupported URL scheme {scheme!r} in {url!r}: use a path, file://, s3:// or gs://")
+    raise StorageUnavailable(
+        f"unsupported URL scheme {scheme!r} in {url!r}: use a path, file://, s3:// or gs://"
+    )
 
 
 _TRANSIENT = (ConnectionError, TimeoutError, OSError)

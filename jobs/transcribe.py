@@ -66,7 +66,17 @@ DECODED = pa.schema(
         pa.field("chunks", pa.list_(_CHUNK)),
     ]
 )
-_SLIM = ["item_id", "status", "error_code", "duration_s", "speech_s", "asr_s", "asr_resource", "asr_units", "source_uri"]
+_SLIM = [
+    "item_id",
+    "status",
+    "error_code",
+    "duration_s",
+    "speech_s",
+    "asr_s",
+    "asr_resource",
+    "asr_units",
+    "source_uri",
+]
 
 
 def audio_options(opts: TranscribeOptions) -> AudioOptions:
@@ -120,26 +130,46 @@ def fetch_and_decode(
     for row in batch.to_pylist():
         row = dict(row)
         split = bool(row.get("channel_labels")) or options.split_channels
-        row.update(status="ok", error_code=None, error_message=None, fetch_s=0.0, decode_s=0.0,
-                   decode_units=decode_units, duration_s=None, speech_s=None, _split=split, chunks=[])
+        row.update(
+            status="ok",
+            error_code=None,
+            error_message=None,
+            fetch_s=0.0,
+            decode_s=0.0,
+            decode_units=decode_units,
+            duration_s=None,
+            speech_s=None,
+            _split=split,
+            chunks=[],
+        )
         t0 = time.perf_counter()
         if row["size"] is not None and row["size"] > max_bytes:
-            row.update(status="error", error_code=ErrorCode.TOO_LARGE.value,
-                       error_message=f"file is {row['size']} bytes; the job's maximum is {max_bytes}")
+            row.update(
+                status="error",
+                error_code=ErrorCode.TOO_LARGE.value,
+                error_message=f"file is {row['size']} bytes; the job's maximum is {max_bytes}",
+            )
             out.append(row)
             continue
         try:
             data = storage.read_bytes(row["uri"], storage_config)
         except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
-            row.update(status="error", error_code=ErrorCode.FETCH_FAILED.value,
-                       error_message=storage.redact(f"cannot read the object: {type(exc).__name__}: {exc}"))
+            row.update(
+                status="error",
+                error_code=ErrorCode.FETCH_FAILED.value,
+                error_message=storage.redact(
+                    f"cannot read the object: {type(exc).__name__}: {exc}"
+                ),
+            )
             out.append(row)
             continue
         t1 = time.perf_counter()
         decoded = chunker(data, split_channels=split)
         row["fetch_s"], row["decode_s"] = t1 - t0, time.perf_counter() - t1
         if decoded.error_code:
-            row.update(status="error", error_code=decoded.error_code, error_message=decoded.error_message)
+            row.update(
+                status="error", error_code=decoded.error_code, error_message=decoded.error_message
+            )
         row["duration_s"], row["speech_s"] = decoded.duration_s, decoded.speech_s
         row["chunks"] = [
             {
@@ -178,7 +208,11 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
         device = "cuda" if pipeline.cluster_has_gpu() else "cpu"
     w_opts = whisper_options(opts, device)
     a_opts = audio_options(opts)
-    gpus = opts.gpus_per_actor if opts.gpus_per_actor is not None else (1.0 if device == "cuda" else 0.0)
+    gpus = (
+        opts.gpus_per_actor
+        if opts.gpus_per_actor is not None
+        else (1.0 if device == "cuda" else 0.0)
+    )
     items_per_call = opts.items_per_call or 4 * opts.batch_size
 
     outcome = pipeline.Outcome()
@@ -187,24 +221,36 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
             output, run_id, manifest_table(pending), per_file=max(1, min(8, items_per_call))
         )
         extra = {f"audio.{k}": v for k, v in asdict(a_opts).items()}
-        config = WhisperWorkerConfig(whisper=w_opts, run_id=run_id, extra_options=tuple(sorted(extra.items())))
+        config = WhisperWorkerConfig(
+            whisper=w_opts, run_id=run_id, extra_options=tuple(sorted(extra.items()))
+        )
         actor_args: dict[str, Any] = {"num_cpus": opts.cpus_per_actor, "num_gpus": gpus}
         if opts.accelerator_type:
             actor_args["accelerator_type"] = opts.accelerator_type
         ds = (
-            ray.data.read_parquet(manifest_dir.path, filesystem=pipeline.arrow_fs(manifest_dir), schema=MANIFEST)
+            ray.data.read_parquet(
+                manifest_dir.path, filesystem=pipeline.arrow_fs(manifest_dir), schema=MANIFEST
+            )
             .map_batches(
                 fetch_and_decode,
-                fn_kwargs={"options": a_opts, "max_bytes": int(opts.max_file_mb * 2**20),
-                           "decode_units": opts.decode_cpus, "storage_config": storage.StorageConfig.from_env()},
+                fn_kwargs={
+                    "options": a_opts,
+                    "max_bytes": int(opts.max_file_mb * 2**20),
+                    "decode_units": opts.decode_cpus,
+                    "storage_config": storage.StorageConfig.from_env(),
+                },
                 batch_format="pyarrow",
                 batch_size=None,
                 num_cpus=opts.decode_cpus,
             )
             .map_batches(
                 pipeline.CommittingActor,
-                fn_constructor_kwargs={"make_worker": functools.partial(WhisperWorker, config),
-                                       "dataset": transcripts, "schema": TRANSCRIPTS, "slim": _SLIM},
+                fn_constructor_kwargs={
+                    "make_worker": functools.partial(WhisperWorker, config),
+                    "dataset": transcripts,
+                    "schema": TRANSCRIPTS,
+                    "slim": _SLIM,
+                },
                 batch_format="pyarrow",
                 batch_size=items_per_call,
                 compute=ray.data.ActorPoolStrategy(size=opts.actors),
@@ -212,7 +258,10 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
             )
         )
         outcome = pipeline.execute(
-            ds, {r["item_id"] for r in pending}, pipeline.Progress(len(pending), spec.job.progress), (ModelLoadError,)
+            ds,
+            {r["item_id"] for r in pending},
+            pipeline.Progress(len(pending), spec.job.progress),
+            (ModelLoadError,),
         )
 
     rows = outcome.rows

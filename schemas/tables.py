@@ -9,7 +9,9 @@ _VERSION_KEY = b"overnight.schema_version"
 
 
 def with_version(schema: pa.Schema, name: str) -> pa.Schema:
-    return schema.with_metadata({_VERSION_KEY: SCHEMA_VERSION.encode(), b"overnight.table": name.encode()})
+    return schema.with_metadata(
+        {_VERSION_KEY: SCHEMA_VERSION.encode(), b"overnight.table": name.encode()}
+    )
 
 
 # Metadata a manifest may carry; each one is copied onto the item's output row unchanged.

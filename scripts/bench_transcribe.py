@@ -29,8 +29,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jobs.demo import silence, speak, write_wav  # noqa: E402
-from tests.conftest import normalize  # noqa: E402
+from jobs.demo import silence, speak, write_wav
+from tests.conftest import normalize
 
 SENTENCES = [
     "Thank you for calling customer support, how can I help you today",
@@ -86,7 +86,9 @@ def make_corpus(folder: Path, n: int, seed: int = 0) -> dict[str, str]:
             said.append(sentence)
             length += len(clip) / 16000
         audio = np.concatenate(parts)
-        audio = audio + np.random.default_rng(i).standard_normal(audio.size).astype(np.float32) * 0.003
+        audio = (
+            audio + np.random.default_rng(i).standard_normal(audio.size).astype(np.float32) * 0.003
+        )
         name = f"call_{i:05d}.wav"
         write_wav(folder / name, audio)
         refs[name] = ". ".join(said) + "."
@@ -149,12 +151,19 @@ def run_plain(files: list[Path], threads: int) -> dict[str, str]:
 
     from workers.whisper import bundled_model_path
 
-    model = WhisperModel(bundled_model_path(), device="cpu", compute_type="int8", cpu_threads=threads)
+    model = WhisperModel(
+        bundled_model_path(), device="cpu", compute_type="int8", cpu_threads=threads
+    )
     out = {}
     for f in files:
         segments, _ = model.transcribe(
-            str(f), beam_size=BEAM, vad_filter=VAD, temperature=0.0,
-            condition_on_previous_text=False, without_timestamps=True, language="en",
+            str(f),
+            beam_size=BEAM,
+            vad_filter=VAD,
+            temperature=0.0,
+            condition_on_previous_text=False,
+            without_timestamps=True,
+            language="en",
         )
         out[f.name] = " ".join(s.text.strip() for s in segments)
     return out
@@ -165,11 +174,15 @@ def run_batched(files: list[Path], threads: int) -> dict[str, str]:
 
     from workers.whisper import bundled_model_path
 
-    model = WhisperModel(bundled_model_path(), device="cpu", compute_type="int8", cpu_threads=threads)
+    model = WhisperModel(
+        bundled_model_path(), device="cpu", compute_type="int8", cpu_threads=threads
+    )
     pipe = BatchedInferencePipeline(model)
     out = {}
     for f in files:
-        segments, _ = pipe.transcribe(str(f), beam_size=BEAM, vad_filter=VAD, batch_size=BATCH, language="en")
+        segments, _ = pipe.transcribe(
+            str(f), beam_size=BEAM, vad_filter=VAD, batch_size=BATCH, language="en"
+        )
         out[f.name] = " ".join(s.text.strip() for s in segments)
     return out
 
@@ -180,14 +193,25 @@ def run_overnight(folder: Path, output: Path, args) -> dict[str, str]:
     from jobs.spec import build_spec
     from jobs.transcribe import run_transcribe
 
-    spec = build_spec(overrides={
-        "job": {"input": str(folder), "output": str(output), "progress": False},
-        "transcribe": {"batch_size": BATCH, "beam_size": BEAM, "vad": VAD, "actors": args.actors,
-                       "cpus_per_actor": args.cpus_per_actor, "cpu_threads": args.actor_threads,
-                       "decode_cpus": args.decode_cpus, "items_per_call": args.items_per_call},
-    })
+    spec = build_spec(
+        overrides={
+            "job": {"input": str(folder), "output": str(output), "progress": False},
+            "transcribe": {
+                "batch_size": BATCH,
+                "beam_size": BEAM,
+                "vad": VAD,
+                "actors": args.actors,
+                "cpus_per_actor": args.cpus_per_actor,
+                "cpu_threads": args.actor_threads,
+                "decode_cpus": args.decode_cpus,
+                "items_per_call": args.items_per_call,
+            },
+        }
+    )
     summary = run_transcribe(spec)
-    rows = pads.dataset(str(output / "transcripts"), format="parquet").to_table(columns=["source_uri", "text"])
+    rows = pads.dataset(str(output / "transcripts"), format="parquet").to_table(
+        columns=["source_uri", "text"]
+    )
     run_overnight.last_summary = summary  # type: ignore[attr-defined]
     return {Path(r["source_uri"]).name: r["text"] or "" for r in rows.to_pylist()}
 
@@ -201,11 +225,20 @@ def measure(name: str, fn, refs: dict[str, str], audio_s: float) -> dict:
     for fname, ref in refs.items():
         e, w = errors_and_words(ref, texts.get(fname, ""))
         errs, words = errs + e, words + w
-    result = {"variant": name, "files": len(refs), "audio_s": round(audio_s, 1), "wall_s": round(wall, 2),
-              "audio_s_per_s": round(audio_s / wall, 2), "wer": round(errs / words, 4),
-              "peak_rss_mb": round(mem.peak / 2**20)}
-    print(f"  {name:<34} {result['wall_s']:>8.1f} s  {result['audio_s_per_s']:>7.2f} audio-s/s  "
-          f"WER {result['wer']:.4f}  peak RSS {result['peak_rss_mb']} MB", flush=True)
+    result = {
+        "variant": name,
+        "files": len(refs),
+        "audio_s": round(audio_s, 1),
+        "wall_s": round(wall, 2),
+        "audio_s_per_s": round(audio_s / wall, 2),
+        "wer": round(errs / words, 4),
+        "peak_rss_mb": round(mem.peak / 2**20),
+    }
+    print(
+        f"  {name:<34} {result['wall_s']:>8.1f} s  {result['audio_s_per_s']:>7.2f} audio-s/s  "
+        f"WER {result['wer']:.4f}  peak RSS {result['peak_rss_mb']} MB",
+        flush=True,
+    )
     return result
 
 
@@ -220,16 +253,22 @@ def audio_seconds(files: list[Path]) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--files", type=int, default=60)
     ap.add_argument("--scale", type=int, default=0, help="also run (c) on files x scale")
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="CTranslate2 threads for (a)/(b)")
+    ap.add_argument(
+        "--threads", type=int, default=os.cpu_count() or 2, help="CTranslate2 threads for (a)/(b)"
+    )
     ap.add_argument("--actors", type=int, default=2)
-    ap.add_argument("--cpus-per-actor", type=float, default=1.0)
+    ap.add_argument("--cpus-per-actor", type=float, default=0.8)
     ap.add_argument("--actor-threads", type=int, default=1)
-    ap.add_argument("--decode-cpus", type=float, default=0.25)
+    ap.add_argument("--decode-cpus", type=float, default=0.2)
     ap.add_argument("--items-per-call", type=int, default=32)
-    ap.add_argument("--corpus", default=os.path.join(tempfile.gettempdir(), "overnight-bench-corpus"))
+    ap.add_argument(
+        "--corpus", default=os.path.join(tempfile.gettempdir(), "overnight-bench-corpus")
+    )
     ap.add_argument("--skip", default="", help="comma list of variants to skip: plain,batched")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
@@ -241,40 +280,76 @@ def main() -> int:
     folder = corpus / f"n{args.files}"
     files = sorted(folder / n for n in refs)
     audio_s = audio_seconds(files)
-    print(f"corpus: {len(files)} recordings, {audio_s:.0f} s of audio "
-          f"({min(audio_seconds([f]) for f in files):.1f}-{max(audio_seconds([f]) for f in files):.1f} s each); "
-          f"model tiny.en int8 CPU, beam {BEAM}, VAD {VAD}, batch {BATCH}", flush=True)
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, configure_logging=False)
+    print(
+        f"corpus: {len(files)} recordings, {audio_s:.0f} s of audio "
+        f"({min(audio_seconds([f]) for f in files):.1f}-{max(audio_seconds([f]) for f in files):.1f} s each); "
+        f"model tiny.en int8 CPU, beam {BEAM}, VAD {VAD}, batch {BATCH}",
+        flush=True,
+    )
+    ray.init(
+        num_cpus=os.cpu_count(),
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
     results = []
     skip = set(filter(None, args.skip.split(",")))
     if "plain" not in skip:
-        results.append(measure("(a) faster-whisper, file by file", lambda: run_plain(files, args.threads), refs, audio_s))
+        results.append(
+            measure(
+                "(a) faster-whisper, file by file",
+                lambda: run_plain(files, args.threads),
+                refs,
+                audio_s,
+            )
+        )
     if "batched" not in skip:
-        results.append(measure("(b) BatchedInferencePipeline", lambda: run_batched(files, args.threads), refs, audio_s))
+        results.append(
+            measure(
+                "(b) BatchedInferencePipeline",
+                lambda: run_batched(files, args.threads),
+                refs,
+                audio_s,
+            )
+        )
     work = Path(tempfile.mkdtemp(prefix="overnight-bench-"))
-    results.append(measure("(c) overnight", lambda: run_overnight(folder, work / "out1", args), refs, audio_s))
+    results.append(
+        measure("(c) overnight", lambda: run_overnight(folder, work / "out1", args), refs, audio_s)
+    )
     ours = results[-1]
     summary = run_overnight.last_summary  # type: ignore[attr-defined]
-    print(f"      overnight: model busy {summary['accelerator_seconds']:.1f} s of {summary['pipeline_seconds']:.1f} s "
-          f"pipeline wall; cost/audio-min ${summary['cost_per_audio_minute_usd']:.6f} busy")
+    print(
+        f"      overnight: model busy {summary['accelerator_seconds']:.1f} s of {summary['pipeline_seconds']:.1f} s "
+        f"pipeline wall; cost/audio-min ${summary['cost_per_audio_minute_usd']:.6f} busy"
+    )
     for r in results[:-1]:
-        print(f"  ratio (c)/{r['variant'][:3]}: {ours['audio_s_per_s'] / r['audio_s_per_s']:.2f}x throughput, "
-              f"WER {ours['wer']:.4f} vs {r['wer']:.4f}")
+        print(
+            f"  ratio (c)/{r['variant'][:3]}: {ours['audio_s_per_s'] / r['audio_s_per_s']:.2f}x throughput, "
+            f"WER {ours['wer']:.4f} vs {r['wer']:.4f}"
+        )
     scaled = None
     if args.scale > 1:
         n = args.files * args.scale
         big_refs = make_corpus(corpus / f"n{n}", n, seed=1)
         big_files = sorted(corpus / f"n{n}" / f for f in big_refs)
         big_audio = audio_seconds(big_files)
-        scaled = measure(f"(c) overnight x{args.scale} files", lambda: run_overnight(corpus / f"n{n}", work / "out10", args),
-                         big_refs, big_audio)
+        scaled = measure(
+            f"(c) overnight x{args.scale} files",
+            lambda: run_overnight(corpus / f"n{n}", work / "out10", args),
+            big_refs,
+            big_audio,
+        )
         per_audio_1 = ours["wall_s"] / ours["audio_s"]
         per_audio_n = scaled["wall_s"] / scaled["audio_s"]
-        print(f"  scaling x{args.scale}: wall per audio-second {per_audio_n / per_audio_1:.2f}x of the 1x run "
-              f"(1.00 = linear), peak RSS {scaled['peak_rss_mb']} MB vs {ours['peak_rss_mb']} MB")
+        print(
+            f"  scaling x{args.scale}: wall per audio-second {per_audio_n / per_audio_1:.2f}x of the 1x run "
+            f"(1.00 = linear), peak RSS {scaled['peak_rss_mb']} MB vs {ours['peak_rss_mb']} MB"
+        )
     shutil.rmtree(work, ignore_errors=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"results": results, "scaled": scaled, "args": vars(args)}, indent=2))
+        Path(args.json).write_text(
+            json.dumps({"results": results, "scaled": scaled, "args": vars(args)}, indent=2)
+        )
     ray.shutdown()
     return 0
 

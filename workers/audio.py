@@ -13,7 +13,6 @@ here raises for bad input.
 from __future__ import annotations
 
 import io
-import time
 from dataclasses import dataclass, field
 
 import av
@@ -244,10 +243,3 @@ def to_original_time(clips: list[tuple[float, float]], t: float) -> float:
             return start + (t - elapsed)
         elapsed += length
     return clips[-1][1] if clips else t
-
-
-def timed(fn, *args, **kwargs):
-    """Run fn and return (result, wall seconds)."""
-    t0 = time.perf_counter()
-    out = fn(*args, **kwargs)
-    return out, time.perf_counter() - t0

@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from schemas import TRANSCRIPTS, ErrorCode
 from workers.audio import to_original_time
+from workers.devices import detect_gpu_kind
 
 # faster-whisper names whose feature extractor uses 128 mel bins (large-v3 family); every
 # other Whisper uses 80. Decode tasks need this before any model is loaded.
@@ -93,28 +94,6 @@ def best_device() -> str:
     return "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
 
 
-def accelerator_label(device: str) -> str:
-    """Price-table key for what this actor holds: the GPU model (h100, a100, l4, ...) or cpu."""
-    if device != "cuda":
-        return "cpu"
-    try:
-        import subprocess
-
-        name = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "gpu"
-    for key in ("h200", "h100", "a100", "a10g", "l40s", "l4", "t4", "v100"):
-        if key in name.lower().replace(" ", ""):
-            return key
-    return "gpu"
-
-
 @dataclass(frozen=True)
 class WhisperOptions:
     """Model and decoding options. Recorded on every row (``options`` column)."""
@@ -177,7 +156,7 @@ class WhisperWorker:
         except Exception as exc:  # any load failure stops the job: nothing could run
             raise ModelLoadError(f"cannot load Whisper model {opts.model!r}: {exc}") from exc
         self.pipeline = BatchedInferencePipeline(self.model)
-        self.resource = opts.resource or accelerator_label(self.device)
+        self.resource = opts.resource or ("cpu" if self.device != "cuda" else detect_gpu_kind())
         self.worker = _worker_id()
         effective = {**asdict(opts), "device": self.device, "compute_type": compute_type}
         effective.update(dict(config.extra_options))
@@ -246,7 +225,9 @@ class WhisperWorker:
         tokenizer = self._tokenizer(language)
         options = self._transcription_options(tokenizer)
         meta = [{"offset": 0.0, "duration": c.duration} for c in batch]
-        return self.pipeline.forward(self._pad([c.features for c in batch]), tokenizer, meta, options)
+        return self.pipeline.forward(
+            self._pad([c.features for c in batch]), tokenizer, meta, options
+        )
 
     # -- the batch contract ---------------------------------------------------------------
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -274,7 +255,9 @@ class WhisperWorker:
                 feats = np.frombuffer(ch["features"], dtype=np.float32).reshape(
                     ch["feature_size"], -1
                 )
-                ref = _ChunkRef(i, ch["channel"], [tuple(c) for c in ch["clips"]], feats, hint or "")
+                ref = _ChunkRef(
+                    i, ch["channel"], [tuple(c) for c in ch["clips"]], feats, hint or ""
+                )
                 chunks.append(ref)
                 first_chunk.setdefault(i, ref)
 
@@ -317,7 +300,16 @@ class WhisperWorker:
         out_rows = []
         for i, row in enumerate(rows):
             out_rows.append(
-                self._row(row, segments[i], languages[i], lang_probs[i], asr_s[i], fills[i], failed.get(i), now)
+                self._row(
+                    row,
+                    segments[i],
+                    languages[i],
+                    lang_probs[i],
+                    asr_s[i],
+                    fills[i],
+                    failed.get(i),
+                    now,
+                )
             )
         return pa.Table.from_pylist(out_rows, schema=TRANSCRIPTS)
 

@@ -25,8 +25,12 @@ CALL = (
 
 
 def process(input_: str, output: str, **process_opts):
-    spec = build_spec(overrides={"job": {"kind": "process", "input": input_, "output": output, "progress": False},
-                                 "process": {"max_new_tokens": 48, **process_opts}})
+    spec = build_spec(
+        overrides={
+            "job": {"kind": "process", "input": input_, "output": output, "progress": False},
+            "process": {"max_new_tokens": 48, **process_opts},
+        }
+    )
     return run_process(spec)
 
 
@@ -58,7 +62,11 @@ def test_summarize_covers_real_pdfs_and_text_and_bad_documents_become_error_rows
         row = got[name]
         assert row["status"] == "ok" and row["output_text"].strip(), row
         assert row["input_tokens"] > 20 and 0 < row["output_tokens"] <= 48 * row["num_chunks"] * 2
-        assert row["task"] == "summarize" and row["llm_s"] > 0 and row["model"].startswith("ctranslate2:")
+        assert (
+            row["task"] == "summarize"
+            and row["llm_s"] > 0
+            and row["model"].startswith("ctranslate2:")
+        )
     assert got["libreoffice-writer-password.pdf"]["error_code"] == "encrypted"
     assert got["empty.txt"]["error_code"] == "no_text"
     assert got["junk.bin"]["status"] == "error"
@@ -73,7 +81,9 @@ def test_encrypted_pdf_opens_when_its_password_is_configured(docs, tmp_path, mon
     monkeypatch.setenv("OVERNIGHT_PDF_PASSWORD", "openpassword")
     manifest = tmp_path / "m.csv"
     manifest.write_text(f"uri\n{docs / 'libreoffice-writer-password.pdf'}\n")
-    process(str(manifest), str(tmp_path / "out"), task="summarize", summary_words=10, max_new_tokens=24)
+    process(
+        str(manifest), str(tmp_path / "out"), task="summarize", summary_words=10, max_new_tokens=24
+    )
     (row,) = results(tmp_path / "out")
     assert row["status"] == "ok" and row["input_tokens"] > 0
     assert "openpassword" not in json.dumps(row, default=str)
@@ -83,20 +93,34 @@ def test_extract_returns_json_valid_against_the_schema_and_classify_a_label_from
     folder = tmp_path / "in"
     folder.mkdir()
     (folder / "call.txt").write_text(CALL)
-    schema = {"type": "object", "properties": {"customer_name": {"type": "string"}, "amount": {"type": "number"}},
-              "required": ["customer_name", "amount"]}
+    schema = {
+        "type": "object",
+        "properties": {"customer_name": {"type": "string"}, "amount": {"type": "number"}},
+        "required": ["customer_name", "amount"],
+    }
     (tmp_path / "fields.json").write_text(json.dumps(schema))
-    process(str(folder), str(tmp_path / "out"), task=["extract", "classify"], schema=str(tmp_path / "fields.json"),
-            labels=["billing", "technical_support", "sales"])
+    process(
+        str(folder),
+        str(tmp_path / "out"),
+        task=["extract", "classify"],
+        schema=str(tmp_path / "fields.json"),
+        labels=["billing", "technical_support", "sales"],
+    )
     rows = {r["task"]: r for r in results(tmp_path / "out")}
     assert set(rows) == {"extract", "classify"}
     extracted = rows["extract"]
     if extracted["status"] == "ok":
         value = json.loads(extracted["output_json"])
-        assert set(value) <= {"customer_name", "amount"} and isinstance(value["amount"], int | float)
+        assert set(value) <= {"customer_name", "amount"} and isinstance(
+            value["amount"], int | float
+        )
     else:  # a 135M model may fail twice; then the row says so with the documented code
         assert extracted["error_code"] == "invalid_output"
-    assert rows["classify"]["status"] == "ok" and rows["classify"]["label"] in {"billing", "technical_support", "sales"}
+    assert rows["classify"]["status"] == "ok" and rows["classify"]["label"] in {
+        "billing",
+        "technical_support",
+        "sales",
+    }
     # Two tasks over one document: two rows with distinct ids, one source item.
     assert len({r["item_id"] for r in rows.values()}) == 2
     assert len({r["source_item_id"] for r in rows.values()}) == 1
@@ -107,7 +131,9 @@ def test_rerun_of_a_document_job_adds_nothing(tmp_path):
     folder.mkdir()
     (folder / "a.txt").write_text("The meeting moved to Thursday at noon.")
     process(str(folder), str(tmp_path / "out"), task="classify", labels=["schedule", "billing"])
-    again = process(str(folder), str(tmp_path / "out"), task="classify", labels=["schedule", "billing"])
+    again = process(
+        str(folder), str(tmp_path / "out"), task="classify", labels=["schedule", "billing"]
+    )
     assert again["items"] == 0 and again["items_already_done"] == 1
     assert len(results(tmp_path / "out")) == 1
 
@@ -143,19 +169,30 @@ def _check_chain(out_rows: list[dict], transcripts: list[dict]) -> None:
         if r["source_item_id"] in ok_calls:
             assert r["status"] == "ok", r
             if r["task"] == "disposition":
-                assert r["label"] in {"paid", "promise_to_pay", "dispute", "wrong_number", "callback", "other"}
+                assert r["label"] in {
+                    "paid",
+                    "promise_to_pay",
+                    "dispute",
+                    "wrong_number",
+                    "callback",
+                    "other",
+                }
             else:
                 assert r["output_text"].strip()
         else:
             assert r["status"] == "error" and r["error_code"] in {"invalid_input", "no_text"}
 
 
-def test_chained_job_turns_recordings_into_transcripts_summaries_and_dispositions(synth_calls, tmp_path, capsys):
+def test_chained_job_turns_recordings_into_transcripts_summaries_and_dispositions(
+    synth_calls, tmp_path, capsys
+):
     folder, refs = synth_calls
     job = _chain_job(tmp_path / "nightly.toml", str(folder), str(tmp_path / "out"))
     assert read_job_file(job)["job"]["kind"] == "chain"
     assert cli_main(["run", str(job)]) == 0
-    transcripts = pads.dataset(str(tmp_path / "out" / "transcripts"), format="parquet").to_table().to_pylist()
+    transcripts = (
+        pads.dataset(str(tmp_path / "out" / "transcripts"), format="parquet").to_table().to_pylist()
+    )
     assert len(transcripts) == len(refs)
     _check_chain(results(tmp_path / "out"), transcripts)
     printed = capsys.readouterr().out
@@ -173,8 +210,16 @@ def test_chained_job_runs_against_the_s3_endpoint(s3, synth_calls, tmp_path, cap
     import s3fs
 
     fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": os.environ["AWS_ENDPOINT_URL"]})
-    transcripts = pads.dataset("chain-out/night/transcripts", filesystem=fs, format="parquet").to_table().to_pylist()
-    out_rows = pads.dataset("chain-out/night/results", filesystem=fs, format="parquet").to_table().to_pylist()
+    transcripts = (
+        pads.dataset("chain-out/night/transcripts", filesystem=fs, format="parquet")
+        .to_table()
+        .to_pylist()
+    )
+    out_rows = (
+        pads.dataset("chain-out/night/results", filesystem=fs, format="parquet")
+        .to_table()
+        .to_pylist()
+    )
     assert len(transcripts) == len(refs)
     _check_chain(out_rows, transcripts)
     assert secrets_in(capsys.readouterr().out + json.dumps(out_rows, default=str)) == []

@@ -24,8 +24,12 @@ pytestmark = pytest.mark.usefixtures("ray_local")
 
 
 def transcribe(input_: str, output: str, **transcribe_opts):
-    spec = build_spec(overrides={"job": {"input": input_, "output": output, "progress": False},
-                                 "transcribe": transcribe_opts})
+    spec = build_spec(
+        overrides={
+            "job": {"input": input_, "output": output, "progress": False},
+            "transcribe": transcribe_opts,
+        }
+    )
     return run_transcribe(spec)
 
 
@@ -46,8 +50,13 @@ def test_shared_recordings_keep_plain_faster_whisper_word_error_rate(shared_audi
     jfk = "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."
     refs.update({"jfk.flac": jfk, "jfk.mp3": jfk})
     # The floor measured with plain faster-whisper on the same model (../shared/data/README.md).
-    floor = {"1089-134686-0001.wav": 0.0, "1221-135766-0001.wav": 0.062, "1221-135766-0002.wav": 0.273,
-             "jfk.flac": 0.0, "jfk.mp3": 0.0}
+    floor = {
+        "1089-134686-0001.wav": 0.0,
+        "1221-135766-0001.wav": 0.062,
+        "1221-135766-0002.wav": 0.273,
+        "jfk.flac": 0.0,
+        "jfk.mp3": 0.0,
+    }
     manifest = tmp_path / "m.csv"
     manifest.write_text("uri\n" + "\n".join(str(shared_audio / n) for n in refs) + "\n")
     summary = transcribe(str(manifest), str(tmp_path / "out"))
@@ -73,9 +82,16 @@ def test_synthesized_calls_are_transcribed_accurately_without_shared_data(synth_
 def _unsupported_codec_wav() -> bytes:
     """A well-formed WAV whose format tag names no codec FFmpeg knows."""
     pcm = np.zeros(1600, dtype=np.int16).tobytes()
-    fmt = (b"fmt " + (16).to_bytes(4, "little") + (0x7A7A).to_bytes(2, "little") + (1).to_bytes(2, "little")
-           + (16000).to_bytes(4, "little") + (32000).to_bytes(4, "little") + (2).to_bytes(2, "little")
-           + (16).to_bytes(2, "little"))
+    fmt = (
+        b"fmt "
+        + (16).to_bytes(4, "little")
+        + (0x7A7A).to_bytes(2, "little")
+        + (1).to_bytes(2, "little")
+        + (16000).to_bytes(4, "little")
+        + (32000).to_bytes(4, "little")
+        + (2).to_bytes(2, "little")
+        + (16).to_bytes(2, "little")
+    )
     body = b"WAVE" + fmt + b"data" + len(pcm).to_bytes(4, "little") + pcm
     return b"RIFF" + len(body).to_bytes(4, "little") + body
 
@@ -90,7 +106,9 @@ def _video_only_mkv() -> bytes:
         stream = out.add_stream("mpeg4", rate=5)
         stream.width, stream.height, stream.pix_fmt = 32, 32, "yuv420p"
         for _ in range(5):
-            frame = av.VideoFrame.from_ndarray(np.zeros((32, 32, 3), dtype=np.uint8), format="rgb24")
+            frame = av.VideoFrame.from_ndarray(
+                np.zeros((32, 32, 3), dtype=np.uint8), format="rgb24"
+            )
             for packet in stream.encode(frame):
                 out.mux(packet)
         for packet in stream.encode():
@@ -103,14 +121,21 @@ def _low_rate_wav(path: Path, seconds: float) -> None:
         w.setnchannels(1)
         w.setsampwidth(1)
         w.setframerate(8000)
-        w.writeframes((np.random.default_rng(1).integers(120, 136, int(seconds * 8000))).astype(np.uint8).tobytes())
+        w.writeframes(
+            (np.random.default_rng(1).integers(120, 136, int(seconds * 8000)))
+            .astype(np.uint8)
+            .tobytes()
+        )
 
 
 @pytest.mark.skipif(not __import__("shutil").which("espeak-ng"), reason="espeak-ng not installed")
 def test_bad_input_corpus_becomes_error_rows_while_good_files_succeed(tmp_path):
     src = tmp_path / "in"
     src.mkdir()
-    write_wav(src / "good.wav", np.concatenate([silence(0.3), speak("Please call me back tomorrow morning.")]))
+    write_wav(
+        src / "good.wav",
+        np.concatenate([silence(0.3), speak("Please call me back tomorrow morning.")]),
+    )
     write_wav(src / "noise_only.wav", noise(5.0))
     (src / "corrupt.flac").write_bytes(b"fLaC" + os.urandom(3000))
     (src / "notes.txt").write_text("this is not audio at all\n" * 20)
@@ -126,9 +151,14 @@ def test_bad_input_corpus_becomes_error_rows_while_good_files_succeed(tmp_path):
     summary = transcribe(str(manifest), str(tmp_path / "out"), max_duration_s=20, max_file_mb=1.0)
     got = by_name(rows(tmp_path / "out"))
     expected = {
-        "corrupt.flac": "corrupt_audio", "notes.txt": "not_audio", "empty.wav": "empty_file",
-        "weird_codec.wav": "unsupported_codec", "video_only.mkv": "no_audio_stream",
-        "too_long.wav": "too_long", "too_large.wav": "too_large", "vanished.wav": "fetch_failed",
+        "corrupt.flac": "corrupt_audio",
+        "notes.txt": "not_audio",
+        "empty.wav": "empty_file",
+        "weird_codec.wav": "unsupported_codec",
+        "video_only.mkv": "no_audio_stream",
+        "too_long.wav": "too_long",
+        "too_large.wav": "too_large",
+        "vanished.wav": "fetch_failed",
     }
     assert len(got) == len(lines)  # exactly one row per input
     for name, code in expected.items():
@@ -177,15 +207,31 @@ def test_killed_run_restarted_ends_with_exactly_one_row_per_item(tmp_path):
         write_wav(src / f"call_{i:02d}.wav", np.concatenate([silence(0.1 * (i % 3)), base]))
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "jobs.cli", "transcribe", str(src), str(out), "--batch-size", "2",
-           "--quiet", "--config", str(tmp_path / "job.toml")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "jobs.cli",
+        "transcribe",
+        str(src),
+        str(out),
+        "--batch-size",
+        "2",
+        "--quiet",
+        "--config",
+        str(tmp_path / "job.toml"),
+    ]
     (tmp_path / "job.toml").write_text("[transcribe]\nitems_per_call = 2\n")
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.monotonic() + 240
     try:
         while time.monotonic() < deadline:
-            committed = list((out / "transcripts").glob("part-*.parquet")) if (out / "transcripts").exists() else []
+            committed = (
+                list((out / "transcripts").glob("part-*.parquet"))
+                if (out / "transcripts").exists()
+                else []
+            )
             if committed or proc.poll() is not None:
                 break
             time.sleep(0.2)
@@ -221,7 +267,11 @@ def test_job_reads_and_writes_an_s3_endpoint(s3, synth_calls, tmp_path):
     import s3fs
 
     fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": os.environ["AWS_ENDPOINT_URL"]})
-    got = pads.dataset("calls-out/nightly/transcripts", filesystem=fs, format="parquet").to_table().to_pylist()
+    got = (
+        pads.dataset("calls-out/nightly/transcripts", filesystem=fs, format="parquet")
+        .to_table()
+        .to_pylist()
+    )
     assert len(got) == len(refs)
     texts = {Path(r["source_uri"]).name: r["text"] for r in got}
     assert wer(refs["call_refund.wav"], texts["call_refund.wav"]) <= 0.1
@@ -238,13 +288,24 @@ def test_job_reads_and_writes_an_s3_endpoint(s3, synth_calls, tmp_path):
 
 def test_stereo_call_comes_out_as_two_speaker_dialogue(shared_audio, tmp_path):
     manifest = tmp_path / "m.jsonl"
-    manifest.write_text(json.dumps({"uri": str(shared_audio / "stereo_diarization.wav"),
-                                    "channel_labels": "agent,customer", "tenant": "acme"}) + "\n")
+    manifest.write_text(
+        json.dumps(
+            {
+                "uri": str(shared_audio / "stereo_diarization.wav"),
+                "channel_labels": "agent,customer",
+                "tenant": "acme",
+            }
+        )
+        + "\n"
+    )
     transcribe(str(manifest), str(tmp_path / "out"))
     (row,) = rows(tmp_path / "out")
     left = "He began a confused complaint against the wizard, who had vanished behind the curtain on the left."
     right = "The horizon seems extremely distant."
-    said = {label: " ".join(s["text"] for s in row["segments"] if s["speaker"] == label) for label in ("agent", "customer")}
+    said = {
+        label: " ".join(s["text"] for s in row["segments"] if s["speaker"] == label)
+        for label in ("agent", "customer")
+    }
     assert wer(left, said["agent"]) <= 0.25, said
     assert wer(right, said["customer"]) <= 0.2, said
     assert {s["channel"] for s in row["segments"] if s["speaker"] == "agent"} == {0}
@@ -263,7 +324,10 @@ def test_split_channels_flag_puts_dialogue_turns_in_time_order(tmp_path):
     (row,) = rows(tmp_path / "out")
     speakers = [line.split(":", 1)[0] for line in row["text"].splitlines()]
     assert speakers == ["ch0", "ch1", "ch0"]
-    assert wer(said["customer"], " ".join(s["text"] for s in row["segments"] if s["channel"] == 1)) <= 0.15
+    assert (
+        wer(said["customer"], " ".join(s["text"] for s in row["segments"] if s["channel"] == 1))
+        <= 0.15
+    )
     starts = [s["start"] for s in row["segments"]]
     assert starts == sorted(starts)
 
@@ -285,7 +349,11 @@ def test_outputs_read_back_with_pyarrow_pandas_polars_and_duckdb(synth_calls, tm
     assert len(pd.read_parquet(path)) == len(refs)
     assert pl.read_parquet(path + "/*.parquet").height == len(refs)
     con = duckdb.connect()
-    n, ok = con.execute(f"select count(*), count(*) filter (where status = 'ok') from read_parquet('{path}/*.parquet')").fetchone()
+    n, ok = con.execute(
+        f"select count(*), count(*) filter (where status = 'ok') from read_parquet('{path}/*.parquet')"
+    ).fetchone()
     assert n == len(refs) and ok == len(refs) - 1
-    costs = con.execute(f"select sum(cost_usd), count(distinct item_id) from read_parquet('{tmp_path}/out/costs/*.parquet')").fetchone()
+    costs = con.execute(
+        f"select sum(cost_usd), count(distinct item_id) from read_parquet('{tmp_path}/out/costs/*.parquet')"
+    ).fetchone()
     assert costs[0] > 0 and costs[1] == len(refs)

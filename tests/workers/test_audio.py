@@ -26,7 +26,9 @@ def test_errors_are_classified_not_raised():
     assert chunker(b"").error_code == "empty_file"
     assert chunker(b"hello, this is a text file, not audio").error_code == "not_audio"
     assert chunker(b"fLaC" + bytes(500)).error_code == "corrupt_audio"
-    assert AudioChunker(AudioOptions(max_duration_s=1.0))(wav(silence(3.0))).error_code == "too_long"
+    assert (
+        AudioChunker(AudioOptions(max_duration_s=1.0))(wav(silence(3.0))).error_code == "too_long"
+    )
 
 
 def test_stereo_is_mixed_down_unless_split():
@@ -52,8 +54,15 @@ def test_vad_keeps_no_chunk_for_noise():
 def test_pack_clips_respects_chunk_length_and_turn_gaps():
     clips = [(0, 100), (150, 300), (1000, 1100)]
     assert pack_clips(clips, chunk_samples=1000) == [[(0, 100), (150, 300), (1000, 1100)]]
-    assert pack_clips(clips, chunk_samples=1000, max_gap_samples=200) == [[(0, 100), (150, 300)], [(1000, 1100)]]
-    assert pack_clips([(0, 2500)], chunk_samples=1000) == [[(0, 1000)], [(1000, 2000)], [(2000, 2500)]]
+    assert pack_clips(clips, chunk_samples=1000, max_gap_samples=200) == [
+        [(0, 100), (150, 300)],
+        [(1000, 1100)],
+    ]
+    assert pack_clips([(0, 2500)], chunk_samples=1000) == [
+        [(0, 1000)],
+        [(1000, 2000)],
+        [(2000, 2500)],
+    ]
 
 
 def test_times_inside_a_chunk_map_back_to_the_recording():

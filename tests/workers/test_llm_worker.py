@@ -9,10 +9,11 @@ import pyarrow as pa
 import pytest
 
 from schemas import DOCUMENT_RESULTS
+from workers.devices import gpu_kind
 from workers.llm.adapter import BackendConfigError, EngineUnavailable
 from workers.llm.prepare import prepare_ctranslate2_from_gguf, smollm2_gguf_path
 from workers.llm.tasks import TaskSpec
-from workers.llm.worker import LLMWorker, LLMWorkerConfig, gpu_kind, options_json
+from workers.llm.worker import LLMWorker, LLMWorkerConfig, options_json
 
 LABELS = ("billing", "support")
 

@@ -13,7 +13,13 @@ from jobs.transcribe import DECODED
 from schemas import TRANSCRIPTS
 from tests.conftest import wer
 from workers.audio import AudioChunker, AudioOptions
-from workers.whisper import ModelLoadError, WhisperOptions, WhisperWorker, WhisperWorkerConfig, check_model_reference
+from workers.whisper import (
+    ModelLoadError,
+    WhisperOptions,
+    WhisperWorker,
+    WhisperWorkerConfig,
+    check_model_reference,
+)
 
 pytestmark = pytest.mark.skipif(not espeak_available(), reason="espeak-ng not installed")
 
@@ -41,28 +47,59 @@ def decoded_rows(audios: list[np.ndarray], options: AudioOptions | None = None) 
     rows = []
     for i, audio in enumerate(audios):
         d = chunker(_wav_bytes(audio))
-        rows.append({
-            "item_id": f"item{i}", "uri": f"mem://{i}.wav", "size": 1, "etag": "e", "tenant": None,
-            "submission_id": None, "external_id": None, "metadata": None, "language": None,
-            "channel_labels": None, "status": "ok" if not d.error_code else "error",
-            "error_code": d.error_code, "error_message": d.error_message, "fetch_s": 0.0, "decode_s": 0.0,
-            "decode_units": 1.0, "duration_s": d.duration_s, "speech_s": d.speech_s, "_split": False,
-            "chunks": [{"channel": c.channel, "clips": [list(x) for x in c.clips],
-                        "feature_size": c.features.shape[0], "features": c.features.tobytes()} for c in d.chunks],
-        })
+        rows.append(
+            {
+                "item_id": f"item{i}",
+                "uri": f"mem://{i}.wav",
+                "size": 1,
+                "etag": "e",
+                "tenant": None,
+                "submission_id": None,
+                "external_id": None,
+                "metadata": None,
+                "language": None,
+                "channel_labels": None,
+                "status": "ok" if not d.error_code else "error",
+                "error_code": d.error_code,
+                "error_message": d.error_message,
+                "fetch_s": 0.0,
+                "decode_s": 0.0,
+                "decode_units": 1.0,
+                "duration_s": d.duration_s,
+                "speech_s": d.speech_s,
+                "_split": False,
+                "chunks": [
+                    {
+                        "channel": c.channel,
+                        "clips": [list(x) for x in c.clips],
+                        "feature_size": c.features.shape[0],
+                        "features": c.features.tobytes(),
+                    }
+                    for c in d.chunks
+                ],
+            }
+        )
     return pa.Table.from_pylist(rows, schema=DECODED)
 
 
 @pytest.fixture(scope="module")
 def worker():
-    return WhisperWorker(WhisperWorkerConfig(whisper=WhisperOptions(batch_size=4, beam_size=5, cpu_threads=2), run_id="t"))
+    return WhisperWorker(
+        WhisperWorkerConfig(
+            whisper=WhisperOptions(batch_size=4, beam_size=5, cpu_threads=2), run_id="t"
+        )
+    )
 
 
-def test_model_batches_are_filled_across_recordings_and_results_return_to_their_recording(worker, monkeypatch):
+def test_model_batches_are_filled_across_recordings_and_results_return_to_their_recording(
+    worker, monkeypatch
+):
     audios = [np.concatenate([silence(0.3), speak(t)]) for t in TEXTS]
     calls: list[int] = []
     forward = worker._forward
-    monkeypatch.setattr(worker, "_forward", lambda part, lang: calls.append(len(part)) or forward(part, lang))
+    monkeypatch.setattr(
+        worker, "_forward", lambda part, lang: calls.append(len(part)) or forward(part, lang)
+    )
     out = worker(decoded_rows(audios))
     assert out.schema.equals(TRANSCRIPTS) and out.num_rows == len(TEXTS)
     # 5 one-chunk recordings, batch size 4: two forward passes (4 + 1), not five.
@@ -88,12 +125,25 @@ def test_batch_time_is_apportioned_to_recordings_by_their_audio(worker):
 def test_error_rows_pass_through_and_noise_gives_empty_text(worker):
     table = decoded_rows([noise(3.0), speak(TEXTS[4])])
     rows = table.to_pylist()
-    rows.insert(1, {**rows[1], "item_id": "bad", "status": "error", "error_code": "corrupt_audio",
-                    "error_message": "x", "chunks": []})
+    rows.insert(
+        1,
+        {
+            **rows[1],
+            "item_id": "bad",
+            "status": "error",
+            "error_code": "corrupt_audio",
+            "error_message": "x",
+            "chunks": [],
+        },
+    )
     out = worker(pa.Table.from_pylist(rows, schema=DECODED)).to_pylist()
     assert [r["item_id"] for r in out] == ["item0", "bad", "item1"]
     assert out[0]["status"] == "ok" and out[0]["text"] == ""
-    assert (out[1]["status"], out[1]["error_code"], out[1]["text"]) == ("error", "corrupt_audio", None)
+    assert (out[1]["status"], out[1]["error_code"], out[1]["text"]) == (
+        "error",
+        "corrupt_audio",
+        None,
+    )
     assert wer(TEXTS[4], out[2]["text"]) <= 0.3
 
 
