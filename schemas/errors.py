@@ -4,10 +4,10 @@ A row with ``status="error"`` carries exactly one of these in ``error_code``; th
 ``error_message`` is for humans and never contains credentials.
 """
 
-from enum import Enum
+from enum import StrEnum
 
 
-class ErrorCode(str, Enum):
+class ErrorCode(StrEnum):
     # Fetching the object
     FETCH_FAILED = "fetch_failed"  # the object could not be read (missing, permission denied)
     EMPTY_FILE = "empty_file"  # zero bytes

@@ -29,6 +29,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import contextlib
+
 from jobs.demo import silence, speak, write_wav
 from tests.conftest import normalize
 
@@ -120,10 +122,8 @@ class PeakRSS:
     def _total(self) -> int:
         total = 0
         for p in [self.proc, *self.proc.children(recursive=True)]:
-            try:
+            with contextlib.suppress(Exception):
                 total += p.memory_info().rss
-            except Exception:
-                pass
         return total
 
     def _run(self):

@@ -151,6 +151,6 @@ def test_a_missing_model_is_refused_before_any_work(tmp_path):
     with pytest.raises(ModelLoadError, match="not found"):
         check_model_reference(str(tmp_path / "no-such-model"))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ModelLoadError, match="model.bin"):
+    with pytest.raises(ModelLoadError, match=r"model\.bin"):
         check_model_reference(str(tmp_path / "empty"))
     check_model_reference("large-v3-turbo")  # a faster-whisper name: fine, loads from the hub later
