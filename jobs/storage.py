@@ -33,10 +33,16 @@ _SECRET_ENV = (
     "HF_TOKEN",
 )
 # Looks like a key even when we did not get it from the environment.
+# (pattern, replacement): whole access-key ids go; for key=value pairs the name stays.
 _SECRET_PATTERNS = (
-    re.compile(r"AKIA[0-9A-Z]{16}"),
-    re.compile(r"(?i)(secret|token|password|signature|credential)[\"']?\s*[=:]\s*[^\s&,;\"']+"),
-    re.compile(r"(?i)X-Amz-[A-Za-z-]+=[^&\s]+"),
+    (re.compile(r"(?:AKIA|ASIA)[0-9A-Z]{16}"), "***"),
+    (
+        re.compile(
+            r"(?i)((?:secret|token|password|signature|credential)[\"']?\s*[=:]\s*)[^\s&,;\"']+"
+        ),
+        r"\1***",
+    ),
+    (re.compile(r"(?i)(X-Amz-[A-Za-z-]+=)[^&\s]+"), r"\1***"),
 )
 
 
@@ -46,8 +52,8 @@ def redact(text: str) -> str:
         value = os.environ.get(name)
         if value and len(value) >= 4:
             text = text.replace(value, "***")
-    for pattern in _SECRET_PATTERNS:
-        text = pattern.sub(lambda m: m.group(0).split("=")[0].split(":")[0] + "=***", text)
+    for pattern, replacement in _SECRET_PATTERNS:
+        text = pattern.sub(replacement, text)
     return text
 
 

@@ -1,0 +1,188 @@
+"""Job spec validation, manifests and item ids, storage errors and redaction (no Ray needed)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+
+import pytest
+
+from jobs import storage
+from jobs.cli import main as cli_main
+from jobs.errors import ConfigError, InputNotFound, StorageUnavailable
+from jobs.manifest import item_id, list_items
+from jobs.spec import build_spec, read_job_file
+
+
+def test_flags_override_the_job_file_which_overrides_defaults(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text(
+        '[job]\ninput = "in"\noutput = "out"\n[transcribe]\nbatch_size = 8\nbeam_size = 2\n'
+    )
+    data = read_job_file(job)
+    before = copy.deepcopy(data)
+    spec = build_spec(data, {"transcribe": {"beam_size": 1, "language": None}})
+    assert (
+        spec.transcribe.batch_size,
+        spec.transcribe.beam_size,
+        spec.transcribe.chunk_length_s,
+    ) == (8, 1, 30)
+    assert data == before  # the caller's dict is never mutated
+    assert spec.run_id.startswith("transcribe-")
+
+
+def test_invalid_spec_message_names_the_field_and_the_value():
+    with pytest.raises(ConfigError) as err:
+        build_spec(
+            {"job": {"input": "a", "output": "b"}, "transcribe": {"batch_size": 0, "bogus": 1}}
+        )
+    text = str(err.value)
+    assert "transcribe.batch_size" in text and "got 0" in text and "transcribe.bogus" in text
+
+
+def test_unparseable_job_file_is_a_config_error(tmp_path):
+    bad = tmp_path / "job.toml"
+    bad.write_text("[job\ninput=")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        read_job_file(bad)
+
+
+def test_item_id_is_stable_and_changes_with_the_object():
+    a = item_id("s3://b/x.wav", 10, "etag1")
+    assert a == item_id("s3://b/x.wav", 10, "etag1")
+    assert a != item_id("s3://b/x.wav", 10, "etag2") != item_id("s3://b/x.wav", 11, "etag1")
+    assert a != item_id("s3://b/x.wav", 10, "etag1", submission_id="s1")
+
+
+def test_manifest_metadata_is_carried_and_relative_uris_resolve_next_to_the_manifest(tmp_path):
+    (tmp_path / "calls").mkdir()
+    (tmp_path / "calls" / "a.wav").write_bytes(b"RIFF")
+    manifest = tmp_path / "calls" / "m.jsonl"
+    rows = [
+        {
+            "uri": "a.wav",
+            "tenant": "acme",
+            "external_id": "c-1",
+            "channel_labels": "agent, customer",
+            "queue": "billing",
+        },
+        {
+            "uri": "a.wav",
+            "tenant": "acme",
+            "external_id": "c-1",
+            "channel_labels": "agent, customer",
+            "queue": "billing",
+        },
+        {"uri": "missing.wav", "tenant": "acme"},
+    ]
+    manifest.write_text("\n".join(json.dumps(r) for r in rows))
+    items = list_items(str(manifest))
+    assert len(items) == 2  # the exact duplicate is one item
+    first = items[0]
+    assert first["uri"] == str(tmp_path / "calls" / "a.wav") and first["size"] == 4
+    assert (first["tenant"], first["external_id"], first["channel_labels"]) == (
+        "acme",
+        "c-1",
+        ["agent", "customer"],
+    )
+    assert first["metadata"] == [("queue", "billing")]
+    assert items[1]["size"] is None  # listed, and will become a fetch_failed row
+
+
+def test_manifest_without_uri_column_is_refused(tmp_path):
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("path\nx.wav\n")
+    with pytest.raises(ConfigError, match="'uri' column"):
+        list_items(str(manifest))
+
+
+def test_listing_skips_hidden_and_bookkeeping_files_and_an_empty_input_is_an_error(tmp_path):
+    for name in ("a.wav", ".hidden.wav", "_tmp/b.wav", "sub/c.wav"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"x")
+    names = sorted(os.path.relpath(i["uri"], tmp_path) for i in list_items(str(tmp_path)))
+    assert names == ["a.wav", "sub/c.wav"]
+    with pytest.raises(InputNotFound):
+        list_items(str(tmp_path / "nothing-here"))
+
+
+def test_redact_removes_secret_values_and_key_shaped_strings(monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "sup3r-s3cret-value")
+    text = storage.redact(
+        "failed with sup3r-s3cret-value and AKIAABCDEFGHIJKLMNOP at https://x/?X-Amz-Signature=abc123&y=1 password=hunter2"
+    )
+    assert "sup3r-s3cret-value" not in text and "AKIAABCDEFGHIJKLMNOP" not in text
+    assert "abc123" not in text and "hunter2" not in text
+
+
+def test_transient_storage_errors_are_retried_then_stop_the_job_with_advice():
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionError("reset by peer")
+        return "ok"
+
+    assert storage.with_retries("read x", flaky, base_delay_s=0.001) == "ok" and len(calls) == 3
+
+    def down():
+        raise ConnectionError("connection refused")
+
+    with pytest.raises(StorageUnavailable, match="rerun"):
+        storage.with_retries("list s3://b/", down, attempts=2, base_delay_s=0.001)
+
+    def missing():
+        raise FileNotFoundError("nope")
+
+    with pytest.raises(FileNotFoundError):
+        storage.with_retries("read x", missing)
+
+
+def test_atomic_write_leaves_no_temporary_files(tmp_path):
+    loc = storage.resolve(str(tmp_path / "d" / "f.bin"))
+    storage.write_bytes_atomic(loc, b"abc")
+    storage.write_bytes_atomic(loc, b"def")
+    assert (tmp_path / "d" / "f.bin").read_bytes() == b"def"
+    assert os.listdir(tmp_path / "d") == ["f.bin"]
+
+
+def test_cli_reports_systemic_failures_with_exit_status_and_advice(tmp_path, capsys):
+    assert cli_main(["transcribe", str(tmp_path / "absent"), str(tmp_path / "out")]) == 4
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.wav").write_bytes(b"x")
+    assert (
+        cli_main(
+            [
+                "transcribe",
+                str(tmp_path / "in"),
+                str(tmp_path / "out"),
+                "--model",
+                str(tmp_path / "nomodel"),
+            ]
+        )
+        == 5
+    )
+    assert "not found" in capsys.readouterr().err
+    assert (
+        cli_main(["transcribe", str(tmp_path / "in"), str(tmp_path / "out"), "--batch-size", "0"])
+        == 2
+    )
+    assert "transcribe.batch_size" in capsys.readouterr().err
+
+
+def test_cli_stops_cleanly_when_object_storage_is_unreachable(tmp_path, capsys, clean_env):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once the socket closes
+    clean_env.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    clean_env.setenv("AWS_ACCESS_KEY_ID", "AKIAOVERNIGHTTEST000")
+    clean_env.setenv("AWS_SECRET_ACCESS_KEY", "overnight-test-secret-key-do-not-log")
+    assert cli_main(["transcribe", "s3://calls/2026-12-01/", str(tmp_path / "out")]) == 3
+    err = capsys.readouterr().err
+    assert "storage unreachable" in err and "rerun" in err
+    assert "overnight-test-secret-key-do-not-log" not in err and "AKIAOVERNIGHTTEST000" not in err
