@@ -224,6 +224,7 @@ def list_objects(url: str) -> list[ObjectInfo]:
     Hidden names (``.x``) and names starting with ``_`` (our own bookkeeping) are skipped.
     """
     loc = resolve(url)
+    loc.fs.invalidate_cache(loc.path)
     try:
         found = with_retries(f"list {url}", lambda: loc.fs.find(loc.path, detail=True))
     except FileNotFoundError:
@@ -281,6 +282,9 @@ def exists(loc: Location) -> bool:
 
 def list_files(loc: Location, suffix: str = "") -> list[str]:
     """Paths of the files directly or recursively under ``loc`` (no error when absent)."""
+    # Other processes (Ray workers) write here: never answer from fsspec's listing cache, which
+    # would also make info()/open() deny files added since an earlier listing.
+    loc.fs.invalidate_cache(loc.path)
     try:
         found = with_retries(f"list {loc.url()}", lambda: loc.fs.find(loc.path))
     except FileNotFoundError:
