@@ -66,10 +66,17 @@ def test_shared_recordings_keep_plain_faster_whisper_word_error_rate(shared_audi
         assert wer(ref, got[name]["text"]) <= floor[name] + 1e-3, (name, got[name]["text"])
 
 
-def test_synthesized_calls_are_transcribed_accurately_without_shared_data(synth_calls, tmp_path):
+@pytest.fixture(scope="module")
+def synth_run(synth_calls, tmp_path_factory, ray_local):
+    """One run over the synthesized calls, shared by the tests that only read its output."""
     folder, refs = synth_calls
-    summary = transcribe(str(folder), str(tmp_path / "out"))
-    got = by_name(rows(tmp_path / "out"))
+    out = tmp_path_factory.mktemp("synth") / "out"
+    return refs, out, transcribe(str(folder), str(out))
+
+
+def test_synthesized_calls_are_transcribed_accurately_without_shared_data(synth_run):
+    refs, out, summary = synth_run
+    got = by_name(rows(out))
     assert set(got) == set(refs)
     for name in ("call_billing.wav", "call_address.wav", "call_cancel.wav", "call_refund.wav"):
         assert got[name]["status"] == "ok"
@@ -175,15 +182,15 @@ def test_bad_input_corpus_becomes_error_rows_while_good_files_succeed(tmp_path):
     assert {r["item_id"] for r in costs} == {r["item_id"] for r in got.values()}
 
 
-def test_rerun_on_same_output_processes_nothing_and_writes_no_second_row(synth_calls, tmp_path):
-    folder, refs = synth_calls
-    first = transcribe(str(folder), str(tmp_path / "out"))
-    before_rows, before_costs = rows(tmp_path / "out"), rows(tmp_path / "out", "costs")
-    second = transcribe(str(folder), str(tmp_path / "out"))
+def test_rerun_on_same_output_processes_nothing_and_writes_no_second_row(synth_calls, synth_run):
+    folder, _ = synth_calls
+    refs, out, first = synth_run
+    before_rows, before_costs = rows(out), rows(out, "costs")
+    second = transcribe(str(folder), str(out))
     assert first["items"] == len(refs)
     assert second["items"] == 0 and second["items_already_done"] == len(refs)
-    assert len(rows(tmp_path / "out")) == len(before_rows) == len(refs)
-    assert len(rows(tmp_path / "out", "costs")) == len(before_costs)
+    assert len(rows(out)) == len(before_rows) == len(refs)
+    assert len(rows(out, "costs")) == len(before_costs)
 
 
 def test_a_changed_object_is_new_work_and_an_unchanged_one_is_not(tmp_path):
@@ -332,15 +339,14 @@ def test_split_channels_flag_puts_dialogue_turns_in_time_order(tmp_path):
     assert starts == sorted(starts)
 
 
-def test_outputs_read_back_with_pyarrow_pandas_polars_and_duckdb(synth_calls, tmp_path):
+def test_outputs_read_back_with_pyarrow_pandas_polars_and_duckdb(synth_run):
     import duckdb
     import pandas as pd
     import polars as pl
     import pyarrow.parquet as pq
 
-    folder, refs = synth_calls
-    transcribe(str(folder), str(tmp_path / "out"))
-    path = str(tmp_path / "out" / "transcripts")
+    refs, out, _ = synth_run
+    path = str(out / "transcripts")
     from schemas import TRANSCRIPTS
 
     table = pq.read_table(path)
@@ -354,6 +360,6 @@ def test_outputs_read_back_with_pyarrow_pandas_polars_and_duckdb(synth_calls, tm
     ).fetchone()
     assert n == len(refs) and ok == len(refs) - 1
     costs = con.execute(
-        f"select sum(cost_usd), count(distinct item_id) from read_parquet('{tmp_path}/out/costs/*.parquet')"
+        f"select sum(cost_usd), count(distinct item_id) from read_parquet('{out}/costs/*.parquet')"
     ).fetchone()
     assert costs[0] > 0 and costs[1] == len(refs)
