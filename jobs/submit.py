@@ -1,0 +1,413 @@
+"""Run a job on a Ray cluster through the Ray Jobs API: ``overnight submit``, ``status``, ``logs``.
+
+The job file is validated here, on the submitting machine, then shipped as the only file of
+the job's ``working_dir`` and run there as ``overnight run job.toml``. Code and dependencies
+come from the cluster's image; credentials come from the cluster's own environment (instance
+profile, IRSA, a Kubernetes Secret) and are never put into the runtime environment.
+
+The submission id is deterministic (``overnight-<job file name>-<run date or run id>``), so a
+scheduler that retries the submit does not start a second run: Ray refuses a second job with
+the same submission id, and we report the existing one instead. The run id inside the job is
+the same for every attempt, and runs resume from committed items, so ``--retry-failed`` after a
+failed attempt (``<id>-retry1``, ``-retry2``, ...) only does the work that is left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from jobs.errors import ConfigError, OvernightError
+from jobs.spec import JobSpec, build_spec, read_job_file
+from jobs.storage import redact
+
+JOB_FILE = "job.toml"
+# Settings the driver and workers need that are not secrets. Credentials stay in the cluster's
+# own environment: they never travel in a runtime_env, which Ray shows on its dashboard.
+FORWARDED_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION")
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_MAX_RETRIES = 20
+
+
+class ClusterUnreachable(OvernightError):
+    """The Ray Jobs API (the head node's dashboard port) cannot be reached."""
+
+    exit_code = 8
+
+
+class ClusterJobFailed(OvernightError):
+    """A submitted job ended FAILED or STOPPED."""
+
+    exit_code = 9
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-._") or "job"
+
+
+def submission_id_for(
+    job_file: str | Path, *, run_id: str | None = None, date: str | None = None
+) -> str:
+    """``overnight-<job file stem>-<run id or YYYYMMDD>``: the same night gives the same id."""
+    if run_id:
+        key = _slug(run_id)
+    else:
+        day = date or datetime.now(UTC).strftime("%Y-%m-%d")
+        try:
+            key = datetime.strptime(day, "%Y-%m-%d").strftime("%Y%m%d")
+        except ValueError:
+            raise ConfigError(f"--date must be YYYY-MM-DD, got {day!r}") from None
+    return f"overnight-{_slug(Path(job_file).stem)}-{key}"[:128]
+
+
+def check_submission_id(value: str) -> str:
+    if not _ID.match(value):
+        raise ConfigError(
+            f"submission id {value!r} is not valid: use 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+def _absolute(url: str) -> str:
+    return url if "://" in url else os.path.abspath(os.path.expanduser(url))
+
+
+def cluster_job_file(spec: JobSpec) -> dict[str, Any]:
+    """The job file the cluster runs: the validated spec, every value explicit.
+
+    Written from the validated model rather than copied, so comments or stray keys of the
+    original never leave this machine. Local paths become absolute (the driver's working
+    directory on the cluster is a temporary folder); ``ray_address`` is dropped because the
+    driver joins the cluster it runs in (Ray Jobs sets ``RAY_ADDRESS``).
+    """
+    data = spec.model_dump(mode="json", exclude_none=True)
+    job = data["job"]
+    job.pop("ray_address", None)
+    job["input"], job["output"] = _absolute(job["input"]), _absolute(job["output"])
+    return data
+
+
+def runtime_env_vars(environ: dict[str, str] | None = None) -> dict[str, str]:
+    environ = os.environ if environ is None else environ
+    return {k: environ[k] for k in FORWARDED_ENV if environ.get(k)}
+
+
+@dataclass(frozen=True)
+class Submitted:
+    submission_id: str
+    run_id: str
+    status: str
+    created: bool  # False: a job with this id existed and is reported instead
+    message: str = ""
+
+
+def _address(address: str | None) -> str:
+    found = address or os.environ.get("RAY_API_SERVER_ADDRESS") or os.environ.get("RAY_ADDRESS")
+    if not found:
+        raise ConfigError(
+            "no cluster address: pass --address http://HEAD:8265 (the head node's dashboard port) "
+            "or set RAY_API_SERVER_ADDRESS"
+        )
+    return found
+
+
+def client(address: str | None):
+    """A JobSubmissionClient, or ClusterUnreachable with what to check."""
+    from ray.job_submission import JobSubmissionClient
+
+    url = _address(address)
+    try:
+        return JobSubmissionClient(url)
+    except Exception as exc:  # ConnectionError, RuntimeError (version check), auth errors
+        raise ClusterUnreachable(
+            redact(
+                f"cannot reach the Ray Jobs API at {url}: {type(exc).__name__}: {str(exc)[:500]}. "
+                "Check the address (the head node's dashboard port, usually 8265), that the "
+                "cluster runs ray[default], and a port-forward or tunnel if you use one."
+            )
+        ) from None
+
+
+def _job_info(cl, submission_id: str):
+    """The job's details, or None when no job has this id."""
+    try:
+        return cl.get_job_info(submission_id)
+    except RuntimeError as exc:
+        if "404" in str(exc) or "does not exist" in str(exc):
+            return None
+        raise
+
+
+def _status_text(info) -> str:
+    return getattr(info.status, "value", str(info.status))
+
+
+def _submit_once(
+    cl, *, submission_id: str, entrypoint: str, runtime_env: dict, metadata: dict
+) -> Submitted | None:
+    """Submit; None when the id is taken (the caller reports the existing job)."""
+    try:
+        cl.submit_job(
+            entrypoint=entrypoint,
+            submission_id=submission_id,
+            runtime_env=runtime_env,
+            metadata=metadata,
+            # The driver only coordinates: it must fit on a head that advertises 0 CPUs.
+            entrypoint_num_cpus=0,
+        )
+    except RuntimeError as exc:
+        if "already exists" in str(exc):
+            return None
+        raise ClusterUnreachable(
+            redact(f"the cluster refused the job: {str(exc)[:1000]}")
+        ) from None
+    return Submitted(submission_id, metadata["run_id"], "PENDING", created=True)
+
+
+def submit(
+    job_file: str | Path,
+    address: str | None = None,
+    *,
+    submission_id: str | None = None,
+    run_id: str | None = None,
+    date: str | None = None,
+    retry_failed: bool = False,
+) -> Submitted:
+    """Submit JOB_FILE to the cluster at most once per submission id."""
+    base_id = check_submission_id(
+        submission_id or submission_id_for(job_file, run_id=run_id, date=date)
+    )
+    file_data = read_job_file(job_file)
+    spec = build_spec(
+        file_data,
+        {"job": {"run_id": run_id or (file_data.get("job") or {}).get("run_id") or base_id}},
+    )
+    staged = cluster_job_file(spec)
+    cl = client(address)
+
+    work = Path(tempfile.mkdtemp(prefix="overnight-submit-"))
+    try:
+        (work / JOB_FILE).write_text(tomli_w.dumps(staged))
+        entrypoint = f"overnight run {JOB_FILE} --run-id {shlex.quote(spec.run_id)}"
+        runtime_env = {"working_dir": str(work), "env_vars": runtime_env_vars()}
+        metadata = {
+            "overnight_job": Path(job_file).name,
+            "run_id": spec.run_id,
+            "base_submission_id": base_id,
+        }
+        candidates = [base_id] + (
+            [f"{base_id}-retry{n}" for n in range(1, _MAX_RETRIES + 1)] if retry_failed else []
+        )
+        existing = None
+        for candidate in candidates:
+            done = _submit_once(
+                cl,
+                submission_id=candidate,
+                entrypoint=entrypoint,
+                runtime_env=runtime_env,
+                metadata=metadata,
+            )
+            if done is not None:
+                return done
+            existing = _job_info(cl, candidate)
+            status = _status_text(existing) if existing is not None else "UNKNOWN"
+            if not retry_failed or status not in ("FAILED", "STOPPED"):
+                return Submitted(
+                    candidate,
+                    spec.run_id,
+                    status,
+                    created=False,
+                    message=redact(str(getattr(existing, "message", "") or "")),
+                )
+        raise ClusterJobFailed(
+            f"{base_id}: every retry up to {base_id}-retry{_MAX_RETRIES} has failed; "
+            "look at `overnight logs` of the last one"
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def wait(
+    address: str | None, submission_id: str, *, timeout_s: float | None = None, poll_s: float = 2.0
+) -> str:
+    """Block until the job ends; returns its final status."""
+    cl = client(address)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        status = _status_text(cl.get_job_info(submission_id))
+        if status in TERMINAL:
+            return status
+        if deadline is not None and time.monotonic() > deadline:
+            return status
+        time.sleep(poll_s)
+
+
+def status(address: str | None, submission_id: str) -> dict[str, Any]:
+    cl = client(address)
+    info = _job_info(cl, submission_id)
+    if info is None:
+        raise ConfigError(f"no job with submission id {submission_id!r} on this cluster")
+
+    def when(ms: int | None) -> str | None:
+        return (
+            None
+            if not ms
+            else datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        )
+
+    return {
+        "submission_id": info.submission_id,
+        "status": _status_text(info),
+        "message": redact(info.message or ""),
+        "start_time": when(info.start_time),
+        "end_time": when(info.end_time),
+        "entrypoint": info.entrypoint,
+        "driver_exit_code": info.driver_exit_code,
+        "run_id": (info.metadata or {}).get("run_id"),
+    }
+
+
+def logs(address: str | None, submission_id: str) -> str:
+    cl = client(address)
+    if _job_info(cl, submission_id) is None:
+        raise ConfigError(f"no job with submission id {submission_id!r} on this cluster")
+    return redact(cl.get_job_logs(submission_id))
+
+
+def follow_logs(address: str | None, submission_id: str, out=None) -> None:
+    out = out or sys.stdout
+    cl = client(address)
+    if _job_info(cl, submission_id) is None:
+        raise ConfigError(f"no job with submission id {submission_id!r} on this cluster")
+
+    async def tail() -> None:
+        async for chunk in cl.tail_job_logs(submission_id):
+            out.write(redact(chunk))
+            out.flush()
+
+    asyncio.run(tail())
+
+
+# --- command line -------------------------------------------------------------------------
+
+
+def _print_status(st: dict[str, Any], out=None) -> None:
+    out = out or sys.stdout
+    print(f"job {st['submission_id']}: {st['status']}", file=out)
+    for key in ("run_id", "message", "start_time", "end_time", "driver_exit_code", "entrypoint"):
+        if st.get(key) not in (None, ""):
+            print(f"  {key:<16} {st[key]}", file=out)
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    result = submit(
+        args.job_file,
+        args.address,
+        submission_id=args.submission_id,
+        run_id=args.run_id,
+        date=args.date,
+        retry_failed=args.retry_failed,
+    )
+    address = _address(args.address)
+    if result.created:
+        print(f"submitted {result.submission_id} (run {result.run_id}) to {address}")
+    else:
+        print(
+            f"{result.submission_id} already exists on {address}: {result.status}; not submitted again"
+        )
+        if result.status in ("FAILED", "STOPPED"):
+            print("  resubmit with --retry-failed to resume it (finished items are kept)")
+    print(f"  follow it:  overnight logs {result.submission_id} --address {address} --follow")
+    if not args.wait:
+        return (
+            0
+            if result.created or result.status not in ("FAILED", "STOPPED")
+            else ClusterJobFailed.exit_code
+        )
+    final = wait(args.address, result.submission_id, timeout_s=args.timeout)
+    print(f"{result.submission_id}: {final}")
+    if final == "SUCCEEDED":
+        return 0
+    if final in TERMINAL:
+        tail = logs(args.address, result.submission_id).splitlines()[-30:]
+        print("\n".join(tail), file=sys.stderr)
+        return ClusterJobFailed.exit_code
+    print(f"still {final} after {args.timeout} s", file=sys.stderr)
+    return 1
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    st = status(args.address, args.submission_id)
+    if args.json:
+        print(json.dumps(st))
+    else:
+        _print_status(st)
+    return 0
+
+
+def _cmd_logs(args: argparse.Namespace) -> int:
+    if args.follow:
+        follow_logs(args.address, args.submission_id)
+    else:
+        sys.stdout.write(logs(args.address, args.submission_id))
+    return 0
+
+
+def add_parser(subparsers) -> None:
+    address_help = (
+        "Ray Jobs API of the cluster: http://HEAD:8265 (default: $RAY_API_SERVER_ADDRESS)"
+    )
+    s = subparsers.add_parser(
+        "submit", help="run a job file on a Ray cluster (Ray Jobs API), once per night"
+    )
+    s.add_argument("job_file", help="job spec file (TOML or YAML), validated before it is sent")
+    s.add_argument("--address", help=address_help)
+    s.add_argument(
+        "--submission-id", help="default: overnight-<job file name>-<run id or run date>"
+    )
+    s.add_argument("--run-id", help="run id inside the job; also names the submission")
+    s.add_argument(
+        "--date", help="run date YYYY-MM-DD (UTC) that names the submission; default today"
+    )
+    s.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="if the submission failed, submit <id>-retryN, which resumes the same run",
+    )
+    s.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait for the job to end; exit status 0 only if it succeeded",
+    )
+    s.add_argument(
+        "--timeout", type=float, help="with --wait: stop waiting after this many seconds"
+    )
+    s.set_defaults(handler=_cmd_submit)
+
+    st = subparsers.add_parser("status", help="status of a submitted job")
+    st.add_argument("submission_id")
+    st.add_argument("--address", help=address_help)
+    st.add_argument("--json", action="store_true", help="one JSON object")
+    st.set_defaults(handler=_cmd_status)
+
+    lg = subparsers.add_parser("logs", help="driver logs of a submitted job")
+    lg.add_argument("submission_id")
+    lg.add_argument("--address", help=address_help)
+    lg.add_argument("--follow", "-f", action="store_true", help="stream until the job ends")
+    lg.set_defaults(handler=_cmd_logs)
