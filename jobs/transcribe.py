@@ -20,9 +20,14 @@ pending-file cleanup pass that would delete files the driver already counted.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import math
+import os
+import shutil
 import time
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -79,7 +84,7 @@ _SLIM = [
 ]
 
 
-def audio_options(opts: TranscribeOptions) -> AudioOptions:
+def audio_options(opts: TranscribeOptions, feature_size: int) -> AudioOptions:
     return AudioOptions(
         chunk_length_s=opts.chunk_length_s,
         vad=opts.vad,
@@ -89,7 +94,7 @@ def audio_options(opts: TranscribeOptions) -> AudioOptions:
         split_channels=opts.split_channels,
         turn_gap_s=opts.turn_gap_s,
         max_duration_s=opts.max_duration_s,
-        feature_size=feature_size_for(opts.model),
+        feature_size=feature_size,
     )
 
 
@@ -109,6 +114,56 @@ def whisper_options(opts: TranscribeOptions, device: str) -> WhisperOptions:
         resource=opts.resource,
         units=float(units or 1.0),
     )
+
+
+def model_cache_dir(url: str) -> Path:
+    root = Path(os.environ.get("OVERNIGHT_CACHE") or Path.home() / ".cache" / "overnight")
+    return root / "models" / hashlib.sha256(url.encode()).hexdigest()[:16]
+
+
+def fetch_model(url: str, storage_config: storage.StorageConfig) -> str:
+    """Copy a model folder from object storage into this node's cache, once per node."""
+    target = model_cache_dir(url)
+    if (target / "model.bin").is_file():
+        return str(target)
+    loc = storage.resolve(url, storage_config)
+    tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for path in storage.list_files(loc):
+        local = tmp / path[len(loc.path) :].lstrip("/")
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_bytes(storage.read_bytes(loc.url(path), storage_config))
+    try:
+        os.replace(tmp, target)  # atomic; another actor on this node may have won the race
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(target)
+
+
+def whisper_worker(
+    config: WhisperWorkerConfig, storage_config: storage.StorageConfig
+) -> WhisperWorker:
+    """Build the actor's Whisper worker; a model in object storage is fetched first (I/O stays
+    here, in jobs, with the job's storage settings)."""
+    model = config.whisper.model
+    return WhisperWorker(config, fetch_model(model, storage_config) if "://" in model else None)
+
+
+def _check_model(model: str) -> int:
+    """Fail fast on the driver for a model that cannot exist; returns its mel bins."""
+    try:
+        if "://" not in model:
+            check_model_reference(model)
+            return feature_size_for(model)
+        loc = storage.resolve(model)
+        if not storage.exists(loc.join("model.bin")):
+            raise ModelLoadError(f"model {model!r} not found: no model.bin under that prefix")
+        preprocessor = loc.join("preprocessor_config.json")
+        if storage.exists(preprocessor):
+            return int(json.loads(storage.read_bytes(preprocessor.url())).get("feature_size", 80))
+        return 80
+    except ModelLoadError as exc:
+        raise ModelNotFound(str(exc)) from None
 
 
 @functools.lru_cache(maxsize=4)
@@ -191,10 +246,7 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
     started = time.monotonic()
     opts, run_id = spec.transcribe, spec.run_id
     output = storage.resolve(spec.job.output)
-    try:
-        check_model_reference(opts.model)
-    except ModelLoadError as exc:
-        raise ModelNotFound(str(exc)) from None
+    feature_size = _check_model(opts.model)
 
     records = list_items(spec.job.input)
     transcripts = output.join("transcripts")
@@ -207,7 +259,7 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
     if device == "auto":
         device = "cuda" if pipeline.cluster_has_gpu() else "cpu"
     w_opts = whisper_options(opts, device)
-    a_opts = audio_options(opts)
+    a_opts = audio_options(opts, feature_size)
     gpus = (
         opts.gpus_per_actor
         if opts.gpus_per_actor is not None
@@ -216,6 +268,7 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
     items_per_call = opts.items_per_call or 4 * opts.batch_size
 
     outcome = pipeline.Outcome()
+    storage_config = storage.StorageConfig.from_env()
     if pending:
         manifest_dir = pipeline.write_manifest_parts(
             output, run_id, manifest_table(pending), per_file=max(1, min(8, items_per_call))
@@ -237,7 +290,7 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
                     "options": a_opts,
                     "max_bytes": int(opts.max_file_mb * 2**20),
                     "decode_units": opts.decode_cpus,
-                    "storage_config": storage.StorageConfig.from_env(),
+                    "storage_config": storage_config,
                 },
                 batch_format="pyarrow",
                 batch_size=None,
@@ -246,7 +299,7 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
             .map_batches(
                 pipeline.CommittingActor,
                 fn_constructor_kwargs={
-                    "make_worker": functools.partial(WhisperWorker, config),
+                    "make_worker": functools.partial(whisper_worker, config, storage_config),
                     "dataset": transcripts,
                     "schema": TRANSCRIPTS,
                     "slim": _SLIM,

@@ -136,7 +136,9 @@ class _ChunkRef:
 class WhisperWorker:
     """``map_batches`` callable: decoded recordings in, transcript rows out (same order)."""
 
-    def __init__(self, config: WhisperWorkerConfig):
+    def __init__(self, config: WhisperWorkerConfig, model_path: str | None = None):
+        """``model_path``: a local copy of ``config.whisper.model`` (which may be a URL that
+        the job fetched); the rows still record the model as configured."""
         from faster_whisper import BatchedInferencePipeline, WhisperModel
 
         self.config = config
@@ -148,7 +150,7 @@ class WhisperWorker:
         self.compute_type = compute_type
         try:
             self.model = WhisperModel(
-                resolve_model(opts.model),
+                model_path or resolve_model(opts.model),
                 device=self.device,
                 compute_type=compute_type,
                 cpu_threads=opts.cpu_threads,

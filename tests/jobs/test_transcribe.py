@@ -264,11 +264,18 @@ def test_killed_run_restarted_ends_with_exactly_one_row_per_item(tmp_path):
     assert all(sorted(stages) == ["decode", "fetch", "transcribe"] for stages in per_item.values())
 
 
-def test_job_reads_and_writes_an_s3_endpoint(s3, synth_calls, tmp_path):
+def test_job_reads_and_writes_an_s3_endpoint_with_the_model_in_object_storage(
+    s3, synth_calls, tmp_path
+):
+    from workers.whisper import bundled_model_path
+
     folder, refs = synth_calls
     upload_folder(s3, "calls-in", folder, "2026-12-01")
+    upload_folder(s3, "models", Path(bundled_model_path()), "whisper/tiny.en")
     s3.create_bucket(Bucket="calls-out")
-    summary = transcribe("s3://calls-in/2026-12-01/", "s3://calls-out/nightly")
+    summary = transcribe(
+        "s3://calls-in/2026-12-01/", "s3://calls-out/nightly", model="s3://models/whisper/tiny.en"
+    )
     assert summary["items"] == len(refs) and summary["failed"] == 1  # the corrupt one
 
     import s3fs
@@ -283,6 +290,7 @@ def test_job_reads_and_writes_an_s3_endpoint(s3, synth_calls, tmp_path):
     texts = {Path(r["source_uri"]).name: r["text"] for r in got}
     assert wer(refs["call_refund.wav"], texts["call_refund.wav"]) <= 0.1
     assert all(r["source_uri"].startswith("s3://calls-in/2026-12-01/") for r in got)
+    assert {r["model"] for r in got} == {"s3://models/whisper/tiny.en"}
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket="calls-out")["Contents"]]
     assert any(k.startswith("nightly/costs/") for k in keys)
     summary_key = next(k for k in keys if k.startswith("nightly/runs/"))
