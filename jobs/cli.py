@@ -156,14 +156,7 @@ def run_spec(spec: JobSpec) -> dict[str, Any]:
         return run_transcribe(spec)
     from jobs.process import run_chain, run_process
 
-    if spec.job.kind == "process":
-        stages = [run_process(spec, task_name=name) for name in spec.process.tasks]
-        return (
-            stages[0]
-            if len(stages) == 1
-            else {"run_id": spec.run_id, "kind": "process", "stages": stages}
-        )
-    return run_chain(spec)
+    return run_process(spec) if spec.job.kind == "process" else run_chain(spec)
 
 
 def print_summary(summary: dict[str, Any], out=sys.stdout) -> None:

@@ -288,6 +288,10 @@ class _ResultRows:
     def __call__(self, batch: pa.Table) -> pa.Table:
         out = self.worker(batch)
         n = out.num_rows
+        # Rows that failed before the model (extraction, transcription) still name their task.
+        for name, value in (("task", self.worker.task.task_name), ("model", self.worker.model)):
+            column = out.column_names.index(name)
+            out = out.set_column(column, name, pa.array([value] * n, pa.string()))
         out = out.append_column("source_uri", out["uri"]).append_column("source_size", out["size"])
         out = out.append_column("source_etag", out["etag"])
         out = out.append_column("run_id", pa.array([self.run_id] * n, pa.string()))
@@ -451,7 +455,5 @@ def run_chain(spec: JobSpec) -> dict[str, Any]:
     from jobs.transcribe import run_transcribe
 
     first = run_transcribe(spec)
-    stages = [first]
-    for name in spec.process.tasks:
-        stages.append(run_process(spec, input_url=first["transcripts"], task_name=name))
-    return {"run_id": spec.run_id, "kind": "chain", "stages": stages}
+    then = run_process(spec, input_url=first["transcripts"])
+    return {"run_id": spec.run_id, "kind": "chain", "stages": [first, *then.get("stages", [then])]}
