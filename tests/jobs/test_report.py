@@ -1,0 +1,399 @@
+"""Cost reports: numbers reconcile with the ledgers, tables for BI tools, an HTML page that renders."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import shutil
+import struct
+import subprocess
+import zlib
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+import pytest
+
+from jobs import ledger, storage
+from jobs.cli import main
+from jobs.report import build_report, load, parse_since, write
+from jobs.spec import DEFAULT_PRICES
+from schemas import DOCUMENT_RESULTS, TRANSCRIPTS
+from tests.conftest import upload_folder
+
+DAY1 = datetime(2026, 11, 30, 23, 10, tzinfo=UTC)
+DAY2 = datetime(2026, 12, 1, 2, 40, tzinfo=UTC)
+DAY3 = datetime(2026, 12, 2, 3, 5, tzinfo=UTC)
+
+
+def _speech_rows(run_id: str, n: int, seed: int, when: datetime, accel: str) -> list[dict]:
+    """Transcript rows as the Whisper actor writes them (timings that do not add up neatly)."""
+    rows = []
+    for i in range(n):
+        tenant = ("acme", "globex", None)[(i + seed) % 3]
+        failed = i % 7 == 3
+        duration = 17.3 + ((i * 37 + seed * 11) % 113) * 1.37
+        rows.append(
+            {
+                "item_id": f"{run_id}-item-{i:03d}",
+                "source_uri": f"s3://calls/{run_id}/{i}.wav",
+                "tenant": tenant,
+                "submission_id": f"sub-{(i + seed) % 2}" if tenant else None,
+                "status": "error" if failed else "ok",
+                "error_code": ("corrupt_audio" if i % 2 else "too_long") if failed else None,
+                "text": None if failed else "hello",
+                "duration_s": None if failed and i % 2 else duration,
+                "model": "large-v3-turbo" if accel != "cpu" else "bundled:tiny.en",
+                "run_id": run_id,
+                "processed_at": when,
+                "fetch_s": 0.013 * (i + 1) / 3,
+                "decode_s": 0.071 + i * 0.0031,
+                "decode_resource": "cpu",
+                "decode_units": 0.5,
+                "asr_s": 0.0 if failed else duration / (97.0 + seed),
+                "asr_resource": accel,
+                "asr_units": 1.0,
+            }
+        )
+    return rows
+
+
+def _document_rows(run_id: str, n: int, when: datetime) -> list[dict]:
+    return [
+        {
+            "item_id": f"{run_id}-doc-{i:03d}",
+            "source_uri": f"s3://docs/{i}.pdf",
+            "tenant": ("acme", "initech")[i % 2],
+            "submission_id": "sub-docs",
+            "status": "error" if i == 2 else "ok",
+            "error_code": "encrypted" if i == 2 else None,
+            "task": "summarize",
+            "input_tokens": 0 if i == 2 else 1000 + 131 * i,
+            "output_tokens": 0 if i == 2 else 77 + 13 * i,
+            "model": "meta-llama/Llama-3.1-8B-Instruct",
+            "run_id": run_id,
+            "processed_at": when,
+            "fetch_s": 0.02 + i / 1000,
+            "extract_s": 0.31 + i / 97,
+            "extract_resource": "cpu",
+            "llm_s": 0.0 if i == 2 else 1.7 + i / 7,
+            "llm_resource": "h100",
+            "llm_units": 1.0,
+        }
+        for i in range(n)
+    ]
+
+
+def _write_run(
+    out: Path, run_id: str, kind: str, rows: list[dict], when: datetime, pipeline_s: float
+) -> dict:
+    """Commit results, ledger and summary with the project's own ledger code."""
+    loc = storage.resolve(str(out))
+    schema, folder, stages = (
+        (TRANSCRIPTS, "transcripts", ledger.TRANSCRIBE_STAGES)
+        if kind == "transcribe"
+        else (DOCUMENT_RESULTS, "results", ledger.DOCUMENT_STAGES)
+    )
+    ledger.write_table(loc.join(folder), pa.Table.from_pylist(rows, schema=schema))
+    costs = ledger.build_ledger(rows, DEFAULT_PRICES, stages)
+    costs = costs.set_column(
+        costs.schema.get_field_index("recorded_at"),
+        "recorded_at",
+        pa.array([when] * costs.num_rows, pa.timestamp("us", tz="UTC")),
+    )
+    ledger.write_table(loc.join("costs"), costs)
+    resource = rows[0].get("asr_resource") or rows[0].get("llm_resource")
+    summary = ledger.summarize_run(
+        run_id=run_id,
+        kind=kind,
+        rows=rows,
+        ledger=costs,
+        listed=len(rows),
+        already_done=0,
+        wall_s=pipeline_s + 5,
+        pipeline_wall_s=pipeline_s,
+        model_actors=2,
+        model_resource=resource,
+        model_units=1.0,
+        prices=DEFAULT_PRICES,
+    )
+    summary["finished_at"] = when.isoformat()
+    ledger.write_summary(loc, summary)
+    return summary
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory) -> tuple[Path, Path]:
+    """Two outputs: nightly GPU runs on two days plus a document run; a CPU run elsewhere."""
+    root = tmp_path_factory.mktemp("report")
+    a, b = root / "nightly", root / "adhoc"
+    _write_run(a, "night-1", "transcribe", _speech_rows("night-1", 23, 1, DAY1, "h100"), DAY1, 14.0)
+    _write_run(a, "night-2", "transcribe", _speech_rows("night-2", 31, 2, DAY2, "h100"), DAY2, 17.5)
+    _write_run(a, "docs-1", "process", _document_rows("docs-1", 6, DAY2), DAY2, 9.0)
+    _write_run(b, "cpu-1", "transcribe", _speech_rows("cpu-1", 11, 3, DAY3, "cpu"), DAY3, 40.0)
+    return a, b
+
+
+def _independent(*outs: Path) -> tuple[list[dict], list[dict]]:
+    """Ledger and result rows read straight from the Parquet files, not through the report."""
+    ledger_rows, result_rows = [], []
+    for out in outs:
+        ledger_rows += pads.dataset(str(out / "costs"), format="parquet").to_table().to_pylist()
+        for name in ("transcripts", "results"):
+            if (out / name).is_dir():
+                result_rows += (
+                    pads.dataset(str(out / name), format="parquet").to_table().to_pylist()
+                )
+    return ledger_rows, result_rows
+
+
+def _expected(ledger_rows: list[dict], result_rows: list[dict], key) -> dict[str, dict]:
+    models = {(r["run_id"], r["item_id"]): r["model"] for r in result_rows}
+    groups: dict[str, dict] = {}
+    for r in ledger_rows:
+        g = groups.setdefault(
+            key(r, models),
+            {"cost": [], "audio_cost": [], "audio": [], "docs": set(), "tokens": 0, "busy": []},
+        )
+        g["cost"].append(r["cost_usd"])
+        if r["stage"] in ("fetch", "decode", "transcribe") and r["item_id"].count("-doc-") == 0:
+            g["audio_cost"].append(r["cost_usd"])
+        if r["stage"] == "transcribe" and r["audio_s"] is not None:
+            g["audio"].append(r["audio_s"])
+        if r["stage"] in ("extract", "generate"):
+            g["docs"].add(r["item_id"])
+        if r["stage"] == "generate":
+            g["tokens"] += r["input_tokens"] + r["output_tokens"]
+        if r["stage"] in ("transcribe", "generate"):
+            g["busy"].append(r["seconds"])
+    return groups
+
+
+def _label(value):
+    return "(none)" if value is None else value
+
+
+KEYS = {
+    "tenant": lambda r, m: _label(r["tenant"]),
+    "day": lambda r, m: r["recorded_at"].strftime("%Y-%m-%d"),
+    "run": lambda r, m: r["run_id"],
+    "submission": lambda r, m: _label(r["submission_id"]),
+    "model": lambda r, m: m[(r["run_id"], r["item_id"])],
+}
+
+
+@pytest.mark.parametrize("by", sorted(KEYS))
+def test_report_numbers_reconcile_exactly_with_ledgers_across_runs_and_tenants(outputs, by):
+    ledger_rows, result_rows = _independent(*outputs)
+    report = build_report(load([str(o) for o in outputs]), by=by)
+    got = {r[by]: r for r in report.main.to_pylist()}
+    expected = _expected(ledger_rows, result_rows, KEYS[by])
+    assert set(got) == set(expected)
+    for key, e in expected.items():
+        row = got[key]
+        assert row["cost_usd"] == math.fsum(e["cost"]), key
+        assert row["audio_cost_usd"] == math.fsum(e["audio_cost"]), key
+        assert row["audio_seconds"] == math.fsum(e["audio"]), key
+        assert row["documents"] == len(e["docs"])
+        assert row["input_tokens"] + row["output_tokens"] == e["tokens"]
+        assert row["accelerator_busy_hours"] == math.fsum(e["busy"]) / 3600
+        minutes = math.fsum(e["audio"]) / 60
+        assert row["cost_per_audio_minute_usd"] == (
+            math.fsum(e["audio_cost"]) / minutes if minutes else None
+        )
+        doc_cost = math.fsum(e["cost"]) - math.fsum(e["audio_cost"])
+        if e["docs"]:
+            assert row["cost_per_document_usd"] == pytest.approx(
+                doc_cost / len(e["docs"]), rel=1e-12
+            )
+            assert row["cost_per_million_tokens_usd"] == pytest.approx(
+                doc_cost / e["tokens"] * 1e6, rel=1e-12
+            )
+    # The groups partition the ledger: their sum is the total, and the total is exact.
+    totals = report.totals
+    assert totals["cost_usd"] == math.fsum(r["cost_usd"] for r in ledger_rows)
+    assert math.fsum(r["cost_usd"] for r in got.values()) == pytest.approx(
+        totals["cost_usd"], rel=1e-12
+    )
+    assert totals["audio_seconds"] == math.fsum(
+        r["audio_s"] for r in ledger_rows if r["stage"] == "transcribe" and r["audio_s"] is not None
+    )
+    assert totals["items"] == len(result_rows) == 23 + 31 + 6 + 11
+    assert totals["failed"] == sum(r["status"] == "error" for r in result_rows)
+
+
+def test_failures_are_counted_by_error_code_in_each_group(outputs):
+    _, result_rows = _independent(*outputs)
+    report = build_report(load([str(o) for o in outputs]), by="tenant")
+    got = {
+        (f["tenant"], f["error_code"]): f["items"] for f in report.tables["failures"].to_pylist()
+    }
+    expected: dict[tuple, int] = {}
+    for r in result_rows:
+        if r["status"] == "error":
+            key = (_label(r["tenant"]), r["error_code"])
+            expected[key] = expected.get(key, 0) + 1
+    assert got == expected
+    assert {code for _, code in got} == {"corrupt_audio", "too_long", "encrypted"}
+
+
+def test_reserved_time_comes_from_summaries_and_splits_by_busy_share(outputs):
+    nightly, _ = outputs
+    summaries = {s.name: json.loads(s.read_text()) for s in (nightly / "runs").iterdir()}
+    report = build_report(load([str(nightly)]), by="run")
+    by_run = {r["run"]: r for r in report.main.to_pylist()}
+    for run, row in by_run.items():
+        s = summaries[f"{run}.json"]
+        assert row["accelerator_reserved_hours"] == pytest.approx(
+            s["accelerator_reserved_seconds"] / 3600, rel=1e-12
+        )
+        assert row["utilization"] == pytest.approx(s["utilization"], abs=1e-4)
+        assert row["reserved_cost_usd"] == pytest.approx(s["reserved_cost_usd"], rel=1e-9)
+    night1 = by_run["night-1"]
+    assert night1["rtfx"] == pytest.approx(summaries["night-1.json"]["rtfx"], rel=1e-3)
+    # Tenants of one run share its reserved hours in proportion to their busy hours.
+    by_tenant = build_report(load([str(nightly)]), by="tenant").main.to_pylist()
+    reserved = math.fsum(r["accelerator_reserved_hours"] for r in by_tenant)
+    assert reserved == pytest.approx(
+        sum(s["accelerator_reserved_seconds"] for s in summaries.values()) / 3600
+    )
+
+
+def test_since_keeps_only_what_was_recorded_from_that_date(outputs):
+    report = build_report(
+        load([str(o) for o in outputs]), by="day", since=parse_since("2026-12-01")
+    )
+    assert [r["day"] for r in report.main.to_pylist()] == ["2026-12-01", "2026-12-02"]
+    assert report.totals["items"] == 31 + 6 + 11
+    assert parse_since("7d", now=DAY3) == datetime(2026, 11, 25, 3, 5, tzinfo=UTC)
+
+
+def test_csv_and_parquet_hold_the_same_tables_for_bi_tools(outputs, tmp_path):
+    report = build_report(load([str(o) for o in outputs]), by="tenant")
+    write(report, "parquet", str(tmp_path / "pq"))
+    write(report, "csv", str(tmp_path / "csv"))
+    assert sorted(p.name for p in (tmp_path / "pq").iterdir()) == sorted(
+        f"{name}.parquet" for name in report.tables
+    )
+    for name, table in report.tables.items():
+        assert pq.read_table(tmp_path / "pq" / f"{name}.parquet").equals(table)
+        with open(tmp_path / "csv" / f"{name}.csv") as f:
+            rows = list(csv.DictReader(f))
+        assert len(rows) == table.num_rows
+        for row, expected in zip(rows, table.to_pylist(), strict=True):
+            for col, value in expected.items():
+                if isinstance(value, float):
+                    assert (
+                        float(row[col]) == value
+                    )  # repr round-trips: the CSV reconciles exactly too
+                elif value is None:
+                    assert row[col] == ""
+
+
+def test_report_reads_outputs_in_object_storage(outputs, s3, tmp_path):
+    nightly, _ = outputs
+    for sub in ("costs", "transcripts", "results", "runs"):
+        upload_folder(s3, "acme-out", nightly / sub, f"nightly/{sub}")
+    local = build_report(load([str(nightly)]), by="tenant")
+    remote = build_report(load(["s3://acme-out/nightly"]), by="tenant")
+    assert remote.main.equals(local.main)
+    assert remote.totals == local.totals
+    write(remote, "csv", "s3://acme-out/reports/tenant")
+    assert {
+        o["Key"] for o in s3.list_objects_v2(Bucket="acme-out", Prefix="reports/")["Contents"]
+    } >= {"reports/tenant/by_tenant.csv", "reports/tenant/totals.csv"}
+
+
+def test_command_prints_the_grouped_table_with_totals(outputs, capsys):
+    assert main(["report", *map(str, outputs), "--by", "tenant"]) == 0
+    text = capsys.readouterr().out
+    for expected in (
+        "acme",
+        "globex",
+        "initech",
+        "(none)",
+        "TOTAL",
+        "$/audio min",
+        "corrupt_audio",
+    ):
+        assert expected in text
+    assert main(["report", str(outputs[0]), "--format", "html"]) == 2  # html needs --out
+
+
+def _png_pixels(path: Path) -> tuple[int, int, bytes]:
+    """Width, height and raw scanlines of a PNG (no imaging library needed)."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, width, height = 8, b"", 0, 0
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        chunk = data[pos + 8 : pos + 8 + length]
+        if kind == b"IHDR":
+            width, height = struct.unpack(">II", chunk[:8])
+        elif kind == b"IDAT":
+            idat += chunk
+        pos += 12 + length
+    return width, height, zlib.decompress(idat)
+
+
+def test_html_report_is_self_contained_and_renders_its_charts_in_headless_chromium(
+    outputs, tmp_path
+):
+    report = build_report(load([str(o) for o in outputs]), by="tenant")
+    page = tmp_path / "report.html"
+    write(report, "html", str(page))
+    text = page.read_text()
+    # Opens offline: no scripts, no links, no external fetches of any kind.
+    assert (
+        "http" not in text and "<script" not in text and "<link" not in text and "url(" not in text
+    )
+    assert text.count("<svg") == 4
+    exe = (
+        shutil.which("chromium")
+        or shutil.which("chromium-browser")
+        or shutil.which("google-chrome")
+    )
+    if exe is None:
+        pytest.skip("Chromium is not installed (apt-get install chromium)")
+    common = [
+        exe,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--window-size=1200,2000",
+    ]
+    dom = subprocess.run(
+        [*common, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120
+    ).stdout
+    charts = dom.split('<figure class="chart"')[1:]
+    assert len(charts) == 4
+    ids = [c.split('id="')[1].split('"')[0] for c in charts]
+    assert ids == [
+        "chart-cost-per-minute",
+        "chart-cost-by-tenant",
+        "chart-utilization",
+        "chart-throughput",
+    ]
+    assert all("<svg" in c and ("<rect" in c or "<circle" in c) for c in charts)
+    assert dom.count('class="point"') >= 3  # one per day on the cost-per-minute line
+    shot = tmp_path / "report.png"
+    subprocess.run(
+        [*common, f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=120
+    )
+    width, height, raw = _png_pixels(shot)
+    assert (width, height) == (1200, 2000)
+    # Something was drawn: many distinct byte values, not a blank white page.
+    assert len(set(raw[: len(raw) // 2])) > 50
+
+
+def test_report_of_nothing_says_where_it_looked(tmp_path):
+    assert main(["report", str(tmp_path / "missing")]) == 4
