@@ -319,17 +319,24 @@ def _worker_config(opts: ProcessOptions, task: TaskSpec, device: str) -> LLMWork
     )
 
 
-def run_process(
-    spec: JobSpec, *, input_url: str | None = None, task_name: str | None = None
-) -> dict[str, Any]:
+def run_process(spec: JobSpec, *, input_url: str | None = None) -> dict[str, Any]:
+    """Run every task of ``[process]`` over the input; one summary, or one per task."""
+    for name in spec.process.tasks:
+        task_spec(name, spec.process)  # refuse a bad task before any work
+    url = input_url or spec.job.input
+    stages = [_run_task(spec, url, name) for name in spec.process.tasks]
+    if len(stages) == 1:
+        return stages[0]
+    return {"run_id": spec.run_id, "kind": "process", "stages": stages}
+
+
+def _run_task(spec: JobSpec, input_url: str, task_name: str) -> dict[str, Any]:
     """Run one task over every document of the input; returns the run summary."""
     import ray
 
     started = time.monotonic()
     opts = spec.process
-    task_name = task_name or opts.tasks[0]
     task = task_spec(task_name, opts)
-    input_url = input_url or spec.job.input
     run_id = (
         spec.run_id
         if len(opts.tasks) == 1 and spec.job.kind == "process"
