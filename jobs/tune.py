@@ -515,20 +515,17 @@ def measure_process(candidate: Candidate, index: int, ctx: Context) -> Measureme
         if why:
             m.status, m.reason = "failed", why
             return m
-    spec = build_spec(
-        ctx.base,
-        {
-            "job": {
-                "kind": "process",
-                "input": ctx.sample_input,
-                "output": out.url(),
-                "run_id": run_id,
-                "progress": False,
-                "ray_address": ctx.address,
-            },
-            "process": candidate.options,
-        },
-    )
+    job = {
+        "kind": "process",
+        "input": ctx.sample_input,
+        "output": out.url(),
+        "run_id": run_id,
+        "progress": False,
+        "ray_address": ctx.address,
+    }
+    # One task per measurement: the job file's first (run_process runs every configured task).
+    first = build_spec(ctx.base, {"job": job, "process": candidate.options}).process.tasks[0]
+    spec = build_spec(ctx.base, {"job": job, "process": {**candidate.options, "task": first}})
     t0 = time.monotonic()
     try:
         summary = run_process(spec)
