@@ -151,7 +151,11 @@ def _job_info(cl, submission_id: str):
     except RuntimeError as exc:
         if "404" in str(exc) or "does not exist" in str(exc):
             return None
-        raise
+        raise ClusterUnreachable(redact(f"the Jobs API failed: {str(exc)[:1000]}")) from None
+    except OSError as exc:  # requests' ConnectionError: the head went away
+        raise ClusterUnreachable(
+            redact(f"lost the Ray Jobs API: {type(exc).__name__}: {str(exc)[:500]}")
+        ) from None
 
 
 def _status_text(info) -> str:
@@ -176,6 +180,10 @@ def _submit_once(
             return None
         raise ClusterUnreachable(
             redact(f"the cluster refused the job: {str(exc)[:1000]}")
+        ) from None
+    except OSError as exc:  # requests' ConnectionError
+        raise ClusterUnreachable(
+            redact(f"lost the Ray Jobs API: {type(exc).__name__}: {str(exc)[:500]}")
         ) from None
     return Submitted(submission_id, metadata["run_id"], "PENDING", created=True)
 
@@ -250,7 +258,10 @@ def wait(
     cl = client(address)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
-        status = _status_text(cl.get_job_info(submission_id))
+        info = _job_info(cl, submission_id)
+        if info is None:
+            raise ConfigError(f"no job with submission id {submission_id!r} on this cluster")
+        status = _status_text(info)
         if status in TERMINAL:
             return status
         if deadline is not None and time.monotonic() > deadline:
@@ -287,7 +298,10 @@ def logs(address: str | None, submission_id: str) -> str:
     cl = client(address)
     if _job_info(cl, submission_id) is None:
         raise ConfigError(f"no job with submission id {submission_id!r} on this cluster")
-    return redact(cl.get_job_logs(submission_id))
+    try:
+        return redact(cl.get_job_logs(submission_id))
+    except (RuntimeError, OSError) as exc:
+        raise ClusterUnreachable(redact(f"cannot read the job's logs: {str(exc)[:500]}")) from None
 
 
 def follow_logs(address: str | None, submission_id: str, out=None) -> None:

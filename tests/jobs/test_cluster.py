@@ -273,7 +273,7 @@ def test_worker_node_lost_mid_run_still_ends_with_one_row_per_item(cluster, synt
     folder, _ = synth_calls
     calls = tmp_path / "calls"
     calls.mkdir()
-    speech = ["call_billing.wav", "call_address.wav", "call_cancel.wav", "call_refund.wav"]
+    speech = ["call_billing.wav", "call_address.wav", "call_cancel.wav"]
     for copy in range(2):
         for name in speech:
             shutil.copy(folder / name, calls / f"{copy}_{name}")
@@ -285,8 +285,8 @@ def test_worker_node_lost_mid_run_still_ends_with_one_row_per_item(cluster, synt
     )
 
     first = submit.submit(spec, cluster.address, run_id="nodeloss")
-    deadline = time.monotonic() + 300
-    while len(rows(out)) < 2:
+    deadline = time.monotonic() + 450
+    while not rows(out):
         assert time.monotonic() < deadline, submit.logs(cluster.address, first.submission_id)[
             -3000:
         ]

@@ -235,8 +235,10 @@ def test_two_tenants_run_once_and_a_cross_tenant_submission_is_rejected_and_reco
 
     # acme posts through the CLI; globex drops a JSONL into its inbox and claims to be acme.
     acme_manifest = tmp_path / "acme.csv"
+    # External ids that look like paths decide nothing about where output goes.
+    ids = [f"../../{b['globex-out']}/a{i}" for i in range(len(acme_uris))]
     acme_manifest.write_text(
-        "uri,external_id\n" + "".join(f"{u},a{i}\n" for i, u in enumerate(acme_uris))
+        "uri,external_id\n" + "".join(f"{u},{x}\n" for u, x in zip(acme_uris, ids, strict=True))
     )
     assert main(["submissions", "add", "acme", str(acme_manifest), "--config", str(config)]) == 0
     acme_sid = json.loads(capsys.readouterr().out)["submission_id"]
@@ -276,7 +278,7 @@ def test_two_tenants_run_once_and_a_cross_tenant_submission_is_rejected_and_reco
         "globex"
     }
     assert {r["submission_id"] for r in globex_rows} == {globex["submission_id"]}
-    assert {r["external_id"] for r in acme_rows} == {"a0", "a1"}
+    assert {r["external_id"] for r in acme_rows} == set(ids)
     text = {Path(r["source_uri"]).name: r["text"] for r in acme_rows}
     assert wer(refs["call_billing.wav"], text["call_billing.wav"]) <= 0.1
     # Every output object is under the tenant's own prefix and submission; nothing for the rejected one.
