@@ -159,7 +159,8 @@ def run_spec(spec: JobSpec) -> dict[str, Any]:
     return run_process(spec) if spec.job.kind == "process" else run_chain(spec)
 
 
-def print_summary(summary: dict[str, Any], out=sys.stdout) -> None:
+def print_summary(summary: dict[str, Any], out=None) -> None:
+    out = out or sys.stdout
     for stage in summary.get("stages", []):
         print_summary(stage, out)
     if "stages" in summary:
