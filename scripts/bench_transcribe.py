@@ -65,7 +65,7 @@ VOICES = ["en-us", "en-gb", "en-us+f3", "en-gb+m3"]
 
 def make_corpus(folder: Path, n: int, seed: int = 0) -> dict[str, str]:
     """n recordings of 5-30 s of synthesized speech with pauses and light noise."""
-    refs_path = folder / "references.json"
+    refs_path = folder / "references-v2.json"
     if refs_path.exists():
         refs = json.loads(refs_path.read_text())
         if len(refs) == n:
@@ -78,15 +78,19 @@ def make_corpus(folder: Path, n: int, seed: int = 0) -> dict[str, str]:
     for i in range(n):
         voice = VOICES[i % len(VOICES)]
         target = rng.uniform(5, 28)
-        parts, said, length = [silence(rng.uniform(0.2, 1.0))], [], 0.0
+        parts, said = [silence(rng.uniform(0.2, 1.0))], []
+        length = len(parts[0]) / 16000
         while length < target:
             sentence = rng.choice(SENTENCES)
             clip = cache.setdefault((sentence, voice), speak(sentence, voice=voice))
-            if length + len(clip) / 16000 > 29 and said:
-                break
-            parts += [clip, silence(rng.uniform(0.3, 1.5))]
+            pause = silence(rng.uniform(0.3, 1.2))
+            if length + (len(clip) + len(pause)) / 16000 > 30:
+                break  # recordings stay within 5-30 s
+            parts += [clip, pause]
             said.append(sentence)
-            length += len(clip) / 16000
+            length += (len(clip) + len(pause)) / 16000
+        if length < 5:  # too short: pad with silence (still within 5-30 s)
+            parts.append(silence(5.0 - length))
         audio = np.concatenate(parts)
         audio = (
             audio + np.random.default_rng(i).standard_normal(audio.size).astype(np.float32) * 0.003
