@@ -24,7 +24,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -115,6 +115,7 @@ class Submitted:
     status: str
     created: bool  # False: a job with this id existed and is reported instead
     message: str = ""
+    local_paths: tuple[str, ...] = ()  # input/output the cluster must see at the same path
 
 
 def _address(address: str | None) -> str:
@@ -207,6 +208,7 @@ def submit(
         {"job": {"run_id": run_id or (file_data.get("job") or {}).get("run_id") or base_id}},
     )
     staged = cluster_job_file(spec)
+    local = tuple(p for p in (staged["job"]["input"], staged["job"]["output"]) if "://" not in p)
     cl = client(address)
 
     work = Path(tempfile.mkdtemp(prefix="overnight-submit-"))
@@ -232,7 +234,7 @@ def submit(
                 metadata=metadata,
             )
             if done is not None:
-                return done
+                return replace(done, local_paths=local)
             existing = _job_info(cl, candidate)
             status = _status_text(existing) if existing is not None else "UNKNOWN"
             if not retry_failed or status not in ("FAILED", "STOPPED"):
@@ -341,6 +343,13 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     address = _address(args.address)
     if result.created:
         print(f"submitted {result.submission_id} (run {result.run_id}) to {address}")
+        host = address.split("://")[-1].split(":")[0].split("/")[0]
+        if result.local_paths and host not in ("127.0.0.1", "localhost"):
+            print(
+                f"  note: {', '.join(result.local_paths)} must exist at the same path on every node "
+                "(a shared filesystem); otherwise use s3:// or gs://",
+                file=sys.stderr,
+            )
     else:
         print(
             f"{result.submission_id} already exists on {address}: {result.status}; not submitted again"

@@ -146,14 +146,28 @@ class TwoNodeCluster:
         except Exception:
             return []
 
-    def wait_for_workers(self, count: int, timeout_s: float = 180) -> None:
+    def wait_for_workers(self, count: int, timeout_s: float = 150) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             workers = [n for n in self.alive_nodes() if not n["is_head_node"]]
             if len(workers) >= count:
                 return
             time.sleep(2)
-        raise TimeoutError(f"{count} worker node(s) did not join within {timeout_s} s")
+        log = Path(self.worker_dirs[-1]) / "ray-start.log"
+        tail = log.read_text()[-2000:] if log.exists() else "(no log)"
+        raise TimeoutError(f"{count} worker node(s) did not join within {timeout_s} s:\n{tail}")
+
+    def add_worker(self, count: int) -> None:
+        """Start a worker node and wait until ``count`` workers are alive; one more try if not."""
+        for attempt in range(2):
+            self.start_worker()
+            try:
+                self.wait_for_workers(count)
+                return
+            except TimeoutError:
+                if attempt:
+                    raise
+                kill_all(processes_of(self.worker_dirs[-1]))
 
     def kill_worker(self, index: int) -> list[int]:
         pids = processes_of(self.worker_dirs[index])
@@ -185,8 +199,7 @@ def cluster():
     c = TwoNodeCluster()
     try:
         c.start_head()
-        c.start_worker()
-        c.wait_for_workers(1)
+        c.add_worker(1)
         yield c
     finally:
         c.stop()
@@ -292,7 +305,7 @@ def test_worker_node_lost_mid_run_still_ends_with_one_row_per_item(cluster, synt
         ]
         assert submit.status(cluster.address, first.submission_id)["status"] not in submit.TERMINAL
         time.sleep(1)
-    killed = cluster.kill_worker(0)
+    killed = cluster.kill_worker(-1)
     committed_at_kill = len(rows(out))
     assert killed and committed_at_kill < len(expected), "the run ended before the node was lost"
 
