@@ -146,9 +146,9 @@ def normalize(uri: str) -> ObjectURL:
         scheme, rest = "file", uri
     else:
         raw_scheme, rest = uri.split("://", 1)
-        scheme = _SCHEMES.get(raw_scheme.lower())
-        if scheme is None:
+        if raw_scheme.lower() not in _SCHEMES:
             raise UriRejected(f"scheme {raw_scheme!r} is not accepted (s3://, gs://, file://)")
+        scheme = _SCHEMES[raw_scheme.lower()]
     if scheme == "file":
         if rest.startswith("localhost/"):
             rest = rest[len("localhost") :]
@@ -215,7 +215,7 @@ class Settings(_Model):
 class TenantsConfig(_Model):
     submissions: Settings
     tenants: dict[str, Tenant] = Field(..., min_length=1)
-    transcribe: TranscribeOptions = TranscribeOptions()
+    transcribe: TranscribeOptions = Field(default_factory=TranscribeOptions)
     prices: dict[str, float] = Field(default_factory=dict)
 
     @field_validator("tenants")

@@ -24,6 +24,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -103,9 +104,9 @@ def cluster_job_file(spec: JobSpec) -> dict[str, Any]:
     return data
 
 
-def runtime_env_vars(environ: dict[str, str] | None = None) -> dict[str, str]:
-    environ = os.environ if environ is None else environ
-    return {k: environ[k] for k in FORWARDED_ENV if environ.get(k)}
+def runtime_env_vars(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    return {k: env[k] for k in FORWARDED_ENV if env.get(k)}
 
 
 @dataclass(frozen=True)
