@@ -69,7 +69,8 @@ def write_wav(path: Path | BinaryIO, audio: np.ndarray) -> Path | BinaryIO:
     """16-bit WAV; audio: (samples,) mono or (channels, samples)."""
     audio = np.atleast_2d(audio)
     pcm = (np.clip(audio, -1, 1) * 32767).astype(np.int16).T.copy()
-    with wave.open(path if hasattr(path, "write") else str(path), "wb") as w:
+    dest: str | BinaryIO = str(path) if isinstance(path, Path) else path
+    with wave.open(dest, "wb") as w:
         w.setnchannels(audio.shape[0])
         w.setsampwidth(2)
         w.setframerate(SAMPLE_RATE)

@@ -101,7 +101,7 @@ def _record(row: dict[str, Any], uri: str, size: int | None, etag: str | None) -
         "language": text("language"),
         "channel_labels": _labels(row.get("channel_labels")),
     }
-    record["item_id"] = item_id(uri, size, etag, record["submission_id"], record["external_id"])
+    record["item_id"] = item_id(uri, size, etag, text("submission_id"), text("external_id"))
     return record
 
 

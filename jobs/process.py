@@ -394,7 +394,7 @@ def _run_task(spec: JobSpec, input_url: str, task_name: str) -> dict[str, Any]:
                 manifest_dir.path, filesystem=pipeline.arrow_fs(manifest_dir), schema=DOC_INPUT
             )
             .map_batches(
-                fetch_and_extract,
+                fetch_and_extract,  # type: ignore[arg-type]  # Ray's stubs want one argument; fn_kwargs gives the rest
                 fn_kwargs={
                     "options": text_options,
                     "max_bytes": int(opts.max_file_mb * 2**20),

@@ -245,7 +245,8 @@ def _deep_merge(base: dict, over: dict) -> dict:
         if value is None:
             continue
         if isinstance(value, dict):
-            out[key] = _deep_merge(out.get(key) if isinstance(out.get(key), dict) else {}, value)
+            current = out.get(key)
+            out[key] = _deep_merge(current if isinstance(current, dict) else {}, value)
         else:
             out[key] = copy.deepcopy(value)
     return out

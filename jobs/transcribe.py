@@ -285,7 +285,7 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
                 manifest_dir.path, filesystem=pipeline.arrow_fs(manifest_dir), schema=MANIFEST
             )
             .map_batches(
-                fetch_and_decode,
+                fetch_and_decode,  # type: ignore[arg-type]  # Ray's stubs want one argument; fn_kwargs gives the rest
                 fn_kwargs={
                     "options": a_opts,
                     "max_bytes": int(opts.max_file_mb * 2**20),
