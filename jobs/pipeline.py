@@ -58,6 +58,20 @@ def write_manifest_parts(
     return folder
 
 
+def read_manifest(folder: storage.Location, schema: pa.Schema):
+    """Ray Data over the manifest parts.
+
+    Reading a few kilobytes needs no whole core: with Ray's default of 1 CPU per read task, a
+    node whose cores the model actors hold could never schedule a read, and the job would
+    stall before its first item.
+    """
+    import ray
+
+    return ray.data.read_parquet(
+        folder.path, filesystem=arrow_fs(folder), schema=schema, num_cpus=0.05
+    )
+
+
 def arrow_fs(loc: storage.Location):
     import pyarrow.fs as pafs
 

@@ -390,9 +390,7 @@ def _run_task(spec: JobSpec, input_url: str, task_name: str) -> dict[str, Any]:
         if opts.accelerator_type:
             actor_args["accelerator_type"] = opts.accelerator_type
         ds = (
-            ray.data.read_parquet(
-                manifest_dir.path, filesystem=pipeline.arrow_fs(manifest_dir), schema=DOC_INPUT
-            )
+            pipeline.read_manifest(manifest_dir, DOC_INPUT)
             .map_batches(
                 fetch_and_extract,  # type: ignore[arg-type]  # Ray's stubs want one argument; fn_kwargs gives the rest
                 fn_kwargs={

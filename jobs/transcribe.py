@@ -281,9 +281,7 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
         if opts.accelerator_type:
             actor_args["accelerator_type"] = opts.accelerator_type
         ds = (
-            ray.data.read_parquet(
-                manifest_dir.path, filesystem=pipeline.arrow_fs(manifest_dir), schema=MANIFEST
-            )
+            pipeline.read_manifest(manifest_dir, MANIFEST)
             .map_batches(
                 fetch_and_decode,  # type: ignore[arg-type]  # Ray's stubs want one argument; fn_kwargs gives the rest
                 fn_kwargs={

@@ -265,10 +265,10 @@ def main() -> int:
     ap.add_argument(
         "--threads", type=int, default=os.cpu_count() or 2, help="CTranslate2 threads for (a)/(b)"
     )
-    ap.add_argument("--actors", type=int, default=2)
-    ap.add_argument("--cpus-per-actor", type=float, default=0.8)
-    ap.add_argument("--actor-threads", type=int, default=1)
-    ap.add_argument("--decode-cpus", type=float, default=0.2)
+    ap.add_argument("--actors", type=int, default=1)
+    ap.add_argument("--cpus-per-actor", type=float, default=1.0)
+    ap.add_argument("--actor-threads", type=int, default=2)
+    ap.add_argument("--decode-cpus", type=float, default=0.5)
     ap.add_argument("--items-per-call", type=int, default=32)
     ap.add_argument(
         "--corpus", default=os.path.join(tempfile.gettempdir(), "overnight-bench-corpus")
