@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from jobs import ledger, storage
 from jobs.errors import EngineFailed, ModelNotFound, OvernightError
+from schemas import ErrorCode
 
 
 def ensure_ray(address: str | None) -> None:
@@ -56,6 +57,33 @@ def write_manifest_parts(
         pq.write_table(table.slice(i, per_file), buf)
         storage.write_bytes_atomic(folder.join(f"part-{i // per_file:06d}.parquet"), buf.getvalue())
     return folder
+
+
+def fetch_item(
+    row: dict[str, Any], max_bytes: int, storage_config: storage.StorageConfig
+) -> bytes | None:
+    """The item's object bytes; None when the item failed, with the row marked
+    (``too_large`` before any read, ``fetch_failed`` for a missing or forbidden object).
+    Sets ``fetch_s``. Storage that is down raises StorageUnavailable and stops the job."""
+    t0 = time.perf_counter()
+    try:
+        if row["size"] is not None and row["size"] > max_bytes:
+            row.update(
+                status="error",
+                error_code=ErrorCode.TOO_LARGE.value,
+                error_message=f"file is {row['size']} bytes; the job's maximum is {max_bytes}",
+            )
+            return None
+        return storage.read_bytes(row["uri"], storage_config)
+    except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
+        row.update(
+            status="error",
+            error_code=ErrorCode.FETCH_FAILED.value,
+            error_message=storage.redact(f"cannot read the object: {type(exc).__name__}: {exc}"),
+        )
+        return None
+    finally:
+        row["fetch_s"] = time.perf_counter() - t0
 
 
 def read_manifest(folder: storage.Location, schema: pa.Schema):

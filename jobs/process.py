@@ -244,28 +244,10 @@ def fetch_and_extract(
             out.append(row)
             continue
         row.update(status="ok", fetch_s=0.0, extract_s=0.0)
-        if row["size"] is not None and row["size"] > max_bytes:
-            row.update(
-                status="error",
-                error_code=ErrorCode.TOO_LARGE.value,
-                error_message=f"file is {row['size']} bytes; the job's maximum is {max_bytes}",
-            )
+        data = pipeline.fetch_item(row, max_bytes, storage_config)
+        if data is None:
             out.append(row)
             continue
-        t0 = time.perf_counter()
-        try:
-            data = storage.read_bytes(row["uri"], storage_config)
-        except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
-            row.update(
-                status="error",
-                error_code=ErrorCode.FETCH_FAILED.value,
-                error_message=storage.redact(
-                    f"cannot read the object: {type(exc).__name__}: {exc}"
-                ),
-            )
-            out.append(row)
-            continue
-        row["fetch_s"] = time.perf_counter() - t0
         result = extract_text(data, row["uri"].rsplit("/", 1)[-1], options)
         row["extract_s"] = result.seconds
         if result.error_code:

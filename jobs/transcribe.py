@@ -36,7 +36,7 @@ from jobs import ledger, pipeline, storage
 from jobs.errors import ModelNotFound
 from jobs.manifest import committed_ids, list_items, manifest_table
 from jobs.spec import JobSpec, TranscribeOptions
-from schemas import MANIFEST, TRANSCRIPTS, ErrorCode
+from schemas import MANIFEST, TRANSCRIPTS
 from workers.audio import AudioChunker, AudioOptions
 from workers.whisper import (
     ModelLoadError,
@@ -197,30 +197,13 @@ def fetch_and_decode(
             _split=split,
             chunks=[],
         )
-        t0 = time.perf_counter()
-        if row["size"] is not None and row["size"] > max_bytes:
-            row.update(
-                status="error",
-                error_code=ErrorCode.TOO_LARGE.value,
-                error_message=f"file is {row['size']} bytes; the job's maximum is {max_bytes}",
-            )
-            out.append(row)
-            continue
-        try:
-            data = storage.read_bytes(row["uri"], storage_config)
-        except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
-            row.update(
-                status="error",
-                error_code=ErrorCode.FETCH_FAILED.value,
-                error_message=storage.redact(
-                    f"cannot read the object: {type(exc).__name__}: {exc}"
-                ),
-            )
+        data = pipeline.fetch_item(row, max_bytes, storage_config)
+        if data is None:
             out.append(row)
             continue
         t1 = time.perf_counter()
         decoded = chunker(data, split_channels=split)
-        row["fetch_s"], row["decode_s"] = t1 - t0, time.perf_counter() - t1
+        row["decode_s"] = time.perf_counter() - t1
         if decoded.error_code:
             row.update(
                 status="error", error_code=decoded.error_code, error_message=decoded.error_message
