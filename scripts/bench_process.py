@@ -320,10 +320,11 @@ def last_summary_tokens() -> int:
 def measure(
     name: str, fn: Any, refs: dict[str, dict[str, Any]], summary_tokens: Any = None
 ) -> dict:
-    """Run one variant. The loop is metered alone (Ray's idle daemons, started once for all
-    pipeline runs, are not part of it); a pipeline with its whole process tree."""
+    """Run one variant, metering this process and its children: for the loops, which run
+    before Ray starts, that is the loop alone (and vLLM's engine process); for a pipeline,
+    Ray's processes too."""
     t0 = time.perf_counter()
-    with TreeMeter(tree=summary_tokens is not None) as meter:
+    with TreeMeter() as meter:
         outputs = fn()
     wall = time.perf_counter() - t0
     tokens = (
@@ -447,6 +448,9 @@ def main() -> int:
     variants = [
         parse_pipeline(p, args.docs, cpus, args.max_batch_size) for p in pipelines.split(",") if p
     ]
+    if vllm:
+        for v in variants:
+            v["cpus_per_actor"] = 1.0  # the GPU does the work; leave the CPUs to extraction
     where = f"vLLM {args.model} GPU" if vllm else f"{args.model or 'SmolLM2-135M'} CTranslate2 CPU"
     print(
         f"corpus: {len(refs)} documents, {min(words)}-{max(words)} words ({sum(words)} in all); "
