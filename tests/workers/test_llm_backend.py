@@ -9,6 +9,7 @@ import sys
 import time
 from importlib.util import find_spec
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -182,3 +183,85 @@ def test_importing_workers_llm_imports_neither_vllm_nor_torch() -> None:
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def _bare_ct2(compute_type: str, max_batch_size: int = 32) -> Any:
+    """A CTranslate2Backend without a model, for the batch planning logic alone."""
+    from workers.llm.ct2_backend import CTranslate2Backend
+
+    backend = object.__new__(CTranslate2Backend)
+    backend.compute_type, backend.device, backend.max_batch_size = (
+        compute_type,
+        "cpu",
+        max_batch_size,
+    )
+    return backend
+
+
+def test_batch_plan_covers_every_prompt_once_and_keeps_far_lengths_apart() -> None:
+    lengths = [300, 120, 121, 122, 300, 301, 650, 120]
+    plan = _bare_ct2("float32", max_batch_size=3)._batches(list(range(8)), lengths, 48)
+    assert sorted(i for batch in plan for i in batch) == list(range(8))
+    assert all(len(batch) <= 3 for batch in plan)
+    spans = [max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in plan]
+    # Prompts a few tokens apart share a batch; 650 is not fed stepwise next to 300.
+    assert max(spans) <= 2
+    assert [6] in plan
+    # int8: only exactly equal lengths share a batch.
+    int8_plan = _bare_ct2("int8")._batches(list(range(8)), lengths, 48)
+    assert all(len({lengths[i] for i in b}) == 1 for b in int8_plan)
+
+
+class _RecordingGenerator:
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[list[str]], dict[str, Any]]] = []
+
+    def generate_batch(self, inputs: list[list[str]], **options: Any) -> list[Any]:
+        from types import SimpleNamespace
+
+        self.calls.append((inputs, options))
+        return [SimpleNamespace(sequences_ids=[[7]]) for _ in inputs]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_a_shared_prompt_prefix_is_passed_once_and_never_lost(
+    backend: LLMBackend, temperature: float
+) -> None:
+    from workers.llm.ct2_backend import CTranslate2Backend
+
+    assert isinstance(backend, CTranslate2Backend)
+    fake = object.__new__(CTranslate2Backend)
+    fake.__dict__.update(backend.__dict__)
+    fake.compute_type = "float32"
+    recorder = _RecordingGenerator()
+    fake._generator = recorder
+    system = "You are a careful assistant who answers every question in one short sentence."
+    convs = [
+        [{"role": "system", "content": system}, {"role": "user", "content": q}]
+        for q in ("Say A.", "What is the capital of France?", "Name three colors please.")
+    ]
+    fake.generate(convs, GenerationParams(max_new_tokens=4, temperature=temperature))
+    full = sorted(fake._tokens(fake.render_chat(c)) for c in convs)
+    seen = []
+    for inputs, options in recorder.calls:
+        prefix = options.get("static_prompt", [])
+        assert not options.get("cache_static_prompt", False)
+        assert (options["sampling_topk"] == 0) == (temperature > 0)
+        seen += [prefix + tokens for tokens in inputs]
+    assert sorted(seen) == full
+    assert any("static_prompt" in options for _, options in recorder.calls)
+
+
+def test_float32_replies_do_not_depend_on_mixed_length_batch_mates(model_dir: Path) -> None:
+    backend = load_backend("ctranslate2", str(model_dir), device="cpu", compute_type="float32")
+    system = "You are a careful assistant who answers every question in one short sentence."
+
+    def conv(question: str) -> list[dict[str, str]]:
+        return [{"role": "system", "content": system}, {"role": "user", "content": question}]
+
+    params = GenerationParams(max_new_tokens=12)
+    questions = ["Hi", "What is the capital of France?", "Name three colors please, thanks."]
+    alone = [backend.generate([conv(q)], params)[0] for q in questions]
+    together = backend.generate([conv(q) for q in questions], params)
+    assert together == alone
+    assert "paris" in together[1].text.lower()

@@ -28,6 +28,16 @@ from workers.llm.prepare import METADATA_FILE
 
 # When a model directory does not say (CTranslate2's config.json has no context length).
 _DEFAULT_CONTEXT_LENGTH = 2048
+# Batch planning costs, in units of one sequence's share of a decoding step. A step also
+# has a fixed part (weights read once per step, whatever the batch size), and a prompt token
+# fed in the one-pass prefill is far cheaper than one fed as a step. Measured on CPU with
+# SmolLM2-135M float32, one thread: a step costs about 66 ms + 28 ms per sequence, a prefill
+# token 4.6 ms (docs/benchmarks-process.md). On CUDA the fixed part dominates (an estimate,
+# not measured: batching there is nearly free).
+_STEP_FIXED_COST = {"cpu": 2.5, "cuda": 32.0}
+_PREFILL_TOKEN_COST = {"cpu": 0.15, "cuda": 0.01}
+# A shared prompt prefix shorter than this is not worth a separate forward pass.
+_MIN_SHARED_PREFIX = 16
 
 
 class ChatTemplate:
@@ -227,21 +237,33 @@ class CTranslate2Backend:
                     finish_reason=FINISH_STOP,
                 )
             return self._complete(results)
-        for batch in self._batches(runnable, [len(p) for p in prompts]):
+        lengths = [len(p) for p in prompts]
+        for batch in self._batches(runnable, lengths, params.max_new_tokens):
             # One max_length per batch: an item close to the context limit only shortens
             # the replies of its own batch.
             max_length = min(
                 params.max_new_tokens,
                 *(self.context_length - len(prompts[i]) for i in batch),
             )
-            options: dict[str, Any] = {"sampling_topk": 1}
-            if params.temperature > 0:
-                options = {"sampling_topk": 0, "sampling_temperature": params.temperature}
+            options: dict[str, Any] = (
+                {"sampling_topk": 0, "sampling_temperature": params.temperature}
+                if params.temperature > 0
+                else {"sampling_topk": 1}
+            )
+            inputs = [prompts[i] for i in batch]
+            shared = self._shared_prefix(inputs)
+            if shared:
+                # The task's system prompt and instructions: one forward pass for the whole
+                # batch instead of one per prompt. Not cached across calls (the prefix of a
+                # call depends on its documents, and the cache would only grow).
+                options["static_prompt"] = inputs[0][:shared]
+                options["cache_static_prompt"] = False
+                inputs = [p[shared:] for p in inputs]
             json_done: set[int] = set()
             if params.json_schema is not None:
                 options["callback"] = _stop_after_json(len(batch), json_done)
             outputs = self._generator.generate_batch(
-                [prompts[i] for i in batch],
+                inputs,
                 max_length=max_length,
                 include_prompt_in_result=False,
                 end_token=self._end_tokens,
@@ -268,27 +290,74 @@ class CTranslate2Backend:
             raise RuntimeError("CTranslate2 backend lost replies: this is a bug")
         return done
 
-    def _batches(self, indices: list[int], lengths: list[int]) -> list[list[int]]:
-        """Length-sorted batches of at most ``max_batch_size`` (the least padding).
+    @property
+    def _exact_mixed_batches(self) -> bool:
+        """Whether a reply is the same whatever the other prompts of its batch (see _batches)."""
+        return "int8" not in self.compute_type
 
-        With int8 compute, only prompts of exactly equal length share a batch. CTranslate2
-        feeds the prompt tokens beyond the shortest prompt of a batch one step at a time,
-        and with int8 that path gives different logits from the one-pass prefill: measured
-        on SmolLM2, "What is the capital of France?" batched with a 3-token-shorter prompt
+    def _shared_prefix(self, prompts: list[list[str]]) -> int:
+        """Length of the token prefix all ``prompts`` share, when worth a separate pass; 0
+        otherwise. Every prompt keeps at least one token of its own."""
+        if len(prompts) < 2 or not self._exact_mixed_batches:
+            return 0
+        first, shortest = prompts[0], min(len(p) for p in prompts)
+        n = 0
+        while n < shortest - 1 and all(p[n] == first[n] for p in prompts):
+            n += 1
+        return n if n >= _MIN_SHARED_PREFIX else 0
+
+    def _batches(
+        self, indices: list[int], lengths: list[int], max_new_tokens: int
+    ) -> list[list[int]]:
+        """Batches of at most ``max_batch_size`` prompts of similar length.
+
+        CTranslate2 feeds the prompt tokens beyond the shortest prompt of a batch one step
+        at a time (OpenNMT/CTranslate2#1349), each step costing as much as a decoding step
+        of the whole batch. So one length-sorted batch of mixed lengths is slower than
+        running the prompts one by one (measured: 4.6x the CPU time for 8 prompts of
+        189-430 tokens), while batching equal lengths shares every decoding step's fixed
+        cost. The sorted prompts are cut where the estimated total cost is lowest (dynamic
+        programming over cut points; see _STEP_FIXED_COST).
+
+        With int8 compute, only prompts of exactly equal length share a batch: with int8
+        the stepwise path gives different logits from the one-pass prefill: measured on
+        SmolLM2, "What is the capital of France?" batched with a 3-token-shorter prompt
         answered in broken French instead of "Paris". Equal-length batches give exactly
-        the single-prompt result, so an item's output never depends on its batch mates; on
-        CPU batching gains little anyway.
+        the single-prompt result, so an item's output never depends on its batch mates.
+        float32 replies are the same either way (48 of 48 summaries identical to the
+        one-at-a-time loop in scripts/bench_process.py); float16 on CUDA is taken to behave
+        like float32 here, which has not been checked on a GPU.
         """
         ordered = sorted(indices, key=lambda i: lengths[i])
-        if "int8" in self.compute_type:
+        if not self._exact_mixed_batches:
             groups = [list(g) for _, g in itertools.groupby(ordered, key=lambda i: lengths[i])]
-        else:
-            groups = [ordered]
-        return [
-            group[lo : lo + self.max_batch_size]
-            for group in groups
-            for lo in range(0, len(group), self.max_batch_size)
-        ]
+            return [
+                group[lo : lo + self.max_batch_size]
+                for group in groups
+                for lo in range(0, len(group), self.max_batch_size)
+            ]
+        fixed = _STEP_FIXED_COST.get(self.device, _STEP_FIXED_COST["cpu"])
+        token = _PREFILL_TOKEN_COST.get(self.device, _PREFILL_TOKEN_COST["cpu"])
+        size = [lengths[i] for i in ordered]
+
+        def cost(lo: int, hi: int) -> float:
+            count = hi - lo
+            steps = size[hi - 1] - size[lo] + max_new_tokens
+            return steps * (fixed + count) + token * count * size[lo]
+
+        best = [0.0] + [math.inf] * len(ordered)
+        cut = [0] * (len(ordered) + 1)
+        for hi in range(1, len(ordered) + 1):
+            for lo in range(max(0, hi - self.max_batch_size), hi):
+                total = best[lo] + cost(lo, hi)
+                if total < best[hi]:
+                    best[hi], cut[hi] = total, lo
+        batches: list[list[int]] = []
+        hi = len(ordered)
+        while hi > 0:
+            batches.append(ordered[cut[hi] : hi])
+            hi = cut[hi]
+        return batches[::-1]
 
     def choose(
         self, conversations: list[list[dict[str, str]]], choices: Sequence[str]
