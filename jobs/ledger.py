@@ -174,7 +174,11 @@ def summarize_run(
     mine = [r for r in ledger.to_pylist() if r["run_id"] == run_id]
     cost = sum(r["cost_usd"] for r in mine)
     model_stage = {"transcribe", "generate"}
-    busy_model_s = sum(r["seconds"] for r in mine if r["stage"] in model_stage)
+    # In actor-seconds: an actor running two model batches at once (model_workers) prices
+    # each at half its units, so unit-weighting keeps busy <= reserved.
+    busy_model_s = sum(
+        r["seconds"] * (r["units"] or model_units) for r in mine if r["stage"] in model_stage
+    ) / (model_units or 1.0)
     cpu_cost = sum(r["cost_usd"] for r in mine if r["stage"] not in model_stage)
     # An actor that waits for work still holds its device: reserved = actors x wall.
     reserved_model_s = model_actors * pipeline_wall_s

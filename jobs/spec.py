@@ -95,7 +95,23 @@ class TranscribeOptions(_Model):
         -1.0, description="...when its average log-probability is also below this"
     )
     cpu_threads: int = Field(
-        0, ge=0, description="CTranslate2 threads per actor on CPU (0: one per core it holds)"
+        0,
+        ge=0,
+        description="CTranslate2 threads per model worker on CPU (0: the actor's cores / model_workers)",
+    )
+    model_workers: int = Field(
+        0,
+        ge=0,
+        description="model batches an actor runs at once (0: on CPU one per core it holds, "
+        "on a GPU 1); on CPU several one-thread workers outrun one multi-thread worker",
+    )
+    window_step_s: int = Field(
+        0,
+        ge=0,
+        le=30,
+        description="encoder window: 0 pads every chunk to Whisper's 30 s (the reference "
+        "results); N pads only to the next multiple of N s (less encoder work on short calls, "
+        "WER may move slightly; see README Benchmarks)",
     )
     actors: int = Field(1, ge=1, description="Whisper actors (one model each)")
     gpus_per_actor: float | None = Field(

@@ -100,6 +100,8 @@ def audio_options(opts: TranscribeOptions, feature_size: int) -> AudioOptions:
 
 def whisper_options(opts: TranscribeOptions, device: str) -> WhisperOptions:
     units = opts.gpus_per_actor if device == "cuda" else opts.cpus_per_actor
+    cores = max(1, math.ceil(opts.cpus_per_actor))
+    workers = opts.model_workers or (1 if device == "cuda" else cores)
     return WhisperOptions(
         model=opts.model,
         device=device,
@@ -108,7 +110,9 @@ def whisper_options(opts: TranscribeOptions, device: str) -> WhisperOptions:
         beam_size=opts.beam_size,
         language=opts.language,
         timestamps=opts.timestamps,
-        cpu_threads=opts.cpu_threads or max(1, math.ceil(opts.cpus_per_actor)),
+        cpu_threads=opts.cpu_threads or max(1, cores // workers),
+        model_workers=workers,
+        window_step_s=opts.window_step_s,
         no_speech_threshold=opts.no_speech_threshold,
         log_prob_threshold=opts.log_prob_threshold,
         resource=opts.resource,
