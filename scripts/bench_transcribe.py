@@ -8,7 +8,7 @@
 (c') overnight with ``window_step_s`` (``--window-step``, default 10): chunks padded only to the
     next multiple of that many seconds; a speed/accuracy option, reported with its WER
 
-Prints audio-seconds per second, ratios, word error rates and peak memory (RSS of the whole
+Prints audio-seconds per second, ratios, word error rates and peak memory (PSS of the whole
 process tree, Ray's workers included). ``--scale 10`` also runs (c) on ten times the files to
 show time grows linearly and peak memory stays flat.
 
@@ -117,20 +117,38 @@ def errors_and_words(ref: str, hyp: str) -> tuple[int, int]:
 
 
 class PeakRSS:
-    """Peak resident memory of this process and all its descendants (Ray workers too)."""
+    """Peak memory of this process and all its descendants (Ray workers too), from /proc.
 
-    def __init__(self, interval: float = 0.05):
-        import psutil
+    Summed as PSS (proportional set size): Ray's object store is shared memory mapped into
+    every worker, and summing RSS would count it once per process.
+    """
 
-        self.proc = psutil.Process(os.getpid())
-        self.interval, self.peak = interval, 0
+    def __init__(self, interval: float = 0.1):
+        self.pid, self.interval, self.peak = os.getpid(), interval, 0
         self._stop = threading.Event()
 
+    @staticmethod
+    def _pss(pid: int) -> int:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+        return 0
+
     def _total(self) -> int:
-        total = 0
-        for p in [self.proc, *self.proc.children(recursive=True)]:
-            with contextlib.suppress(Exception):
-                total += p.memory_info().rss
+        children: dict[int, list[int]] = {}
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    with open(f"/proc/{d}/stat") as f:
+                        ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                    children.setdefault(ppid, []).append(int(d))
+        total, todo = 0, [self.pid]
+        while todo:
+            pid = todo.pop()
+            with contextlib.suppress(OSError, ValueError):  # a process may end meanwhile
+                total += self._pss(pid)
+            todo.extend(children.get(pid, []))
         return total
 
     def _run(self):
@@ -245,7 +263,7 @@ def measure(name: str, fn, refs: dict[str, str], audio_s: float) -> dict:
     }
     print(
         f"  {name:<34} {result['wall_s']:>8.1f} s  {result['audio_s_per_s']:>7.2f} audio-s/s  "
-        f"WER {result['wer']:.4f}  peak RSS {result['peak_rss_mb']} MB",
+        f"WER {result['wer']:.4f}  peak memory {result['peak_rss_mb']} MB",
         flush=True,
     )
     return result
@@ -374,7 +392,7 @@ def main() -> int:
         print(
             f"  scaling x{args.scale}: wall per audio-second {per_audio_n / per_audio_1:.2f}x of the 1x run "
             f"(1.00 = linear, below 1: fixed start-up costs amortized), "
-            f"peak RSS {scaled['peak_rss_mb']} MB vs {ours['peak_rss_mb']} MB"
+            f"peak memory {scaled['peak_rss_mb']} MB vs {ours['peak_rss_mb']} MB"
         )
         # (a) and (b) go file by file, so their throughput does not depend on the file count.
         for r in baselines:

@@ -72,9 +72,13 @@ def test_summarize_covers_real_pdfs_and_text_and_bad_documents_become_error_rows
     assert got["junk.bin"]["status"] == "error"
     assert summary["cost_per_document_usd"] > 0 and summary["cost_per_million_tokens_usd"] > 0
     costs = pads.dataset(str(tmp_path / "out" / "costs"), format="parquet").to_table().to_pylist()
-    assert {c["item_id"] for c in costs} == {r["item_id"] for r in got.values()}  # every item is priced
+    assert {c["item_id"] for c in costs} == {
+        r["item_id"] for r in got.values()
+    }  # every item is priced
     generate = [c for c in costs if c["stage"] == "generate"]
-    assert {c["item_id"] for c in generate} == {r["item_id"] for r in got.values() if r["status"] == "ok"}
+    assert {c["item_id"] for c in generate} == {
+        r["item_id"] for r in got.values() if r["status"] == "ok"
+    }
     assert sum(c["input_tokens"] or 0 for c in generate) == summary["input_tokens"]
 
 

@@ -154,3 +154,63 @@ def test_a_missing_model_is_refused_before_any_work(tmp_path):
     with pytest.raises(ModelLoadError, match=r"model\.bin"):
         check_model_reference(str(tmp_path / "empty"))
     check_model_reference("large-v3-turbo")  # a faster-whisper name: fine, loads from the hub later
+
+
+def test_two_model_workers_give_the_same_rows_and_price_each_batch_at_half_the_actor():
+    audios = [np.concatenate([silence(0.3), speak(t)]) for t in TEXTS]
+    table = decoded_rows(audios)
+    rows = {}
+    for workers in (1, 2):
+        w = WhisperWorker(
+            WhisperWorkerConfig(
+                whisper=WhisperOptions(
+                    batch_size=2, beam_size=5, cpu_threads=1, model_workers=workers, units=2.0
+                ),
+                run_id="t",
+            )
+        )
+        rows[workers] = w(table).to_pylist()
+    assert [r["text"] for r in rows[2]] == [r["text"] for r in rows[1]]
+    assert {r["asr_units"] for r in rows[1]} == {2.0}
+    # Two batches run at once, each on one of the actor's two cores.
+    assert {r["asr_units"] for r in rows[2]} == {1.0}
+    assert all(r["asr_s"] > 0 for r in rows[2])
+
+
+def test_a_window_step_pads_short_chunks_to_its_multiple_and_long_ones_to_thirty_seconds():
+    w = WhisperWorker.__new__(WhisperWorker)
+    w.config = WhisperWorkerConfig(whisper=WhisperOptions(window_step_s=10), run_id="t")
+    assert [w._window_frames(f) for f in (1, 999, 1000, 1001, 2500, 2999, 3000)] == [
+        1000,
+        1000,
+        1000,
+        2000,
+        3000,
+        3000,
+        3000,
+    ]
+    w.config = WhisperWorkerConfig(whisper=WhisperOptions(window_step_s=0), run_id="t")
+    assert w._window_frames(500) == 3000
+
+
+def test_a_shorter_encoder_window_still_transcribes_and_batches_by_window(monkeypatch):
+    w = WhisperWorker(
+        WhisperWorkerConfig(
+            whisper=WhisperOptions(batch_size=8, beam_size=5, cpu_threads=2, window_step_s=10),
+            run_id="t",
+        )
+    )
+    middle = [*TEXTS[1:5], TEXTS[1]]  # about 15 s of speech
+    audios = [speak(TEXTS[0]), np.concatenate([speak(t) for t in middle]), speak(TEXTS[4])]
+    shapes: list[int] = []
+    pad = w._pad
+    monkeypatch.setattr(
+        w, "_pad", lambda feats, frames=None: shapes.append(frames) or pad(feats, frames)
+    )
+    out = w(decoded_rows(audios)).to_pylist()
+    # The two short calls share a 10 s window; the 15 s one gets a 20 s window.
+    assert sorted(shapes) == [1000, 2000]
+    refs = [TEXTS[0], " ".join(middle), TEXTS[4]]
+    for row, ref in zip(out, refs, strict=True):
+        assert wer(ref, row["text"]) <= 0.15, (ref, row["text"])
+    assert json.loads(out[0]["options"])["window_step_s"] == 10
