@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import contextlib
 
 from jobs.demo import silence, speak, write_wav
+from jobs.tune import edit_distance
 from tests.conftest import normalize
 
 SENTENCES = [
@@ -107,13 +108,7 @@ def make_corpus(folder: Path, n: int, seed: int = 0) -> dict[str, str]:
 
 def errors_and_words(ref: str, hyp: str) -> tuple[int, int]:
     r, h = normalize(ref), normalize(hyp)
-    d = list(range(len(h) + 1))
-    for i, rw in enumerate(r, 1):
-        prev, d[0] = d[0], i
-        for j, hw in enumerate(h, 1):
-            cur = min(d[j] + 1, d[j - 1] + 1, prev + (rw != hw))
-            prev, d[j] = d[j], cur
-    return d[len(h)], len(r)
+    return edit_distance(r, h), len(r)
 
 
 class PeakRSS:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from jobs.tune import edit_distance
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
@@ -30,13 +32,7 @@ def wer(reference: str, hypothesis: str) -> float:
     hyp = [_NUMBERS.get(w, w) for w in normalize(hypothesis)]
     if not ref:
         return float(bool(hyp))
-    d = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        prev, d[0] = d[0], i
-        for j, h in enumerate(hyp, 1):
-            cur = min(d[j] + 1, d[j - 1] + 1, prev + (r != h))
-            prev, d[j] = d[j], cur
-    return d[len(hyp)] / len(ref)
+    return edit_distance(ref, hyp) / len(ref)
 
 
 @pytest.fixture(scope="session")

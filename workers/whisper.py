@@ -116,7 +116,7 @@ class WhisperOptions:
     # trained and as faster-whisper does (the reference results). N: padded only up to the
     # next multiple of N seconds, so a 12 s call costs a 20 s encoder pass instead of 30 s.
     # The decoder then sees a shorter context than in training: measured on the benchmark
-    # corpus at N=10, 23% less model time and WER 0.1086 vs 0.1078 (scripts/bench_transcribe.py).
+    # corpus at N=10: model busy 46 s instead of 70 s, WER 0.1067 vs 0.1064 (README Benchmarks).
     window_step_s: int = 0
     no_speech_threshold: float = 0.6
     log_prob_threshold: float = -1.0
