@@ -309,11 +309,11 @@ class WhisperWorker:
         # Fill every model batch from all recordings: group by language (one prompt per
         # batch), sort by duration so batch-mates decode to similar lengths.
         # With a window step, batch-mates also share an encoder length.
-        by_language: dict[tuple[str, int], list[_ChunkRef]] = defaultdict(list)
+        groups: dict[tuple[str, int], list[_ChunkRef]] = defaultdict(list)
         for c in chunks:
-            by_language[c.language, self._window_frames(c.features.shape[1])].append(c)
+            groups[c.language, self._window_frames(c.features.shape[1])].append(c)
         batches: list[tuple[str, list[_ChunkRef]]] = []
-        for (language, _), group in by_language.items():
+        for (language, _), group in groups.items():
             group.sort(key=lambda c: c.duration)
             batches.extend(
                 (language, group[start : start + opts.batch_size])
