@@ -118,7 +118,9 @@ class PeakRSS:
     every worker, and summing RSS would count it once per process.
     """
 
-    def __init__(self, interval: float = 0.1):
+    # Reading smaps_rollup walks a process's page tables: sampled every 0.1 s over Ray's
+    # dozen processes it took most of a core from the runs it measured.
+    def __init__(self, interval: float = 1.0):
         self.pid, self.interval, self.peak = os.getpid(), interval, 0
         self._stop = threading.Event()
 
