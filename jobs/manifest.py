@@ -131,7 +131,7 @@ def manifest_table(records: Iterable[dict[str, Any]]) -> pa.Table:
 
 
 def write_manifest(output: storage.Location, run_id: str, table: pa.Table) -> str:
-    """OUTPUT/_manifests/<run_id>.parquet: what this run set out to do (Ray reads it)."""
+    """OUTPUT/_manifests/<run_id>.parquet: what this run set out to do."""
     loc = output.join("_manifests", f"{run_id}.parquet")
     buf = io.BytesIO()
     pq.write_table(table, buf)

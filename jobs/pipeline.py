@@ -10,7 +10,6 @@ driver only iterates the slim rows the model stage returns.
 
 from __future__ import annotations
 
-import io
 import logging
 import sys
 import time
@@ -19,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from jobs import ledger, storage
 from jobs.errors import EngineFailed, ModelNotFound, OvernightError
@@ -44,19 +42,6 @@ def cluster_has_gpu() -> bool:
     import ray
 
     return ray.cluster_resources().get("GPU", 0) > 0
-
-
-def write_manifest_parts(
-    output: storage.Location, run_id: str, table: pa.Table, per_file: int
-) -> storage.Location:
-    """OUTPUT/_manifests/<run_id>/part-*.parquet: one small file per CPU task, so the CPU
-    stage spreads over the cluster (Ray reads one file per read task)."""
-    folder = output.join("_manifests", run_id)
-    for i in range(0, table.num_rows, per_file):
-        buf = io.BytesIO()
-        pq.write_table(table.slice(i, per_file), buf)
-        storage.write_bytes_atomic(folder.join(f"part-{i // per_file:06d}.parquet"), buf.getvalue())
-    return folder
 
 
 def fetch_item(
@@ -86,29 +71,24 @@ def fetch_item(
         row["fetch_s"] = time.perf_counter() - t0
 
 
-def read_manifest(folder: storage.Location, schema: pa.Schema, rows_per_block: int = 8):
-    """Ray Data over the run's manifest, one block per ``rows_per_block`` items.
+def manifest_dataset(
+    output: storage.Location, run_id: str, table: pa.Table, rows_per_block: int = 8
+):
+    """Record what the run sets out to do (OUTPUT/_manifests/<run_id>.parquet) and hand Ray
+    Data the same rows, ``rows_per_block`` items per block (one CPU task each).
 
-    The driver reads the manifest (one small row per item) and hands Ray the blocks: no read
-    tasks. Ray Data's file listing task asks for a whole CPU whatever the read's
-    ``num_cpus``, so on a node whose cores the model actors hold it could never be scheduled
-    and the job stalled before its first item (seen on 2 cores with a 1.5-CPU actor).
+    The blocks come from the driver, with no read tasks: Ray Data's file listing task asks
+    for a whole CPU whatever the read's ``num_cpus``, so on a node whose cores the model
+    actors hold it could never be scheduled and the job stalled before its first item (seen
+    on 2 cores with a 1.5-CPU actor).
     """
-    import pyarrow.dataset as pads
     import ray
 
-    table = pads.dataset(folder.path, filesystem=arrow_fs(folder), format="parquet").to_table()
-    table = table.select(schema.names).cast(schema)
+    from jobs.manifest import write_manifest
+
+    write_manifest(output, run_id, table)
     blocks = [table.slice(i, rows_per_block) for i in range(0, table.num_rows, rows_per_block)]
-    return ray.data.from_arrow(blocks or [schema.empty_table()])
-
-
-def arrow_fs(loc: storage.Location):
-    import pyarrow.fs as pafs
-
-    if loc.scheme == "file":
-        return pafs.LocalFileSystem()
-    return pafs.PyFileSystem(pafs.FSSpecHandler(loc.fs))
+    return ray.data.from_arrow(blocks or [table.schema.empty_table()])
 
 
 def commit(

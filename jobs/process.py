@@ -2,7 +2,7 @@
 
 Same shape and guarantees as the transcription job (``jobs.pipeline``):
 
-    read_parquet(OUTPUT/_manifests/<run_id>/)                  documents, or transcript rows
+    manifest blocks (recorded in OUTPUT/_manifests/)           documents, or transcript rows
       → map_batches(fetch_and_extract)                         CPU tasks: bytes → text
       → map_batches(CommittingActor(LLMWorker), actor pool)    one model per actor; whole
                                                                batches through the engine;
@@ -359,9 +359,6 @@ def _run_task(spec: JobSpec, input_url: str, task_name: str) -> dict[str, Any]:
 
     outcome = pipeline.Outcome()
     if pending:
-        manifest_dir = pipeline.write_manifest_parts(
-            output, run_id, pa.Table.from_pylist(pending, schema=DOC_INPUT), per_file=8
-        )
         text_options = TextOptions(
             pdf_password=os.environ.get(opts.pdf_password_env) or None,
             timeout_s=opts.extract_timeout_s,
@@ -372,7 +369,9 @@ def _run_task(spec: JobSpec, input_url: str, task_name: str) -> dict[str, Any]:
         if opts.accelerator_type:
             actor_args["accelerator_type"] = opts.accelerator_type
         ds = (
-            pipeline.read_manifest(manifest_dir, DOC_INPUT)
+            pipeline.manifest_dataset(
+                output, run_id, pa.Table.from_pylist(pending, schema=DOC_INPUT)
+            )
             .map_batches(
                 fetch_and_extract,  # type: ignore[arg-type]  # Ray's stubs want one argument; fn_kwargs gives the rest
                 fn_kwargs={

@@ -2,7 +2,7 @@
 
 Shape (one row per item from the manifest to the sink, map-only):
 
-    read_parquet(OUTPUT/_manifests/<run_id>/)            one small file per decode task
+    manifest blocks (recorded in OUTPUT/_manifests/)    a few items per decode task
       → map_batches(fetch_and_decode)                    CPU tasks: bytes → feature chunks
       → map_batches(CommittingActor(WhisperWorker))     one model per actor, cross-file
                                                          batches, each batch committed as one
@@ -257,9 +257,6 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
     outcome = pipeline.Outcome()
     storage_config = storage.StorageConfig.from_env()
     if pending:
-        manifest_dir = pipeline.write_manifest_parts(
-            output, run_id, manifest_table(pending), per_file=max(1, min(8, items_per_call))
-        )
         extra = {f"audio.{k}": v for k, v in asdict(a_opts).items()}
         config = WhisperWorkerConfig(
             whisper=w_opts, run_id=run_id, extra_options=tuple(sorted(extra.items()))
@@ -268,7 +265,9 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
         if opts.accelerator_type:
             actor_args["accelerator_type"] = opts.accelerator_type
         ds = (
-            pipeline.read_manifest(manifest_dir, MANIFEST)
+            pipeline.manifest_dataset(
+                output, run_id, manifest_table(pending), max(1, min(8, items_per_call))
+            )
             .map_batches(
                 fetch_and_decode,  # type: ignore[arg-type]  # Ray's stubs want one argument; fn_kwargs gives the rest
                 fn_kwargs={
