@@ -256,11 +256,11 @@ def measure(name: str, fn, refs: dict[str, str], audio_s: float) -> dict:
         "wall_s": round(wall, 2),
         "audio_s_per_s": round(audio_s / wall, 2),
         "wer": round(errs / words, 4),
-        "peak_rss_mb": round(mem.peak / 2**20),
+        "peak_memory_mb": round(mem.peak / 2**20),
     }
     print(
         f"  {name:<34} {result['wall_s']:>8.1f} s  {result['audio_s_per_s']:>7.2f} audio-s/s  "
-        f"WER {result['wer']:.4f}  peak memory {result['peak_rss_mb']} MB",
+        f"WER {result['wer']:.4f}  peak memory {result['peak_memory_mb']} MB",
         flush=True,
     )
     return result
@@ -389,7 +389,7 @@ def main() -> int:
         print(
             f"  scaling x{args.scale}: wall per audio-second {per_audio_n / per_audio_1:.2f}x of the 1x run "
             f"(1.00 = linear, below 1: fixed start-up costs amortized), "
-            f"peak memory {scaled['peak_rss_mb']} MB vs {ours['peak_rss_mb']} MB"
+            f"peak memory {scaled['peak_memory_mb']} MB vs {ours['peak_memory_mb']} MB"
         )
         # (a) and (b) go file by file, so their throughput does not depend on the file count.
         for r in baselines:
