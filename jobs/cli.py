@@ -178,6 +178,11 @@ def print_summary(summary: dict[str, Any], out=None) -> None:
         lines.append(
             "  errors       " + ", ".join(f"{k}: {v}" for k, v in summary["errors_by_code"].items())
         )
+    if summary.get("duplicates_removed"):
+        lines.append(
+            f"  repaired     {summary['duplicates_removed']} late rows of an earlier, killed run "
+            "(items this run also did; one row per item kept)"
+        )
     if summary.get("audio_seconds"):
         lines.append(
             f"  audio        {summary['audio_seconds'] / 60:.2f} min, {summary.get('rtfx')}x real time"

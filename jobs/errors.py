@@ -43,3 +43,9 @@ class AccessDenied(OvernightError):
     """A submission references objects outside the prefixes its tenant may read."""
 
     exit_code = 7
+
+
+class Superseded(OvernightError):
+    """A later run took over the output this run was writing (one writer per dataset)."""
+
+    exit_code = 8

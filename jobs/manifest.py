@@ -139,21 +139,21 @@ def write_manifest(output: storage.Location, run_id: str, table: pa.Table) -> st
     return loc.url()
 
 
-def committed_ids(dataset: storage.Location) -> set[str]:
-    """Item ids in the complete Parquet files of a result dataset.
+def committed_files(dataset: storage.Location) -> dict[str, list[str]]:
+    """The complete Parquet files of a result dataset and the item ids each holds.
 
     Files appear atomically (see ``storage.write_bytes_atomic``), so every file listed is a
     commit; an unreadable one would be a bug and is reported, not skipped.
     """
-    ids: set[str] = set()
     files = storage.list_files(dataset, ".parquet")
-    if not files:
-        return ids
 
     def read(path: str) -> list[str]:
         with dataset.fs.open(path, "rb") as f:
             return pq.read_table(f, columns=["item_id"]).column("item_id").to_pylist()
 
-    for chunk in storage.map_threads(read, files):
-        ids.update(chunk)
-    return ids
+    return dict(zip(files, storage.map_threads(read, files), strict=True)) if files else {}
+
+
+def committed_ids(dataset: storage.Location) -> set[str]:
+    """Item ids in the complete Parquet files of a result dataset."""
+    return {i for ids in committed_files(dataset).values() for i in ids}

@@ -10,17 +10,23 @@ driver only iterates the slim rows the model stage returns.
 
 from __future__ import annotations
 
+import json
 import logging
+import posixpath
+import secrets
 import sys
 import time
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
-from jobs import ledger, storage
-from jobs.errors import EngineFailed, ModelNotFound, OvernightError
+from jobs import ledger, manifest, storage
+from jobs.errors import EngineFailed, ModelNotFound, OvernightError, Superseded
 from schemas import ErrorCode
 
 
@@ -91,6 +97,94 @@ def manifest_dataset(
     return ray.data.from_arrow(blocks or [table.schema.empty_table()])
 
 
+# One writer per result dataset. A driver that dies (killed, node lost) leaves its Ray
+# actors running for a few seconds until they notice; one that finishes its batch meanwhile
+# would commit items the next run has already listed as missing: the same item twice.
+
+
+def claim_file(dataset: storage.Location) -> storage.Location:
+    """OUTPUT/_claims/<dataset>.json: beside the dataset, so its folder holds only Parquet."""
+    parent, name = posixpath.split(dataset.path.rstrip("/"))
+    return storage.Location(
+        dataset.fs, posixpath.join(parent, "_claims", f"{name}.json"), dataset.scheme
+    )
+
+
+def claim(dataset: storage.Location, run_id: str) -> str:
+    """Make this run the only writer of ``dataset``; returns the token its commits carry.
+
+    Call before listing what is committed: any writer of an earlier run that is still alive
+    fails its next commit (``check_claim``) instead of adding rows this run will also write.
+    """
+    token = f"{run_id}:{secrets.token_hex(8)}"  # fresh per attempt: a rerun may reuse run_id
+    body = json.dumps({"run_id": run_id, "token": token, "claimed_at": time.time()})
+    storage.write_bytes_atomic(claim_file(dataset), body.encode())
+    return token
+
+
+def check_claim(dataset: storage.Location, token: str) -> None:
+    """Raise ``Superseded`` unless the run holding ``token`` is still the dataset's writer."""
+    try:
+        current = json.loads(storage.read_location(claim_file(dataset)))
+    except FileNotFoundError:
+        current = {}
+    if current.get("token") != token:
+        raise Superseded(
+            f"a later run ({current.get('run_id', 'unknown')}) took over "
+            f"{storage.redact(dataset.url())}; this run stopped before writing an item twice. "
+            "Its finished items are kept. Run one job per output at a time."
+        )
+
+
+def drop_duplicates(dataset: storage.Location, schema: pa.Schema, keep_run: str) -> int:
+    """Leave one row per item in ``dataset``; returns how many rows were removed.
+
+    The claim closes the window in which a dying run's writer can commit late, but cannot
+    close it entirely (a writer may pass its check just before the new claim). Every run
+    ends with this repair: an item with rows in several files keeps the row of ``keep_run``
+    (the run whose summary counts it), else the one in the first file by name. A file that
+    loses rows is rewritten under its new content name before the old one is deleted, so a
+    crash in between leaves a duplicate for the next run to repair, never a loss.
+    """
+    files = manifest.committed_files(dataset)
+    where: dict[str, list[str]] = defaultdict(list)
+    for path, ids in files.items():
+        for item in ids:
+            where[item].append(path)
+    doubled = {item: paths for item, paths in where.items() if len(paths) > 1}
+    if not doubled:
+        return 0
+    tables = {
+        path: _read_part(dataset, path)
+        for path in sorted({p for ps in doubled.values() for p in ps})
+    }
+    runs = {
+        path: dict(zip(t["item_id"].to_pylist(), t["run_id"].to_pylist(), strict=True))
+        for path, t in tables.items()
+    }
+    drop: dict[str, set[str]] = defaultdict(set)  # path -> item ids to remove there
+    for item, paths in doubled.items():
+        mine = [p for p in sorted(paths) if runs[p][item] == keep_run]
+        keeper = (mine or sorted(paths))[0]
+        for p in paths:
+            if p != keeper:
+                drop[p].add(item)
+    removed = 0
+    for path, items in drop.items():
+        table = tables[path]
+        rest = table.filter(pc.invert(pc.is_in(table["item_id"], pa.array(sorted(items)))))
+        if rest.num_rows:
+            ledger.write_table(dataset, rest.select(schema.names).cast(schema))
+        storage.delete(storage.Location(dataset.fs, path, dataset.scheme))
+        removed += table.num_rows - rest.num_rows
+    return removed
+
+
+def _read_part(dataset: storage.Location, path: str) -> pa.Table:
+    with dataset.fs.open(path, "rb") as f:
+        return pq.read_table(f)
+
+
 def commit(
     table: pa.Table, dataset: storage.Location, schema: pa.Schema, slim: Sequence[str]
 ) -> pa.Table:
@@ -118,12 +212,17 @@ class CommittingActor:
         dataset: storage.Location,
         schema: pa.Schema,
         slim: Sequence[str],
+        token: str,
     ):
         self.worker = make_worker()
-        self.dataset, self.schema, self.slim = dataset, schema, tuple(slim)
+        self.dataset, self.schema, self.slim, self.token = dataset, schema, tuple(slim), token
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        return commit(self.worker(batch), self.dataset, self.schema, self.slim)
+        finished = self.worker(batch)
+        # Checked after the model, right before the write: the window a dying run's actor
+        # has to commit after a new run's claim is one small read long.
+        check_claim(self.dataset, self.token)
+        return commit(finished, self.dataset, self.schema, self.slim)
 
 
 class Progress:

@@ -333,6 +333,7 @@ def _run_task(spec: JobSpec, input_url: str, task_name: str) -> dict[str, Any]:
         if transcripts
         else _document_records(input_url, task_name)
     )
+    token = pipeline.claim(results, run_id)  # before listing: see pipeline.claim
     done = committed_ids(results)
     todo = [r for r in records if r["item_id"] not in done]
     pending = todo[: spec.job.max_items] if spec.job.max_items is not None else todo
@@ -390,6 +391,7 @@ def _run_task(spec: JobSpec, input_url: str, task_name: str) -> dict[str, Any]:
                     "dataset": results,
                     "schema": DOCUMENT_RESULTS,
                     "slim": _SLIM,
+                    "token": token,
                 },
                 batch_format="pyarrow",
                 batch_size=opts.items_per_call,
@@ -405,6 +407,7 @@ def _run_task(spec: JobSpec, input_url: str, task_name: str) -> dict[str, Any]:
         )
 
     rows = outcome.rows
+    repaired = pipeline.drop_duplicates(results, DOCUMENT_RESULTS, run_id)
     costs = ledger.catch_up(output, "results", spec.prices, ledger.DOCUMENT_STAGES)
     resource = next((r["llm_resource"] for r in rows if r["llm_resource"]), None)
     summary = ledger.summarize_run(
@@ -425,6 +428,7 @@ def _run_task(spec: JobSpec, input_url: str, task_name: str) -> dict[str, Any]:
             "input": storage.redact(input_url),
             "output": storage.redact(spec.job.output),
             "input_kind": "transcripts" if transcripts else "documents",
+            "duplicates_removed": repaired,
             "backend": opts.backend,
             "model": opts.model or f"{opts.backend}:default",
             "device": device,

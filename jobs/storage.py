@@ -8,6 +8,7 @@ appear in messages: every error text leaving this module passes through ``redact
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import random
@@ -274,6 +275,17 @@ def write_bytes_atomic(loc: Location, data: bytes) -> None:
         os.replace(tmp, loc.path)
         return
     with_retries(f"write {loc.url()}", lambda: loc.fs.pipe_file(loc.path, data))
+
+
+def read_location(loc: Location) -> bytes:
+    """The bytes of one object at a resolved location (the filesystem carries the credentials)."""
+    return bytes(with_retries(f"read {loc.url()}", lambda: loc.fs.cat_file(loc.path)))
+
+
+def delete(loc: Location) -> None:
+    """Remove one object; one that is already gone is not an error."""
+    with contextlib.suppress(FileNotFoundError):
+        with_retries(f"delete {loc.url()}", lambda: loc.fs.rm_file(loc.path))
 
 
 def exists(loc: Location) -> bool:

@@ -237,6 +237,7 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
 
     records = list_items(spec.job.input)
     transcripts = output.join("transcripts")
+    token = pipeline.claim(transcripts, run_id)  # before listing: see pipeline.claim
     done = committed_ids(transcripts)
     todo = [r for r in records if r["item_id"] not in done]
     pending = todo[: spec.job.max_items] if spec.job.max_items is not None else todo
@@ -287,6 +288,7 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
                     "dataset": transcripts,
                     "schema": TRANSCRIPTS,
                     "slim": _SLIM,
+                    "token": token,
                 },
                 batch_format="pyarrow",
                 batch_size=items_per_call,
@@ -302,6 +304,7 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
         )
 
     rows = outcome.rows
+    repaired = pipeline.drop_duplicates(transcripts, TRANSCRIPTS, run_id)
     costs = ledger.catch_up(output, "transcripts", spec.prices)
     resource = next((r["asr_resource"] for r in rows if r["asr_resource"]), None)
     summary = ledger.summarize_run(
@@ -324,6 +327,7 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
             "device": device,
             "speech_seconds": round(sum(r["speech_s"] or 0.0 for r in rows), 3),
             "no_speech": sum(1 for r in rows if r["status"] == "ok" and not (r["speech_s"] or 0)),
+            "duplicates_removed": repaired,
             "options": {**opts.model_dump(), "items_per_call": items_per_call},
             "transcripts": transcripts.url(),
             "costs": output.join("costs").url(),

@@ -254,7 +254,10 @@ def test_killed_run_restarted_ends_with_exactly_one_row_per_item(tmp_path):
     final = rows(out)
     ids = [r["item_id"] for r in final]
     assert len(ids) == len(set(ids)) == 16
-    assert summary["items"] == 16 - len(partial) and summary["items_already_done"] == len(partial)
+    # The killed run's actors outlive its driver by a few seconds (Ray workers run in their
+    # own process groups) and may commit one more batch: at least what was seen is done.
+    assert summary["items"] + summary["items_already_done"] == 16
+    assert summary["items_already_done"] >= len(partial)
     # The resumed run also prices what the killed run committed: one ledger set per item.
     costs = rows(out, "costs")
     per_item = {}

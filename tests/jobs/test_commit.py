@@ -1,0 +1,104 @@
+"""The commit protocol: one writer per result dataset, and one row per item even when a dying
+run's actor commits late (no Ray needed: the committing actor is a plain class)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pytest
+
+from jobs import pipeline, storage
+from jobs.errors import Superseded
+from jobs.manifest import committed_files
+from tests.conftest import secrets_in
+
+SCHEMA = pa.schema(
+    [
+        pa.field("item_id", pa.string()),
+        pa.field("run_id", pa.string()),
+        pa.field("status", pa.string()),
+        pa.field("text", pa.string()),
+    ]
+)
+
+
+def batch(run_id: str, *items: str) -> pa.Table:
+    return pa.Table.from_pylist(
+        [
+            {"item_id": i, "run_id": run_id, "status": "ok", "text": f"{i} by {run_id}"}
+            for i in items
+        ],
+        schema=SCHEMA,
+    )
+
+
+def actor(dataset: storage.Location, token: str) -> pipeline.CommittingActor:
+    return pipeline.CommittingActor(
+        lambda: lambda table: table, dataset, SCHEMA, ["item_id", "status"], token
+    )
+
+
+@pytest.fixture(params=["local", "s3"])
+def dataset(request, tmp_path):
+    if request.param == "local":
+        return storage.resolve(str(tmp_path / "out" / "transcripts"))
+    client = request.getfixturevalue("s3")
+    if "results" not in {b["Name"] for b in client.list_buckets().get("Buckets", [])}:
+        client.create_bucket(Bucket="results")
+    return storage.resolve(f"s3://results/{tmp_path.name}/transcripts")  # the server is shared
+
+
+def read_all(dataset: storage.Location) -> list[dict]:
+    files = storage.list_files(dataset, ".parquet")
+    return pads.dataset(files, filesystem=dataset.fs, format="parquet").to_table().to_pylist()
+
+
+def test_a_writer_of_an_earlier_run_cannot_commit_once_a_new_run_has_claimed_the_dataset(
+    dataset,
+):
+    old = actor(dataset, pipeline.claim(dataset, "nightly"))
+    assert old(batch("nightly", "a", "b")).num_rows == 2  # the holder of the claim commits
+
+    # The rerun reuses the scheduled run id: the claim still tells the two attempts apart.
+    new = actor(dataset, pipeline.claim(dataset, "nightly"))
+    with pytest.raises(Superseded) as err:
+        old(batch("nightly", "c"))
+    assert "nightly" in str(err.value) and "one job per output" in str(err.value)
+    assert not secrets_in(str(err.value))
+    assert sorted(r["item_id"] for r in read_all(dataset)) == ["a", "b"]  # nothing written
+
+    new(batch("nightly", "c"))
+    assert sorted(r["item_id"] for r in read_all(dataset)) == ["a", "b", "c"]
+    # The claim lives beside the dataset: its folder holds only the Parquet files.
+    assert all(p.endswith(".parquet") for p in storage.list_files(dataset))
+    assert storage.exists(pipeline.claim_file(dataset))
+
+
+def test_late_rows_of_a_killed_run_are_removed_and_the_current_runs_rows_kept(dataset):
+    for part in (batch("run-2", "x", "z"), batch("run-1", "x", "y", "w"), batch("run-2", "y")):
+        pipeline.commit(part, dataset, SCHEMA, ["item_id"])
+
+    removed = pipeline.drop_duplicates(dataset, SCHEMA, keep_run="run-2")
+
+    assert removed == 2
+    rows = {r["item_id"]: r for r in read_all(dataset)}
+    assert len(read_all(dataset)) == len(rows) == 4  # exactly one row per item
+    assert rows["x"]["run_id"] == rows["y"]["run_id"] == "run-2"  # the ones the summary counted
+    assert rows["w"]["text"] == "w by run-1"  # the killed run's other item is kept
+    assert sorted(len(ids) for ids in committed_files(dataset).values()) == [1, 1, 2]
+    assert pipeline.drop_duplicates(dataset, SCHEMA, keep_run="run-2") == 0  # nothing left to do
+
+
+def test_duplicates_between_two_earlier_runs_keep_one_row_chosen_by_file_name(dataset):
+    pipeline.commit(batch("run-1", "x"), dataset, SCHEMA, ["item_id"])
+    pipeline.commit(batch("run-2", "x", "y"), dataset, SCHEMA, ["item_id"])
+    first = committed_files(dataset)
+
+    assert pipeline.drop_duplicates(dataset, SCHEMA, keep_run="run-3") == 1
+
+    rows = read_all(dataset)
+    assert sorted(r["item_id"] for r in rows) == ["x", "y"]
+    keeper = min(p for p, ids in first.items() if "x" in ids)
+    assert next(r for r in rows if r["item_id"] == "x")["run_id"] == (
+        "run-1" if first[keeper] == ["x"] else "run-2"
+    )
