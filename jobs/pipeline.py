@@ -1,11 +1,12 @@
-"""What every overnight Ray Data job shares: Ray start-up, manifest parts, the committing
-actor, progress, the run loop and its invariant, and turning Ray's wrapped errors back into
-ours.
+"""What every overnight Ray Data job shares: Ray start-up, the run's manifest, the commit
+protocol (claim, committing actor, duplicate repair), progress, the run loop and its
+invariant, and turning Ray's wrapped errors back into ours.
 
-Both jobs have the same shape: the driver lists the input, subtracts what is already
-committed in the result dataset, writes the rest as small manifest files, and Ray Data runs
-``read_parquet → CPU stage (tasks) → model stage (actor pool, commits each batch)``. The
-driver only iterates the slim rows the model stage returns.
+Both jobs have the same shape: the driver claims the result dataset, lists the input,
+subtracts what is already committed, records the rest as the run's manifest, and Ray Data
+runs ``manifest blocks → CPU stage (tasks) → model stage (actor pool, commits each batch)``.
+The driver only iterates the slim rows the model stage returns, then repairs any item a
+dying earlier run committed twice.
 """
 
 from __future__ import annotations

@@ -293,7 +293,9 @@ def main() -> int:
     ap.add_argument("--model-workers", type=int, default=0, help="0: the job's default")
     ap.add_argument("--decode-cpus", type=float, default=0.25)
     ap.add_argument(
-        "--window-step", type=int, default=10, help="(c'): encoder window step; 0 skips (c')"
+        "--window-step",
+        default="10",
+        help="(c'): encoder window step(s) in seconds, comma-separated (one run each); 0 skips (c')",
     )
     ap.add_argument("--items-per-call", type=int, default=64)
     ap.add_argument(
@@ -344,11 +346,11 @@ def main() -> int:
         )
     work = Path(tempfile.mkdtemp(prefix="overnight-bench-"))
     baselines = list(results)
-    variants = [("(c) overnight", 0)]
-    if args.window_step:
-        variants.append((f"(c') overnight, window step {args.window_step} s", args.window_step))
+    variants = [("(c)", "(c) overnight", 0)]
+    for step in (int(x) for x in str(args.window_step).split(",") if int(x)):
+        variants.append((f"(c') step {step}", f"(c') overnight, window step {step} s", step))
     ours_all = []
-    for k, (name, step) in enumerate(variants):
+    for k, (tag, name, step) in enumerate(variants):
         ours = measure(
             name,
             lambda step=step, k=k: run_overnight(folder, work / f"out{k}", args, step),
@@ -356,6 +358,7 @@ def main() -> int:
             audio_s,
         )
         summary = run_overnight.last_summary  # type: ignore[attr-defined]
+        ours["tag"] = tag
         ours["model_busy_s"] = summary["accelerator_seconds"]
         ours["pipeline_s"] = summary["pipeline_seconds"]
         print(
@@ -367,7 +370,7 @@ def main() -> int:
     for ours in ours_all:
         for r in baselines:
             print(
-                f"  ratio {ours['variant'][:4].strip()}/{r['variant'][:3]}: "
+                f"  ratio {ours['tag']}/{r['variant'][:3]}: "
                 f"{ours['audio_s_per_s'] / r['audio_s_per_s']:.2f}x throughput, "
                 f"WER {ours['wer']:.4f} vs {r['wer']:.4f}"
             )

@@ -12,11 +12,13 @@ of audio seconds, which is what the cost ledger prices.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -143,6 +145,49 @@ class _ChunkRef:
     @property
     def duration(self) -> float:
         return sum(e - s for s, e in self.clips)
+
+    @property
+    def frames(self) -> int:
+        return int(self.features.shape[1])
+
+
+def plan_batches(
+    chunks: list[_ChunkRef], batch_size: int, workers: int, window: Callable[[_ChunkRef], int]
+) -> list[tuple[str, list[_ChunkRef]]]:
+    """The model batches of one call, filled from all its recordings.
+
+    - Batch-mates share a language (one prompt per batch) and an encoder window
+      (``window(chunk)`` frames), and are neighbours by duration, so they decode to similar
+      lengths.
+    - A group becomes the fewest batches of at most ``batch_size``, sized evenly: 33 chunks
+      give 17 + 16, not 32 + 1, so no batch is a lone straggler.
+    - While there are fewer batches than model workers, the costliest is halved: a call
+      with work for every worker never leaves one idle (each holds a share of the cores).
+    - Costliest first (window x chunks): the thread pool takes them in this order, so the
+      last batches of a call are the short ones and the workers finish together.
+    """
+    groups: dict[tuple[str, int], list[_ChunkRef]] = defaultdict(list)
+    for c in chunks:
+        groups[c.language, window(c)].append(c)
+    planned: list[tuple[str, int, list[_ChunkRef]]] = []
+    for (language, frames), group in groups.items():
+        group.sort(key=lambda c: c.duration)
+        parts = -(-len(group) // batch_size)
+        bounds = [round(k * len(group) / parts) for k in range(parts + 1)]
+        planned.extend((language, frames, group[a:b]) for a, b in itertools.pairwise(bounds))
+
+    def cost(batch: tuple[str, int, list[_ChunkRef]]) -> int:
+        return batch[1] * len(batch[2])
+
+    while 0 < len(planned) < workers:
+        language, frames, biggest = max(planned, key=cost)
+        if len(biggest) < 2:
+            break
+        planned.remove((language, frames, biggest))
+        half = len(biggest) // 2
+        planned += [(language, frames, biggest[:half]), (language, frames, biggest[half:])]
+    planned.sort(key=cost, reverse=True)
+    return [(language, part) for language, _, part in planned]
 
 
 class WhisperWorker:
@@ -306,19 +351,9 @@ class WhisperWorker:
         for c in chunks:
             c.language = c.language or languages[c.row] or "en"
 
-        # Fill every model batch from all recordings: group by language (one prompt per
-        # batch), sort by duration so batch-mates decode to similar lengths.
-        # With a window step, batch-mates also share an encoder length.
-        groups: dict[tuple[str, int], list[_ChunkRef]] = defaultdict(list)
-        for c in chunks:
-            groups[c.language, self._window_frames(c.features.shape[1])].append(c)
-        batches: list[tuple[str, list[_ChunkRef]]] = []
-        for (language, _), group in groups.items():
-            group.sort(key=lambda c: c.duration)
-            batches.extend(
-                (language, group[start : start + opts.batch_size])
-                for start in range(0, len(group), opts.batch_size)
-            )
+        batches = plan_batches(
+            chunks, opts.batch_size, self.model_workers, lambda c: self._window_frames(c.frames)
+        )
 
         def run(job: tuple[str, list[_ChunkRef]]) -> tuple[list[_ChunkRef], list, float]:
             language, part = job

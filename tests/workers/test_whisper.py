@@ -18,7 +18,9 @@ from workers.whisper import (
     WhisperOptions,
     WhisperWorker,
     WhisperWorkerConfig,
+    _ChunkRef,
     check_model_reference,
+    plan_batches,
 )
 
 pytestmark = pytest.mark.skipif(not espeak_available(), reason="espeak-ng not installed")
@@ -102,8 +104,8 @@ def test_model_batches_are_filled_across_recordings_and_results_return_to_their_
     )
     out = worker(decoded_rows(audios))
     assert out.schema.equals(TRANSCRIPTS) and out.num_rows == len(TEXTS)
-    # 5 one-chunk recordings, batch size 4: two forward passes (4 + 1), not five.
-    assert calls == [4, 1]
+    # 5 one-chunk recordings, batch size 4: two forward passes (3 + 2), not five.
+    assert calls == [3, 2]
     got = [row["text"] for row in out.to_pylist()]
     for i, text in enumerate(got):
         # Each row holds its own recording's words: closest to its own reference, and close.
@@ -214,3 +216,46 @@ def test_a_shorter_encoder_window_still_transcribes_and_batches_by_window(monkey
     for row, ref in zip(out, refs, strict=True):
         assert wer(ref, row["text"]) <= 0.15, (ref, row["text"])
     assert json.loads(out[0]["options"])["window_step_s"] == 10
+
+
+def chunk_refs(seconds: list[float], language: str = "en") -> list[_ChunkRef]:
+    return [
+        _ChunkRef(i, 0, [(0.0, s)], np.zeros((80, int(s * 100)), np.float32), language)
+        for i, s in enumerate(seconds)
+    ]
+
+
+def window_of(step_s: int):
+    return lambda c: min(3000, -(-c.frames // (step_s * 100)) * step_s * 100)
+
+
+def test_planned_batches_hold_every_chunk_once_within_the_batch_size_and_sized_evenly():
+    chunks = chunk_refs([float(1 + i % 29) for i in range(70)])
+    batches = plan_batches(chunks, batch_size=16, workers=2, window=window_of(10))
+    assert sorted(id(c) for _, b in batches for c in b) == sorted(id(c) for c in chunks)
+    assert max(len(b) for _, b in batches) <= 16
+    for _, batch in batches:  # batch-mates share one encoder window
+        assert len({window_of(10)(c) for c in batch}) == 1
+    # Within a window group the batches differ by at most one chunk: no lone stragglers.
+    by_window: dict[int, list[int]] = {}
+    for _, batch in batches:
+        by_window.setdefault(window_of(10)(batch[0]), []).append(len(batch))
+    assert all(max(sizes) - min(sizes) <= 1 for sizes in by_window.values())
+    # The pool takes the costliest first, so a call's last batches are the short ones.
+    costs = [window_of(10)(b[0]) * len(b) for _, b in batches]
+    assert costs == sorted(costs, reverse=True)
+
+
+def test_a_call_with_fewer_batches_than_model_workers_is_split_so_none_idles():
+    chunks = chunk_refs([20.0] * 12)
+    assert [len(b) for _, b in plan_batches(chunks, 32, workers=1, window=window_of(30))] == [12]
+    assert [len(b) for _, b in plan_batches(chunks, 32, workers=2, window=window_of(30))] == [6, 6]
+    assert len(plan_batches(chunk_refs([5.0]), 32, workers=4, window=window_of(30))) == 1
+    assert plan_batches([], 32, workers=2, window=window_of(30)) == []
+
+
+def test_batches_never_mix_languages():
+    chunks = chunk_refs([10.0] * 5, "en") + chunk_refs([10.0] * 3, "de")
+    batches = plan_batches(chunks, 4, workers=1, window=window_of(30))
+    assert sorted((lang, len(b)) for lang, b in batches) == [("de", 3), ("en", 2), ("en", 3)]
+    assert all({c.language for c in b} == {lang} for lang, b in batches)
