@@ -35,6 +35,7 @@ def main() -> int:
 
     from workers.audio import FRAMES_PER_SECOND, AudioChunker, AudioOptions
     from workers.whisper import bundled_model_path
+    from workers.whisper import window_frames as window
 
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -77,12 +78,6 @@ def main() -> int:
     )
     prompt = model.get_prompt(tokenizer, [], without_timestamps=True)
     suppress = get_suppressed_tokens(tokenizer, [-1])
-    full = 30 * FRAMES_PER_SECOND
-
-    def window(frames: int, step_s: int) -> int:
-        step = step_s * FRAMES_PER_SECOND
-        return full if step <= 0 else min(full, max(step, -(-frames // step) * step))
-
     baseline = None
     for run in args.runs.split(","):
         batch, step = (int(x) for x in run.split(":"))

@@ -152,6 +152,16 @@ class _ChunkRef:
         return int(self.features.shape[1])
 
 
+def window_frames(frames: int, step_s: int) -> int:
+    """Encoder input length (feature frames) of a chunk of ``frames`` frames: the next
+    multiple of ``step_s`` seconds, at most Whisper's 30 s (step 0: always 30 s)."""
+    full = 30 * FRAMES_PER_SECOND
+    step = step_s * FRAMES_PER_SECOND
+    if step <= 0 or frames >= full:
+        return full
+    return min(full, max(step, -(-frames // step) * step))
+
+
 def plan_batches(
     chunks: list[_ChunkRef], batch_size: int, workers: int, window: Callable[[_ChunkRef], int]
 ) -> list[tuple[str, list[_ChunkRef]]]:
@@ -281,12 +291,7 @@ class WhisperWorker:
         )
 
     def _window_frames(self, frames: int) -> int:
-        """Encoder input length (feature frames) of a chunk of ``frames`` frames."""
-        full = 30 * FRAMES_PER_SECOND
-        step = self.config.whisper.window_step_s * FRAMES_PER_SECOND
-        if step <= 0 or frames >= full:
-            return full
-        return min(full, max(step, -(-frames // step) * step))
+        return window_frames(frames, self.config.whisper.window_step_s)
 
     def _pad(self, feats: list[np.ndarray], frames: int | None = None) -> np.ndarray:
         from faster_whisper.audio import pad_or_trim
