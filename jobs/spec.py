@@ -114,6 +114,14 @@ class TranscribeOptions(_Model):
         "calls, see README Benchmarks); 0 or 30 pads every chunk to Whisper's 30 s, as "
         "faster-whisper does",
     )
+    encoder_batch_size: int = Field(
+        0,
+        ge=0,
+        le=512,
+        description="CPU: chunks per encoder pass, the batch still decoded at once (0: 1; the "
+        "encoder's activations grow with batch x window and leave the caches: one at a time "
+        "encoded 1.9x faster than whole batches of 32). A GPU always encodes the whole batch",
+    )
     actors: int = Field(1, ge=1, description="Whisper actors (one model each)")
     gpus_per_actor: float | None = Field(
         None, ge=0, description="GPUs per actor; default 1 when device is cuda, else 0"

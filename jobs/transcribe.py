@@ -113,6 +113,7 @@ def whisper_options(opts: TranscribeOptions, device: str) -> WhisperOptions:
         cpu_threads=opts.cpu_threads or max(1, cores // workers),
         model_workers=workers,
         window_step_s=opts.window_step_s,
+        encoder_batch_size=opts.encoder_batch_size,
         no_speech_threshold=opts.no_speech_threshold,
         log_prob_threshold=opts.log_prob_threshold,
         resource=opts.resource,

@@ -356,8 +356,8 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="overnight-bench-"))
     baselines = list(results)
     variants: list[tuple[str, str, int | None]] = [("(c)", "(c) overnight", None)]
-    for step in (int(x) for x in str(args.window_step).split(",") if int(x)):
-        variants.append((f"(c') step {step}", f"(c') overnight, window step {step} s", step))
+    for w in (int(x) for x in str(args.window_step).split(",") if int(x)):
+        variants.append((f"(c') step {w}", f"(c') overnight, window step {w} s", w))
     ours_all = []
     for k, (tag, name, step) in enumerate(variants):
         ours = measure(

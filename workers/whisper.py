@@ -121,6 +121,13 @@ class WhisperOptions:
     # trailing room); at the default, 10, on 600 synthesized calls, model only: 258 s
     # instead of 365 s, WER 0.1059 vs 0.1051.
     window_step_s: int = 10  # as the job's default (jobs.spec)
+    # Chunks per encoder pass on CPU (0: auto, 1). The encoder's activations grow with
+    # batch x window (self-attention alone is window^2 per head per chunk) and leave the
+    # caches: on 2 cores, 10 s windows, the benchmark's chunks took 8.9 s encoded one at a
+    # time, 10.1 s by 2, 11.2 s by 4, 16.6 s in batches of 32 (1 thread: 14.4 s by 1, 18.4 s
+    # by 4), while the beam search wants the whole batch. So on CPU the batch is encoded
+    # chunk by chunk and decoded at once. A GPU encodes the whole batch.
+    encoder_batch_size: int = 0
     no_speech_threshold: float = 0.6
     log_prob_threshold: float = -1.0
     resource: str | None = None  # price-table key; None: detected (h100, cpu, ...)
@@ -201,6 +208,40 @@ def plan_batches(
     return [(language, part) for language, _, part in planned]
 
 
+CPU_ENCODER_BATCH = 1  # see WhisperOptions.encoder_batch_size; scripts/profile_whisper.py
+
+
+def encoder_batch(opts: WhisperOptions, device: str) -> int:
+    """Chunks per encoder pass; 0 means the whole model batch."""
+    if device == "cuda":
+        return 0
+    return opts.encoder_batch_size or CPU_ENCODER_BATCH
+
+
+def encode_in_parts(encode: Callable[[np.ndarray], Any], features: np.ndarray, micro: int):
+    """``encode(features)`` run ``micro`` chunks at a time, as one encoder output (a
+    CTranslate2 StorageView on CPU); ``micro`` 0 runs the whole batch at once."""
+    if micro <= 0 or features.ndim < 3 or len(features) <= micro:
+        return encode(features)
+    import ctranslate2
+
+    # np.asarray views each CPU StorageView (it keeps it alive); concatenate copies.
+    parts = [np.asarray(encode(features[i : i + micro])) for i in range(0, len(features), micro)]
+    return ctranslate2.StorageView.from_array(np.ascontiguousarray(np.concatenate(parts)))
+
+
+def micro_batched_model(model_cls: type, micro: int) -> type:
+    """A ``WhisperModel`` class whose ``encode`` runs ``micro`` chunks at a time.
+    faster-whisper's batched forward pass calls ``encode`` once per batch, so this is where
+    the split goes without copying that pass."""
+
+    class MicroBatchedWhisperModel(model_cls):  # type: ignore[valid-type,misc]
+        def encode(self, features: np.ndarray):
+            return encode_in_parts(super().encode, features, micro)
+
+    return MicroBatchedWhisperModel
+
+
 class WhisperWorker:
     """``map_batches`` callable: decoded recordings in, transcript rows out (same order)."""
 
@@ -216,8 +257,9 @@ class WhisperWorker:
         if compute_type == "auto":
             compute_type = "float16" if self.device == "cuda" else "int8"
         self.compute_type = compute_type
+        self.encoder_batch = encoder_batch(opts, self.device)
         try:
-            self.model = WhisperModel(
+            self.model = micro_batched_model(WhisperModel, self.encoder_batch)(
                 model_path or resolve_model(opts.model),
                 device=self.device,
                 compute_type=compute_type,
@@ -229,7 +271,12 @@ class WhisperWorker:
         self.pipeline = BatchedInferencePipeline(self.model)
         self.resource = opts.resource or ("cpu" if self.device != "cuda" else detect_gpu_kind())
         self.worker = _worker_id()
-        effective = {**asdict(opts), "device": self.device, "compute_type": compute_type}
+        effective = {
+            **asdict(opts),
+            "device": self.device,
+            "compute_type": compute_type,
+            "encoder_batch_size": self.encoder_batch,
+        }
         effective.update(dict(config.extra_options))
         self.options_json = json.dumps(effective, sort_keys=True)
         self._tokenizers: dict[str, Any] = {}

@@ -20,6 +20,7 @@ from workers.whisper import (
     WhisperWorkerConfig,
     _ChunkRef,
     check_model_reference,
+    encode_in_parts,
     plan_batches,
 )
 
@@ -216,6 +217,46 @@ def test_a_shorter_encoder_window_still_transcribes_and_batches_by_window(monkey
     for row, ref in zip(out, refs, strict=True):
         assert wer(ref, row["text"]) <= 0.15, (ref, row["text"])
     assert json.loads(out[0]["options"])["window_step_s"] == 10
+
+
+def test_encoding_chunk_by_chunk_gives_the_whole_batch_encoding_and_the_same_rows(monkeypatch):
+    audios = [np.concatenate([silence(0.3), speak(t)]) for t in TEXTS]
+    table = decoded_rows(audios)
+    workers = {
+        n: WhisperWorker(
+            WhisperWorkerConfig(
+                whisper=WhisperOptions(batch_size=8, cpu_threads=2, encoder_batch_size=n),
+                run_id="t",
+            )
+        )
+        for n in (1, 8)
+    }
+    one, whole = workers[1], workers[8]
+    chunks = [
+        np.frombuffer(c["features"], dtype=np.float32).reshape(c["feature_size"], -1)[:, :1000]
+        for r in table.to_pylist()
+        for c in r["chunks"]
+    ]
+    feats = np.stack([np.pad(f, ((0, 0), (0, 1000 - f.shape[1]))) for f in chunks])
+    # The real encoder, five passes of one chunk vs one pass of five: the same output.
+    parts = np.asarray(encode_in_parts(whole.model.encode, feats, 1))
+    at_once = np.asarray(whole.model.encode(feats))
+    assert parts.shape == at_once.shape == (len(TEXTS), 500, 384)
+    np.testing.assert_allclose(parts, at_once, atol=2e-2)
+    passes: list[int] = []
+    encode = type(one.model).__mro__[1].encode  # WhisperModel.encode, under the split
+    monkeypatch.setattr(
+        type(one.model).__mro__[1],
+        "encode",
+        lambda self, f: passes.append(len(f)) or encode(self, f),
+    )
+    rows_one = one(table).to_pylist()
+    # One model batch of five chunks (one window), encoded one chunk per pass.
+    assert passes == [1] * len(TEXTS)
+    rows_whole = whole(table).to_pylist()
+    assert passes[len(TEXTS) :] == [len(TEXTS)]
+    assert [r["text"] for r in rows_one] == [r["text"] for r in rows_whole]
+    assert json.loads(rows_one[0]["options"])["encoder_batch_size"] == 1
 
 
 def chunk_refs(seconds: list[float], language: str = "en") -> list[_ChunkRef]:
