@@ -128,7 +128,17 @@ class TranscribeOptions(_Model):
     )
     cpus_per_actor: float = Field(1.0, gt=0, description="CPU cores reserved per Whisper actor")
     decode_cpus: float = Field(0.5, gt=0, description="CPU cores per decode task")
-    items_per_call: int = Field(0, ge=0, description="recordings per actor call; 0: 4 x batch_size")
+    items_per_call: int = Field(
+        0, ge=0, description="recordings per actor call; 0: 8 (one decode task's output)"
+    )
+    calls_per_actor: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="actor calls in flight at once; the worker fills each model batch from "
+        "all of them, so the model starts on the first decoded recordings (0: enough calls "
+        "for 4 model batches)",
+    )
     accelerator_type: str | None = Field(
         None, description="Ray accelerator type for actors, e.g. H100"
     )

@@ -254,7 +254,10 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
         if opts.gpus_per_actor is not None
         else (1.0 if device == "cuda" else 0.0)
     )
-    items_per_call = opts.items_per_call or 4 * opts.batch_size
+    # Small calls, many in flight: the model starts as soon as one decode task is done, and
+    # its batches are filled from every call in flight (workers.whisper.ContinuousBatcher).
+    items_per_call = opts.items_per_call or 8
+    calls_per_actor = opts.calls_per_actor or min(64, -(-4 * opts.batch_size // items_per_call))
 
     outcome = pipeline.Outcome()
     storage_config = storage.StorageConfig.from_env()
@@ -293,7 +296,15 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
                 },
                 batch_format="pyarrow",
                 batch_size=items_per_call,
-                compute=ray.data.ActorPoolStrategy(size=opts.actors),
+                # Several calls at once per actor, their chunks batched together by the
+                # worker's ContinuousBatcher: the model starts on the first decoded items
+                # instead of waiting for a whole big call, and batches fill across calls.
+                compute=ray.data.ActorPoolStrategy(
+                    size=opts.actors,
+                    max_concurrent_calls_per_actor=calls_per_actor,
+                    enable_true_multi_threading=True,
+                    max_tasks_in_flight_per_actor=2 * calls_per_actor,
+                ),
                 **actor_args,
             )
         )
@@ -329,7 +340,11 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
             "speech_seconds": round(sum(r["speech_s"] or 0.0 for r in rows), 3),
             "no_speech": sum(1 for r in rows if r["status"] == "ok" and not (r["speech_s"] or 0)),
             "duplicates_removed": repaired,
-            "options": {**opts.model_dump(), "items_per_call": items_per_call},
+            "options": {
+                **opts.model_dump(),
+                "items_per_call": items_per_call,
+                "calls_per_actor": calls_per_actor,
+            },
             "transcripts": transcripts.url(),
             "costs": output.join("costs").url(),
         },

@@ -230,6 +230,7 @@ def run_overnight(
                 "cpu_threads": args.actor_threads,
                 "decode_cpus": args.decode_cpus,
                 "items_per_call": args.items_per_call,
+                "calls_per_actor": args.calls_per_actor,
                 "model_workers": args.model_workers,
                 "window_step_s": window_step,
             },
@@ -306,7 +307,8 @@ def main() -> int:
         default="",
         help="with --scale: also run these baselines on the ten-fold corpus (plain,batched)",
     )
-    ap.add_argument("--items-per-call", type=int, default=64)
+    ap.add_argument("--items-per-call", type=int, default=0, help="0: the job's default")
+    ap.add_argument("--calls-per-actor", type=int, default=0, help="0: the job's default")
     ap.add_argument(
         "--corpus", default=os.path.join(tempfile.gettempdir(), "overnight-bench-corpus")
     )

@@ -19,8 +19,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -149,6 +148,8 @@ class _ChunkRef:
     clips: list[tuple[float, float]]
     features: np.ndarray
     language: str
+    call: Any = field(default=None, compare=False, repr=False)  # the _Call it belongs to
+    queued_at: int = field(default=0, compare=False, repr=False)  # batches taken before it came
 
     @property
     def duration(self) -> float:
@@ -206,6 +207,141 @@ def plan_batches(
         planned += [(language, frames, biggest[:half]), (language, frames, biggest[half:])]
     planned.sort(key=cost, reverse=True)
     return [(language, part) for language, _, part in planned]
+
+
+@dataclass
+class _Done:
+    chunk: _ChunkRef
+    output: list[dict]
+    seconds: float  # the chunk's share of its model batch's wall time
+    fill: float  # its batch's size / batch_size
+    error: str | None = None  # the chunk alone failed (its recording becomes an error row)
+
+
+class _Call:
+    """One actor call's chunks in the batcher: done when every chunk has its result."""
+
+    def __init__(self, chunks: list[_ChunkRef]):
+        self.left = len(chunks)
+        self.results: list[_Done] = []
+        self.error: BaseException | None = None
+        self.finished = threading.Event()
+        if not chunks:
+            self.finished.set()
+
+
+class ContinuousBatcher:
+    """Model batches filled from every actor call in flight, run by ``workers`` threads.
+
+    Ray Data gives the actor several calls at once (``max_concurrent_calls_per_actor``).
+    Each call hands its chunks here and waits; a free worker thread takes the next batch
+    from all pending chunks. So the model starts on the first call's chunks while later
+    recordings are still being decoded, and a batch is filled across calls instead of
+    ending with each call's leftovers.
+
+    A free worker takes the pending (language, window) group with the most encoder work,
+    plans it with ``plan_batches`` (even sizes, split into one part per worker) and runs
+    the costliest planned batch. A chunk passed over by ``patience`` batches is served
+    next, with its group, so no call waits behind later ones for long.
+    """
+
+    def __init__(
+        self,
+        forward: Callable[[list[_ChunkRef], str, dict[int, str]], list[list[dict]]],
+        batch_size: int,
+        workers: int,
+        window: Callable[[_ChunkRef], int],
+    ):
+        self.forward, self.batch_size, self.window = forward, batch_size, window
+        self.workers = max(1, workers)
+        # A chunk passed over by this many batches is served next, whatever its group.
+        self.patience = 4 * self.workers
+        self._pending: list[_ChunkRef] = []
+        self._broken: BaseException | None = None
+        self._taken = 0  # batches taken so far
+        self._cv = threading.Condition()
+        self._threads: list[threading.Thread] = []
+
+    def run(self, chunks: list[_ChunkRef]) -> list[_Done]:
+        """Transcribe ``chunks`` (with other calls' chunks); one result per chunk."""
+        call = _Call(chunks)
+        with self._cv:
+            if self._broken is not None:
+                raise RuntimeError(f"the Whisper engine failed earlier: {self._broken}")
+            for c in chunks:
+                c.call, c.queued_at = call, self._taken
+            self._pending.extend(chunks)
+            while len(self._threads) < self.workers:  # started on first use
+                t = threading.Thread(target=self._loop, name="whisper-batch", daemon=True)
+                self._threads.append(t)
+                t.start()
+            self._cv.notify_all()
+        call.finished.wait()
+        if call.error is not None:
+            raise call.error
+        return call.results
+
+    def _take(self) -> tuple[str, list[_ChunkRef]]:
+        groups: dict[tuple[str, int], list[_ChunkRef]] = defaultdict(list)
+        for c in self._pending:
+            groups[c.language, self.window(c)].append(c)
+        oldest = self._pending[0]
+        if self._taken - oldest.queued_at >= self.patience:
+            key = (oldest.language, self.window(oldest))
+        else:  # the fullest group (by encoder work): the biggest batches
+            key = max(groups, key=lambda k: k[1] * len(groups[k]))
+        # Planned for all workers, not just the free ones: a group smaller than a batch is
+        # halved even while the other worker is busy, so the other half is there when it
+        # frees up, and the job's last group does not end on one worker while others idle
+        # (seen: 5 s of one idle worker at the end of a 60-file run).
+        planned = plan_batches(groups[key], self.batch_size, self.workers, self.window)
+        if key == (oldest.language, self.window(oldest)):
+            language, part = next(b for b in planned if any(c is oldest for c in b[1]))
+        else:
+            language, part = planned[0]
+        taken = {id(c) for c in part}
+        self._pending = [c for c in self._pending if id(c) not in taken]
+        self._taken += 1
+        return language, part
+
+    def _loop(self) -> None:
+        while True:
+            part: list[_ChunkRef] = []
+            try:
+                with self._cv:
+                    while not self._pending:
+                        self._cv.wait()
+                    language, part = self._take()
+                self._run(language, part)
+            except BaseException as exc:  # the engine (or this code), not one input
+                self._fail(part, exc)
+
+    def _run(self, language: str, part: list[_ChunkRef]) -> None:
+        failed: dict[int, str] = {}  # id(chunk) -> why it failed alone
+        t0 = time.perf_counter()
+        outputs = self.forward(part, language, failed)
+        elapsed = time.perf_counter() - t0
+        total_audio = sum(c.duration for c in part) or 1.0
+        fill = len(part) / self.batch_size
+        with self._cv:
+            for c, out in zip(part, outputs, strict=True):
+                call = c.call
+                share = elapsed * c.duration / total_audio
+                call.results.append(_Done(c, out, share, fill, failed.get(id(c))))
+                call.left -= 1
+                if call.left == 0:
+                    call.finished.set()
+
+    def _fail(self, part: list[_ChunkRef], exc: BaseException) -> None:
+        """Every call in flight raises ``exc``; later calls are refused (a dead engine
+        stops the job, as Ray Data retries cannot fix it)."""
+        with self._cv:
+            self._broken = exc
+            calls = {id(c.call): c.call for c in [*part, *self._pending]}
+            self._pending = []
+            for call in calls.values():
+                call.error = exc
+                call.finished.set()
 
 
 CPU_ENCODER_BATCH = 1  # see WhisperOptions.encoder_batch_size; scripts/profile_whisper.py
@@ -282,10 +418,13 @@ class WhisperWorker:
         self._tokenizers: dict[str, Any] = {}
         self._tokenizer_lock = threading.Lock()
         self.model_workers = max(1, opts.model_workers)
-        self._pool = (
-            ThreadPoolExecutor(self.model_workers, thread_name_prefix="whisper")
-            if self.model_workers > 1
-            else None
+        # With several model workers, batches run concurrently, each on its share of the
+        # actor's cores: a batch's wall time is priced at that share (asr_units).
+        self.batcher = ContinuousBatcher(
+            self._forward_isolating,
+            opts.batch_size,
+            self.model_workers,
+            lambda c: self._window_frames(c.frames),
         )
 
     # -- model plumbing -------------------------------------------------------------------
@@ -404,29 +543,16 @@ class WhisperWorker:
         for c in chunks:
             c.language = c.language or languages[c.row] or "en"
 
-        batches = plan_batches(
-            chunks, opts.batch_size, self.model_workers, lambda c: self._window_frames(c.frames)
-        )
-
-        def run(job: tuple[str, list[_ChunkRef]]) -> tuple[list[_ChunkRef], list, float]:
-            language, part = job
-            t0 = time.perf_counter()
-            try:
-                outputs = self._forward(part, language)
-            except Exception:
-                outputs = self._forward_one_by_one(part, language, failed)
-            return part, outputs, time.perf_counter() - t0
-
-        # With several model workers, batches run concurrently, each on its share of the
-        # actor's cores: a batch's wall time is priced at that share (asr_units below).
-        results = self._pool.map(run, batches) if self._pool else map(run, batches)
-        for part, outputs, elapsed in results:
-            total_audio = sum(c.duration for c in part) or 1.0
-            fill = len(part) / opts.batch_size
-            for c, out in zip(part, outputs, strict=True):
-                asr_s[c.row] += elapsed * c.duration / total_audio
-                fills[c.row].append(fill)
-                segments[c.row].extend(self._segments(c, out, rows[c.row]))
+        # Costliest first within the call (longest window, then longest audio), so a call's
+        # first batches are its big ones and its last ones short.
+        chunks.sort(key=lambda c: (-self._window_frames(c.frames), -c.duration))
+        for done in self.batcher.run(chunks):
+            c = done.chunk
+            asr_s[c.row] += done.seconds
+            fills[c.row].append(done.fill)
+            if done.error is not None:
+                failed[c.row] = done.error
+            segments[c.row].extend(self._segments(c, done.output, rows[c.row]))
 
         now = datetime.now(UTC)
         out_rows = []
@@ -445,6 +571,16 @@ class WhisperWorker:
             )
         return pa.Table.from_pylist(out_rows, schema=TRANSCRIPTS)
 
+    def _forward_isolating(
+        self, part: list[_ChunkRef], language: str, failed: dict[int, str]
+    ) -> list[list[dict]]:
+        """One model batch; if it raises, the chunks are run one by one so that only the
+        recording at fault fails (``failed``: id(chunk) -> why)."""
+        try:
+            return self._forward(part, language)
+        except Exception:
+            return self._forward_one_by_one(part, language, failed)
+
     def _forward_one_by_one(self, part, language, failed) -> list[list[dict]]:
         """A batch raised: isolate the chunk at fault so its recording alone fails."""
         outputs: list[list[dict]] = []
@@ -456,7 +592,7 @@ class WhisperWorker:
             except Exception as exc:
                 errors += 1
                 last = exc
-                failed[c.row] = f"{type(exc).__name__}: {exc}"[:500]
+                failed[id(c)] = f"{type(exc).__name__}: {exc}"[:500]
                 outputs.append([])
         if errors == len(part) and len(part) > 1:
             # Every chunk fails on its own too: the engine is broken, not the input.

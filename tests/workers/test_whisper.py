@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -14,6 +16,7 @@ from schemas import TRANSCRIPTS
 from tests.conftest import wer
 from workers.audio import AudioChunker, AudioOptions
 from workers.whisper import (
+    ContinuousBatcher,
     ModelLoadError,
     WhisperOptions,
     WhisperWorker,
@@ -300,3 +303,120 @@ def test_batches_never_mix_languages():
     batches = plan_batches(chunks, 4, workers=1, window=window_of(30))
     assert sorted((lang, len(b)) for lang, b in batches) == [("de", 3), ("en", 2), ("en", 3)]
     assert all({c.language for c in b} == {lang} for lang, b in batches)
+
+
+class GatedForward:
+    """A fake model for the batcher's orchestration: records each batch (as chunk rows),
+    holds the first one until ``release`` is set, and answers each chunk with its row."""
+
+    def __init__(self, fail_on: int | None = None):
+        self.batches: list[list[int]] = []
+        self.release = threading.Event()
+        self.fail_on = fail_on
+
+    def __call__(self, part, language, failed):
+        self.batches.append([c.row for c in part])
+        if len(self.batches) == 1:
+            assert self.release.wait(10)
+        if self.fail_on is not None and len(self.batches) == self.fail_on:
+            raise RuntimeError("engine died")
+        time.sleep(0.01)
+        return [[{"row": c.row}] for c in part]
+
+
+def run_calls(batcher, calls: list[list[_ChunkRef]]) -> tuple[list, list, list]:
+    results: list = [None] * len(calls)
+    errors: list = [None] * len(calls)
+
+    def go(k):
+        try:
+            results[k] = batcher.run(calls[k])
+        except Exception as exc:
+            errors[k] = exc
+
+    threads = [threading.Thread(target=go, args=(k,), daemon=True) for k in range(len(calls))]
+    threads[0].start()
+    time.sleep(0.2)  # the first call's batch is running (and held) before the others queue
+    for t in threads[1:]:
+        t.start()
+    time.sleep(0.2)
+    return results, errors, threads
+
+
+def test_chunks_of_calls_in_flight_share_model_batches_and_each_result_returns_to_its_call():
+    forward = GatedForward()
+    batcher = ContinuousBatcher(forward, batch_size=8, workers=1, window=window_of(30))
+    calls = [chunk_refs([10.0] * 2), chunk_refs([10.0] * 3), chunk_refs([10.0] * 3)]
+    for k, call in enumerate(calls):
+        for c in call:
+            c.row = 10 * k + c.row
+    results, errors, threads = run_calls(batcher, calls)
+    forward.release.set()
+    for t in threads:
+        t.join(10)
+    assert errors == [None, None, None]
+    # The first call ran alone (nothing else had come); the next two shared one batch.
+    assert forward.batches[0] == [0, 1]
+    assert sorted(forward.batches[1]) == [10, 11, 12, 20, 21, 22]
+    for k, done in enumerate(results):
+        assert sorted(d.chunk.row for d in done) == [c.row for c in calls[k]]
+        assert all(d.output == [{"row": d.chunk.row}] for d in done)
+        assert all(d.seconds > 0 for d in done)
+    # A batch's time is shared by its chunks across calls, by their audio.
+    shared = [d.seconds for done in results[1:] for d in done]
+    assert max(shared) - min(shared) < 1e-9
+
+
+def test_a_chunk_passed_over_by_bigger_groups_is_served_within_the_patience():
+    forward = GatedForward()
+    batcher = ContinuousBatcher(forward, batch_size=2, workers=1, window=window_of(10))
+    lone = chunk_refs([5.0])  # a 10 s window, alone in its group
+    lone[0].row = 99
+    big = chunk_refs([25.0] * 40)  # 30 s windows: always the bigger group
+    _, errors, threads = run_calls(batcher, [chunk_refs([25.0]), lone, big])
+    forward.release.set()
+    for t in threads:
+        t.join(10)
+    assert errors == [None, None, None]
+    served = next(k for k, b in enumerate(forward.batches) if 99 in b)
+    assert 1 < served <= 1 + batcher.patience + 1
+
+
+def test_a_dead_engine_fails_every_call_in_flight_and_refuses_new_ones():
+    forward = GatedForward(fail_on=2)
+    batcher = ContinuousBatcher(forward, batch_size=8, workers=2, window=window_of(30))
+    _, errors, threads = run_calls(batcher, [chunk_refs([10.0]) for _ in range(3)])
+    forward.release.set()
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads)  # nobody waits forever
+    assert any(isinstance(e, RuntimeError) and "engine died" in str(e) for e in errors)
+    with pytest.raises(RuntimeError, match="engine failed earlier"):
+        batcher.run(chunk_refs([10.0]))
+
+
+def test_concurrent_calls_on_the_real_model_give_the_rows_of_separate_calls():
+    w = WhisperWorker(
+        WhisperWorkerConfig(
+            whisper=WhisperOptions(batch_size=8, cpu_threads=1, model_workers=2), run_id="t"
+        )
+    )
+    tables = [
+        decoded_rows([np.concatenate([silence(0.3), speak(t)]) for t in TEXTS[:3]]),
+        decoded_rows([np.concatenate([silence(0.5), speak(t)]) for t in TEXTS[2:]]),
+    ]
+    alone = [w(t).to_pylist() for t in tables]
+    together: list = [None, None]
+
+    def go(k):
+        together[k] = w(tables[k]).to_pylist()
+
+    threads = [threading.Thread(target=go, args=(k,), daemon=True) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for k in (0, 1):
+        assert [r["item_id"] for r in together[k]] == [r["item_id"] for r in alone[k]]
+        assert [r["text"] for r in together[k]] == [r["text"] for r in alone[k]]
+        assert all(r["status"] == "ok" and r["asr_s"] > 0 for r in together[k])
