@@ -4,8 +4,9 @@ Shape (one row per item from the manifest to the sink, map-only):
 
     manifest blocks (recorded in OUTPUT/_manifests/)    a few items per decode task
       → map_batches(fetch_and_decode)                    CPU tasks: bytes → feature chunks
-      → map_batches(CommittingActor(WhisperWorker))     one model per actor, cross-file
-                                                         batches, each batch committed as one
+      → map_batches(CommittingActor(WhisperWorker))     one model per actor, several calls
+                                                         in flight, model batches filled across
+                                                         them; each call committed as one
                                                          atomic Parquet file
       → driver iterates the slim commit rows             progress, counts, summary
 

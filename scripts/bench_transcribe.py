@@ -33,6 +33,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import contextlib
+from collections.abc import Callable
 
 from jobs.demo import silence, speak, write_wav
 from jobs.tune import edit_distance
@@ -313,6 +314,9 @@ def main() -> int:
         "--corpus", default=os.path.join(tempfile.gettempdir(), "overnight-bench-corpus")
     )
     ap.add_argument("--skip", default="", help="comma list of variants to skip: plain,batched")
+    ap.add_argument(
+        "--repeat", type=int, default=1, help="passes over the 60-file variants; fastest kept"
+    )
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
 
@@ -335,49 +339,65 @@ def main() -> int:
         log_to_driver=False,
         configure_logging=False,
     )
-    results = []
     skip = set(filter(None, args.skip.split(",")))
+    work = Path(tempfile.mkdtemp(prefix="overnight-bench-"))
+    variants: list[tuple[str, str, Callable[[int], dict[str, str]]]] = []
     if "plain" not in skip:
-        results.append(
-            measure(
-                "(a) faster-whisper, file by file",
-                lambda: run_plain(files, args.threads),
-                refs,
-                audio_s,
-            )
+        variants.append(
+            ("(a)", "(a) faster-whisper, file by file", lambda rep: run_plain(files, args.threads))
         )
     if "batched" not in skip:
-        results.append(
-            measure(
-                "(b) BatchedInferencePipeline",
-                lambda: run_batched(files, args.threads),
-                refs,
-                audio_s,
-            )
+        variants.append(
+            ("(b)", "(b) BatchedInferencePipeline", lambda rep: run_batched(files, args.threads))
         )
-    work = Path(tempfile.mkdtemp(prefix="overnight-bench-"))
-    baselines = list(results)
-    variants: list[tuple[str, str, int | None]] = [("(c)", "(c) overnight", None)]
+    ours_steps: list[tuple[str, str, int | None]] = [("(c)", "(c) overnight", None)]
     for w in (int(x) for x in str(args.window_step).split(",") if int(x)):
-        variants.append((f"(c') step {w}", f"(c') overnight, window step {w} s", w))
-    ours_all = []
-    for k, (tag, name, step) in enumerate(variants):
-        ours = measure(
-            name,
-            lambda step=step, k=k: run_overnight(folder, work / f"out{k}", args, step),
-            refs,
-            audio_s,
+        ours_steps.append((f"(c') step {w}", f"(c') overnight, window step {w} s", w))
+
+    def ours_run(k: int, step: int | None) -> Callable[[int], dict[str, str]]:
+        # A fresh output per pass: the same one would resume and find nothing to do.
+        return lambda rep: run_overnight(folder, work / f"out{k}-{rep}", args, step)
+
+    for k, (tag, name, step) in enumerate(ours_steps):
+        variants.append((tag, name, ours_run(k, step)))
+    # Shared machines drift by tens of percent over minutes: with --repeat the variants take
+    # turns, pass after pass, and each is reported by its fastest pass (all walls listed).
+    runs: dict[str, list[dict]] = {tag: [] for tag, _, _ in variants}
+    for rep in range(args.repeat):
+        if args.repeat > 1:
+            print(f"pass {rep + 1}/{args.repeat}", flush=True)
+        for tag, name, fn in variants:
+            r = measure(name, lambda fn=fn, rep=rep: fn(rep), refs, audio_s)
+            r["tag"] = tag
+            if tag.startswith("(c"):
+                summary = run_overnight.last_summary  # type: ignore[attr-defined]
+                r["model_busy_s"] = summary["accelerator_seconds"]
+                r["pipeline_s"] = summary["pipeline_seconds"]
+                print(
+                    f"      model busy {summary['accelerator_seconds']:.1f} s of "
+                    f"{summary['pipeline_seconds']:.1f} s pipeline wall; cost/audio-min "
+                    f"${summary['cost_per_audio_minute_usd']:.6f} busy"
+                )
+            runs[tag].append(r)
+    results = []
+    for tag, _, _ in variants:
+        best = min(runs[tag], key=lambda r: r["wall_s"])
+        results.append(
+            {
+                **best,
+                "walls_s": [r["wall_s"] for r in runs[tag]],
+                "wers": [r["wer"] for r in runs[tag]],
+            }
         )
-        summary = run_overnight.last_summary  # type: ignore[attr-defined]
-        ours["tag"] = tag
-        ours["model_busy_s"] = summary["accelerator_seconds"]
-        ours["pipeline_s"] = summary["pipeline_seconds"]
-        print(
-            f"      model busy {summary['accelerator_seconds']:.1f} s of {summary['pipeline_seconds']:.1f} s "
-            f"pipeline wall; cost/audio-min ${summary['cost_per_audio_minute_usd']:.6f} busy"
-        )
-        results.append(ours)
-        ours_all.append(ours)
+    if args.repeat > 1:
+        print(f"fastest of {args.repeat} passes:")
+        for r in results:
+            print(
+                f"  {r['variant']:<34} {r['wall_s']:>8.1f} s  {r['audio_s_per_s']:>7.2f} audio-s/s  "
+                f"WER {r['wer']:.4f}  (walls {', '.join(f'{w:.1f}' for w in r['walls_s'])})"
+            )
+    baselines = [r for r in results if not r["tag"].startswith("(c")]
+    ours_all = [r for r in results if r["tag"].startswith("(c")]
     for ours in ours_all:
         for r in baselines:
             print(

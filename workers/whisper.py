@@ -1,10 +1,11 @@
 """The Whisper batch worker: one model per actor, batches filled across recordings.
 
 faster-whisper's ``BatchedInferencePipeline`` batches the 30-second chunks of *one* file, so
-a backlog of short calls gives it batches of one. This worker receives a Ray Data batch of
-many recordings (already decoded into feature chunks by ``workers.audio``), pools all their
-chunks, runs full model batches through the pipeline's batched forward pass, and puts the
-segments back together per recording, in time order.
+a backlog of short calls gives it batches of one. This worker receives Ray Data batches of
+recordings (already decoded into feature chunks by ``workers.audio``), several calls at once;
+its ``ContinuousBatcher`` pools the chunks of every call in flight, runs model batches
+through the pipeline's batched forward pass, and each call gets its recordings' segments
+back, in time order.
 
 The time of every model batch is measured and apportioned to the chunks in it by their share
 of audio seconds, which is what the cost ledger prices.
