@@ -72,7 +72,15 @@ class TranscribeOptions(_Model):
         True, description="Silero VAD: skip silence, and never hallucinate text on noise"
     )
     vad_threshold: float = Field(0.5, gt=0, lt=1, description="speech probability threshold")
-    vad_min_silence_ms: int = Field(160, ge=0, description="silence that splits speech")
+    vad_min_silence_ms: int = Field(
+        2000, ge=0, description="silence that splits speech (plain faster-whisper's default)"
+    )
+    vad_min_silence_split_ms: int = Field(
+        160,
+        ge=0,
+        description="the same on split-channel calls, where pauses must split clips well "
+        "below turn_gap_s for the dialogue to come back in order",
+    )
     vad_speech_pad_ms: int = Field(400, ge=0, description="padding kept around speech")
     split_channels: bool = Field(
         False, description="transcribe each channel separately (stereo call recordings)"

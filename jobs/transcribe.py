@@ -91,6 +91,7 @@ def audio_options(opts: TranscribeOptions, feature_size: int) -> AudioOptions:
         vad=opts.vad,
         vad_threshold=opts.vad_threshold,
         vad_min_silence_ms=opts.vad_min_silence_ms,
+        vad_min_silence_split_ms=opts.vad_min_silence_split_ms,
         vad_speech_pad_ms=opts.vad_speech_pad_ms,
         split_channels=opts.split_channels,
         turn_gap_s=opts.turn_gap_s,
