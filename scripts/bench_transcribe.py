@@ -123,6 +123,7 @@ class PeakRSS:
     # dozen processes it took most of a core from the runs it measured.
     def __init__(self, interval: float = 1.0):
         self.pid, self.interval, self.peak = os.getpid(), interval, 0
+        self.samples: list[tuple[float, int]] = []
         self._stop = threading.Event()
 
     @staticmethod
@@ -151,8 +152,18 @@ class PeakRSS:
 
     def _run(self):
         while not self._stop.is_set():
-            self.peak = max(self.peak, self._total())
+            total = self._total()
+            self.samples.append((time.perf_counter(), total))
+            self.peak = max(self.peak, total)
             time.sleep(self.interval)
+
+    def peak_by_quarter(self, t0: float, wall: float) -> list[int]:
+        """The peak so far at 25, 50, 75 and 100% of the run, in MB: flat memory reaches its
+        peak early and stays there; memory that grows with the items done keeps rising."""
+        return [
+            round(max((m for t, m in self.samples if t - t0 <= q * wall), default=0) / 2**20)
+            for q in (0.25, 0.5, 0.75, 1.0)
+        ]
 
     def __enter__(self):
         self.peak = self._total()
@@ -262,10 +273,13 @@ def measure(name: str, fn, refs: dict[str, str], audio_s: float) -> dict:
         "audio_s_per_s": round(audio_s / wall, 2),
         "wer": round(errs / words, 4),
         "peak_memory_mb": round(mem.peak / 2**20),
+        "peak_by_quarter_mb": mem.peak_by_quarter(t0, wall),
     }
     print(
         f"  {name:<34} {result['wall_s']:>8.1f} s  {result['audio_s_per_s']:>7.2f} audio-s/s  "
-        f"WER {result['wer']:.4f}  peak memory {result['peak_memory_mb']} MB",
+        f"WER {result['wer']:.4f}  peak memory {result['peak_memory_mb']} MB "
+        f"(peak so far at 25/50/75/100% of the run: "
+        f"{'/'.join(str(m) for m in result['peak_by_quarter_mb'])} MB)",
         flush=True,
     )
     return result
