@@ -221,6 +221,13 @@ def run_batched(files: list[Path], threads: int) -> dict[str, str]:
     return out
 
 
+# The file-by-file baselines, by their --skip / --scale-baselines key.
+BASELINES: dict[str, tuple[str, str, Callable[[list[Path], int], dict[str, str]]]] = {
+    "plain": ("(a)", "(a) faster-whisper, file by file", run_plain),
+    "batched": ("(b)", "(b) BatchedInferencePipeline", run_batched),
+}
+
+
 def run_overnight(
     folder: Path, output: Path, args, window_step: int | None = None
 ) -> dict[str, str]:
@@ -355,15 +362,17 @@ def main() -> int:
     )
     skip = set(filter(None, args.skip.split(",")))
     work = Path(tempfile.mkdtemp(prefix="overnight-bench-"))
-    variants: list[tuple[str, str, Callable[[int], dict[str, str]]]] = []
-    if "plain" not in skip:
-        variants.append(
-            ("(a)", "(a) faster-whisper, file by file", lambda rep: run_plain(files, args.threads))
-        )
-    if "batched" not in skip:
-        variants.append(
-            ("(b)", "(b) BatchedInferencePipeline", lambda rep: run_batched(files, args.threads))
-        )
+
+    def baseline_run(
+        runner: Callable[[list[Path], int], dict[str, str]],
+    ) -> Callable[[int], dict[str, str]]:
+        return lambda rep: runner(files, args.threads)
+
+    variants: list[tuple[str, str, Callable[[int], dict[str, str]]]] = [
+        (tag, name, baseline_run(runner))
+        for key, (tag, name, runner) in BASELINES.items()
+        if key not in skip
+    ]
     ours_steps: list[tuple[str, str, int | None]] = [("(c)", "(c) overnight", None)]
     for w in (int(x) for x in str(args.window_step).split(",") if int(x)):
         ours_steps.append((f"(c') step {w}", f"(c') overnight, window step {w} s", w))
@@ -415,7 +424,7 @@ def main() -> int:
     for ours in ours_all:
         for r in baselines:
             print(
-                f"  ratio {ours['tag']}/{r['variant'][:3]}: "
+                f"  ratio {ours['tag']}/{r['tag']}: "
                 f"{ours['audio_s_per_s'] / r['audio_s_per_s']:.2f}x throughput, "
                 f"WER {ours['wer']:.4f} vs {r['wer']:.4f}"
             )
@@ -442,9 +451,8 @@ def main() -> int:
         # (a) and (b) go file by file, so their throughput does not depend on the file count;
         # --scale-baselines measures that on the same ten-fold corpus instead of assuming it.
         scaled_baselines = {}
-        runners = {"plain": ("(a)", run_plain), "batched": ("(b)", run_batched)}
         for key in filter(None, args.scale_baselines.split(",")):
-            tag, runner = runners[key]
+            tag, _, runner = BASELINES[key]
             scaled_baselines[tag] = measure(
                 f"{tag} x{args.scale} files",
                 lambda runner=runner: runner(big_files, args.threads),
@@ -453,7 +461,7 @@ def main() -> int:
             )
         scaled = {**scaled, "baselines": scaled_baselines}
         for r in baselines:
-            tag = r["variant"][:3]
+            tag = r["tag"]
             base, where = r, f"measured on the {args.files} files"
             if tag in scaled_baselines:
                 base, where = scaled_baselines[tag], f"measured on the same {n} files"

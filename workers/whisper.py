@@ -174,17 +174,16 @@ def window_frames(frames: int, step_s: int) -> int:
 def plan_batches(
     chunks: list[_ChunkRef], batch_size: int, workers: int, window: Callable[[_ChunkRef], int]
 ) -> list[tuple[str, list[_ChunkRef]]]:
-    """The model batches of one call, filled from all its recordings.
+    """Model batches for ``chunks`` (the batcher plans one pending group at a time).
 
     - Batch-mates share a language (one prompt per batch) and an encoder window
       (``window(chunk)`` frames), and are neighbours by duration, so they decode to similar
       lengths.
     - A group becomes the fewest batches of at most ``batch_size``, sized evenly: 33 chunks
       give 17 + 16, not 32 + 1, so no batch is a lone straggler.
-    - While there are fewer batches than model workers, the costliest is halved: a call
-      with work for every worker never leaves one idle (each holds a share of the cores).
-    - Costliest first (window x chunks): the thread pool takes them in this order, so the
-      last batches of a call are the short ones and the workers finish together.
+    - While there are fewer batches than model workers, the costliest is halved, so every
+      worker (each holding a share of the cores) has a part to take.
+    - Costliest first (window x chunks): the batcher runs the first one.
     """
     groups: dict[tuple[str, int], list[_ChunkRef]] = defaultdict(list)
     for c in chunks:
@@ -287,8 +286,9 @@ class ContinuousBatcher:
         for c in self._pending:
             groups[c.language, self.window(c)].append(c)
         oldest = self._pending[0]
+        oldest_key = (oldest.language, self.window(oldest))
         if self._taken - oldest.queued_at >= self.patience:
-            key = (oldest.language, self.window(oldest))
+            key = oldest_key
         else:  # the fullest group (by encoder work): the biggest batches
             key = max(groups, key=lambda k: k[1] * len(groups[k]))
         # Planned for all workers, not just the free ones: a group smaller than a batch is
@@ -296,7 +296,7 @@ class ContinuousBatcher:
         # frees up, and the job's last group does not end on one worker while others idle
         # (seen: 5 s of one idle worker at the end of a 60-file run).
         planned = plan_batches(groups[key], self.batch_size, self.workers, self.window)
-        if key == (oldest.language, self.window(oldest)):
+        if key == oldest_key:
             language, part = next(b for b in planned if any(c is oldest for c in b[1]))
         else:
             language, part = planned[0]
@@ -544,8 +544,9 @@ class WhisperWorker:
         for c in chunks:
             c.language = c.language or languages[c.row] or "en"
 
-        # Costliest first within the call (longest window, then longest audio), so a call's
-        # first batches are its big ones and its last ones short.
+        # Longest window, then longest audio, first: the batcher serves a call's first chunk
+        # in the part that holds it, so that part is the call's costliest, and its short
+        # chunks come last.
         chunks.sort(key=lambda c: (-self._window_frames(c.frames), -c.duration))
         for done in self.batcher.run(chunks):
             c = done.chunk
