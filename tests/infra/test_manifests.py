@@ -299,6 +299,30 @@ def test_ray_version_of_every_cluster_is_the_one_in_the_image_and_pyproject():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     (ray,) = [Requirement(r) for r in project["dependencies"] if Requirement(r).name == "ray"]
     assert ray.specifier.contains(image_ray), f"RAY_VERSION {image_ray} outside {ray.specifier}"
+    for lock in ("default", "dev"):
+        pins = (REPO / "requirements" / f"{lock}.txt").read_text()
+        assert f"\nray=={image_ray} " in pins, f"requirements/{lock}.txt does not pin ray {image_ray}"
+
+
+def test_the_lock_files_pin_every_dependency_within_pyproject_ranges():
+    tomllib = pytest.importorskip("tomllib")
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    for lock, extras in (("default", []), ("dev", ["dev"])):
+        pins: dict[str, list[str]] = {}
+        for line in (REPO / "requirements" / f"{lock}.txt").read_text().splitlines():
+            if "==" in line and not line.startswith("#"):
+                name, version = line.split(";")[0].split("#")[0].strip().split("==")
+                pins.setdefault(name.lower().replace("_", "-"), []).append(version)
+        wanted = list(project["dependencies"])
+        for extra in extras:
+            wanted += project["optional-dependencies"][extra]
+        for requirement in map(Requirement, wanted):
+            name = requirement.name.lower().replace("_", "-")
+            assert name in pins, f"requirements/{lock}.txt lacks {name}: run scripts/lock.sh"
+            for version in pins[name]:
+                assert requirement.specifier.contains(version), (lock, name, version)
 
 
 # --- RayJob ---------------------------------------------------------------------

@@ -25,6 +25,7 @@ from workers.whisper import (
     check_model_reference,
     encode_in_parts,
     plan_batches,
+    repeats_itself,
 )
 
 pytestmark = pytest.mark.skipif(not espeak_available(), reason="espeak-ng not installed")
@@ -116,6 +117,23 @@ def test_model_batches_are_filled_across_recordings_and_results_return_to_their_
         assert min(range(len(TEXTS)), key=lambda j: wer(TEXTS[j], text)) == i, got
         assert wer(TEXTS[i], text) <= 0.3, (TEXTS[i], text)
     assert json.loads(out.to_pylist()[0]["options"])["batch_size"] == 4
+
+
+def test_a_restarted_utterance_is_told_apart_from_ordinary_speech():
+    assert repeats_itself("Can you call me Mac after five o'clock? Can you call me Mac after five o'clock?")
+    assert repeats_itself("my card number is my card number is four")
+    assert not repeats_itself("Please cancel my order from last week.")
+    assert not repeats_itself("no no no, I said blue, blue, and then red")  # runs under 3 words
+    assert not repeats_itself("")
+
+
+def test_no_transcript_repeats_a_sentence_that_the_audio_says_once(worker):
+    # With 0.5 s and 1.0 s of leading silence, the 10 s encoder window made tiny.en say the
+    # third sentence twice (its chunks now go again at the full 30 s window).
+    for lead in (0.0, 0.5, 1.0):
+        audios = [np.concatenate([silence(lead), speak(t)]) for t in TEXTS]
+        got = [row["text"] for row in worker(decoded_rows(audios)).to_pylist()]
+        assert not any(repeats_itself(text) for text in got), (lead, got)
 
 
 def test_batch_time_is_apportioned_to_recordings_by_their_audio(worker):
