@@ -294,6 +294,7 @@ def _worker_config(opts: ProcessOptions, task: TaskSpec, device: str) -> LLMWork
         max_num_batched_tokens=opts.max_num_batched_tokens,
         gpu_memory_utilization=opts.gpu_memory_utilization,
         max_model_len=opts.max_model_len,
+        engine_kwargs=tuple(sorted(opts.engine_kwargs.items())),
         cpu_threads=opts.cpu_threads
         or (max(1, int(opts.cpus_per_actor)) if device == "cpu" else 0),
         resource=opts.resource,

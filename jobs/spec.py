@@ -178,10 +178,12 @@ class ProcessOptions(_Model):
         default_factory=list, description="compliance: phrases the agent must say"
     )
     backend: Literal["ctranslate2", "vllm"] = Field(
-        "ctranslate2", description="vllm: GPU, the gpu extra"
+        "ctranslate2",
+        description="vllm: the gpu extra on GPUs, llm-cpu on CPU; ctranslate2: CPU or GPU",
     )
     model: str | None = Field(
-        None, description="default: SmolLM2-135M (ctranslate2) or Llama-3.1-8B-Instruct (vllm)"
+        None,
+        description="default: SmolLM2-135M on CPU, Llama-3.1-8B-Instruct with vllm on GPU",
     )
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="auto: cuda when the cluster has GPUs"
@@ -189,10 +191,23 @@ class ProcessOptions(_Model):
     compute_type: str = Field("auto", description="auto: float16 on cuda, int8 on cpu")
     max_new_tokens: int | None = Field(None, ge=1, description="cap on generated tokens per call")
     max_batch_size: int = Field(32, ge=1, description="ctranslate2: sequences per generate_batch")
-    max_num_seqs: int = Field(256, ge=1, description="vllm: sequences in flight")
-    max_num_batched_tokens: int = Field(8192, ge=256, description="vllm: tokens per scheduler step")
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="vllm")
-    max_model_len: int | None = Field(None, ge=256, description="vllm: context length cap")
+    max_num_seqs: int | None = Field(
+        None, ge=1, description="vllm: sequences in flight (None: vLLM's default for the hardware)"
+    )
+    max_num_batched_tokens: int | None = Field(
+        None, ge=256, description="vllm: tokens per scheduler step (None: vLLM's default)"
+    )
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="vllm: share of each GPU the engine takes"
+    )
+    max_model_len: int | None = Field(
+        None, ge=256, description="vllm: context length cap (None: the model's, at most 16384)"
+    )
+    engine_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="vllm: other vllm.LLM arguments (tensor_parallel_size, enforce_eager, "
+        "load_format, kv_cache_dtype, seed, ...); they win over the derived ones",
+    )
     actors: int = Field(1, ge=1, description="LLM actors (one model each)")
     gpus_per_actor: float | None = Field(None, ge=0, description="default 1 on cuda, else 0")
     cpus_per_actor: float = Field(1.0, gt=0, description="CPU cores reserved per LLM actor")
@@ -221,6 +236,20 @@ class ProcessOptions(_Model):
     @property
     def tasks(self) -> list[str]:
         return [self.task] if isinstance(self.task, str) else list(self.task)
+
+    @model_validator(mode="after")
+    def _gpu_share_fits(self) -> ProcessOptions:
+        # vLLM takes gpu_memory_utilization of the whole card whatever share Ray gave the
+        # actor: two actors of 0.5 GPU at 0.9 each would ask for 180% of its memory.
+        share = self.gpus_per_actor
+        if self.backend == "vllm" and share is not None and 0 < share < 1:
+            if self.gpu_memory_utilization > share:
+                raise ValueError(
+                    f"gpus_per_actor={share} with gpu_memory_utilization="
+                    f"{self.gpu_memory_utilization}: vLLM would take more of the GPU than the "
+                    f"actor's share; set gpu_memory_utilization to at most {share * 0.9:.2f}"
+                )
+        return self
 
 
 class RunOptions(_Model):

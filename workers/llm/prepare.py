@@ -91,7 +91,8 @@ def _fingerprint(gguf_path: Path, quantization: str) -> str:
 def prepared_dir(
     gguf_path: str | Path, cache_dir: str | Path | None = None, quantization: str = "int8"
 ) -> Path:
-    """Where :func:`prepare_ctranslate2_from_gguf` puts (or finds) the converted model."""
+    """Where a prepare function puts (or finds) the converted model (``quantization``: the
+    CTranslate2 quantization, or ``hf-float32`` for the Hugging Face folder)."""
     gguf_path = Path(gguf_path)
     root = Path(cache_dir) if cache_dir is not None else default_cache_root()
     return root / f"{gguf_path.stem}-{quantization}-{_fingerprint(gguf_path, quantization)}"
@@ -109,22 +110,38 @@ def prepare_ctranslate2_from_gguf(
     ``config.json``, ``vocabulary.json``, ``tokenizer.json`` and ``overnight_llm.json``.
     Idempotent: an existing complete directory is returned without work.
     """
-    gguf_path = Path(gguf_path)
-    if not gguf_path.is_file():
-        raise ModelPreparationError(f"GGUF file not found: {gguf_path}")
     if quantization not in _ACCEPTED_QUANTIZATIONS:
         raise ModelPreparationError(
             f"quantization={quantization!r} is not supported; use one of "
             f"{', '.join(_ACCEPTED_QUANTIZATIONS)}"
         )
-    target = prepared_dir(gguf_path, cache_dir, quantization)
+    return _prepare(Path(gguf_path), cache_dir, quantization, _convert)
+
+
+def prepare_hf_from_gguf(gguf_path: str | Path, cache_dir: str | Path | None = None) -> Path:
+    """A llama-architecture GGUF file as a float32 Hugging Face model folder (what vLLM
+    serves): ``config.json``, ``model.safetensors``, the tokenizer files with the GGUF's chat
+    template, and ``overnight_llm.json``. Cached and idempotent like the CTranslate2 one.
+
+    vLLM reads GGUF itself only with its GPU kernels, and bfloat16 lost facts on
+    SmolLM2-135M: float32 it is, 540 MB for the bundled model.
+    """
+    return _prepare(Path(gguf_path), cache_dir, "hf-float32", _convert_hf)
+
+
+def _prepare(gguf_path: Path, cache_dir, tag: str, convert) -> Path:
+    """Build a cache entry in a temporary sibling folder and rename it into place, so
+    concurrent actors on one node never see half a model."""
+    if not gguf_path.is_file():
+        raise ModelPreparationError(f"GGUF file not found: {gguf_path}")
+    target = prepared_dir(gguf_path, cache_dir, tag)
     if (target / METADATA_FILE).is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         started = time.perf_counter()
-        _convert(gguf_path, staging, quantization)
+        convert(gguf_path, staging, tag)
         meta_path = staging / METADATA_FILE
         meta = json.loads(meta_path.read_text())
         meta["conversion_s"] = round(time.perf_counter() - started, 3)
@@ -141,6 +158,90 @@ def prepare_ctranslate2_from_gguf(
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _convert_hf(gguf_path: Path, output_dir: Path, _tag: str) -> None:
+    from safetensors.numpy import save_file
+
+    src = _LlamaGGUF(gguf_path)
+    tensors = {
+        "model.embed_tokens.weight": src.weight("token_embd.weight"),
+        "model.norm.weight": src.weight("output_norm.weight"),
+    }
+    if not src.tied_output:
+        tensors["lm_head.weight"] = src.weight("output.weight")
+    names = {
+        "attn_norm": "input_layernorm",
+        "ffn_norm": "post_attention_layernorm",
+        "q": "self_attn.q_proj",
+        "k": "self_attn.k_proj",
+        "v": "self_attn.v_proj",
+        "o": "self_attn.o_proj",
+        "gate": "mlp.gate_proj",
+        "up": "mlp.up_proj",
+        "down": "mlp.down_proj",
+    }
+    for i in range(src.num_layers):
+        for key, array in src.layer(i).items():
+            tensors[f"model.layers.{i}.{names[key]}.weight"] = array
+    save_file(tensors, str(output_dir / "model.safetensors"), metadata={"format": "pt"})
+
+    tokens = src.tokens
+    ffn = src.tensors["blk.0.ffn_gate.weight"]
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": src.hidden,
+        "intermediate_size": int(max(ffn.shape)),
+        "num_hidden_layers": src.num_layers,
+        "num_attention_heads": src.num_heads,
+        "num_key_value_heads": src.num_heads_kv,
+        "head_dim": src.hidden // src.num_heads,
+        "hidden_act": "silu",
+        "max_position_embeddings": src.context_length,
+        "rms_norm_eps": src.eps,
+        "rope_theta": src.rope_base,
+        "rope_scaling": None,
+        "tie_word_embeddings": src.tied_output,
+        "vocab_size": len(tokens),
+        "bos_token_id": src.bos_id,
+        "eos_token_id": src.eos_id,
+        "pad_token_id": src.pad_id,
+        "torch_dtype": "float32",
+        "attention_bias": False,
+        "mlp_bias": False,
+    }
+    (output_dir / "config.json").write_text(json.dumps(config, indent=2))
+    (output_dir / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": src.bos_id, "eos_token_id": src.eos_id}, indent=2)
+    )
+    tokenizer, special = _build_tokenizer(src.reader, tokens)
+    tokenizer.save(str(output_dir / "tokenizer.json"))
+
+    def token(i: int | None) -> str | None:
+        return tokens[i] if i is not None else None
+
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": token(src.bos_id),
+        "eos_token": token(src.eos_id),
+        "pad_token": token(src.pad_id),
+        "unk_token": token(src.unk_id),
+        "chat_template": src.chat_template,
+        "model_max_length": src.context_length,
+        "add_bos_token": bool(_field(src.reader, "tokenizer.ggml.add_bos_token", False)),
+        "additional_special_tokens": special,
+        "clean_up_tokenization_spaces": False,
+    }
+    (output_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+    meta = {
+        "converter_version": CONVERTER_VERSION,
+        "format": "huggingface",
+        "source": {"gguf_file": gguf_path.name, "gguf_size": gguf_path.stat().st_size},
+        "context_length": src.context_length,
+        "special_tokens": special,
+    }
+    (output_dir / METADATA_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
 
 
 def _field(reader: Any, key: str, default: Any = None) -> Any:
@@ -171,45 +272,89 @@ def _unpermute_rotary(weight: np.ndarray, num_heads: int) -> np.ndarray:
     )
 
 
-def _convert(gguf_path: Path, output_dir: Path, quantization: str) -> None:
-    import gguf
-    from ctranslate2.specs import common_spec, transformer_spec
+class _LlamaGGUF:
+    """A llama-architecture GGUF file: hyper-parameters, dequantized weights, vocabulary."""
 
-    reader = gguf.GGUFReader(str(gguf_path))
-    arch = _require(reader, "general.architecture")
-    if arch != "llama":
-        raise ModelPreparationError(
-            f"only llama-architecture GGUF files are supported, {gguf_path.name} is {arch!r}"
-        )
-    num_layers = int(_require(reader, "llama.block_count"))
-    num_heads = int(_require(reader, "llama.attention.head_count"))
-    num_heads_kv = int(_field(reader, "llama.attention.head_count_kv", num_heads))
-    hidden = int(_require(reader, "llama.embedding_length"))
-    head_dim = hidden // num_heads
-    rope_dim = int(_field(reader, "llama.rope.dimension_count", head_dim))
-    if rope_dim != head_dim:
-        raise ModelPreparationError(
-            f"partial rotary embeddings ({rope_dim}/{head_dim}) are not supported"
-        )
-    if _field(reader, "llama.rope.scaling.type") not in (None, "none"):
-        raise ModelPreparationError(
-            "GGUF files with RoPE scaling are not supported by this converter"
-        )
-    rope_base = float(_field(reader, "llama.rope.freq_base", 10000.0))
-    eps = float(_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5))
-    context_length = int(_field(reader, "llama.context_length", 2048))
+    def __init__(self, gguf_path: Path):
+        import gguf
 
-    tensors = {t.name: t for t in reader.tensors}
+        self.path = gguf_path
+        self.reader = reader = gguf.GGUFReader(str(gguf_path))
+        arch = _require(reader, "general.architecture")
+        if arch != "llama":
+            raise ModelPreparationError(
+                f"only llama-architecture GGUF files are supported, {gguf_path.name} is {arch!r}"
+            )
+        self.num_layers = int(_require(reader, "llama.block_count"))
+        self.num_heads = int(_require(reader, "llama.attention.head_count"))
+        self.num_heads_kv = int(_field(reader, "llama.attention.head_count_kv", self.num_heads))
+        self.hidden = int(_require(reader, "llama.embedding_length"))
+        head_dim = self.hidden // self.num_heads
+        rope_dim = int(_field(reader, "llama.rope.dimension_count", head_dim))
+        if rope_dim != head_dim:
+            raise ModelPreparationError(
+                f"partial rotary embeddings ({rope_dim}/{head_dim}) are not supported"
+            )
+        if _field(reader, "llama.rope.scaling.type") not in (None, "none"):
+            raise ModelPreparationError(
+                "GGUF files with RoPE scaling are not supported by this converter"
+            )
+        self.rope_base = float(_field(reader, "llama.rope.freq_base", 10000.0))
+        self.eps = float(_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5))
+        self.context_length = int(_field(reader, "llama.context_length", 2048))
+        self.tensors = {t.name: t for t in reader.tensors}
+        self.tokens = [str(t) for t in _require(reader, "tokenizer.ggml.tokens")]
+        bos_id = _field(reader, "tokenizer.ggml.bos_token_id")
+        self.bos_id = int(bos_id) if bos_id is not None else None
+        self.eos_id = int(_require(reader, "tokenizer.ggml.eos_token_id"))
+        unk_id = _field(reader, "tokenizer.ggml.unknown_token_id")
+        self.unk_id = int(unk_id) if unk_id is not None else None
+        pad_id = _field(reader, "tokenizer.ggml.padding_token_id", self.eos_id)
+        self.pad_id = int(pad_id) if pad_id is not None else None
+        self.chat_template = _field(reader, "tokenizer.chat_template")
 
-    def weight(name: str) -> np.ndarray:
-        tensor = tensors.get(name)
+    def weight(self, name: str) -> np.ndarray:
+        import gguf
+
+        tensor = self.tensors.get(name)
         if tensor is None:
             raise ModelPreparationError(f"GGUF file lacks the tensor {name!r}")
         array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         return np.ascontiguousarray(array, dtype=np.float32)
 
+    def layer(self, i: int) -> dict[str, np.ndarray]:
+        """Layer ``i``'s weights, Q and K in the Hugging Face row layout."""
+        w = self.weight
+        prefix = f"blk.{i}."
+        return {
+            "attn_norm": w(prefix + "attn_norm.weight"),
+            "ffn_norm": w(prefix + "ffn_norm.weight"),
+            "q": _unpermute_rotary(w(prefix + "attn_q.weight"), self.num_heads),
+            "k": _unpermute_rotary(w(prefix + "attn_k.weight"), self.num_heads_kv),
+            "v": w(prefix + "attn_v.weight"),
+            "o": w(prefix + "attn_output.weight"),
+            "gate": w(prefix + "ffn_gate.weight"),
+            "up": w(prefix + "ffn_up.weight"),
+            "down": w(prefix + "ffn_down.weight"),
+        }
+
+    @property
+    def tied_output(self) -> bool:
+        # Small models tie the output projection to the embeddings (no output.weight).
+        return "output.weight" not in self.tensors
+
+
+def _convert(gguf_path: Path, output_dir: Path, quantization: str) -> None:
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    src = _LlamaGGUF(gguf_path)
+    reader, tokens = src.reader, src.tokens
+    num_heads, num_heads_kv = src.num_heads, src.num_heads_kv
+    eos_id, bos_id, unk_id, pad_id = src.eos_id, src.bos_id, src.unk_id, src.pad_id
+    context_length, chat_template = src.context_length, src.chat_template
+
     spec = transformer_spec.TransformerDecoderModelSpec.from_config(
-        num_layers,
+        src.num_layers,
         num_heads,
         activation=common_spec.Activation.SWISH,
         pre_norm=True,
@@ -217,48 +362,37 @@ def _convert(gguf_path: Path, output_dir: Path, quantization: str) -> None:
         rms_norm=True,
         rotary_dim=0,
         rotary_interleave=False,
-        rotary_base=rope_base,
+        rotary_base=src.rope_base,
         num_heads_kv=None if num_heads_kv == num_heads else num_heads_kv,
     )
     decoder = spec.decoder
     decoder.scale_embeddings = False
-    embeddings = weight("token_embd.weight")
+    embeddings = src.weight("token_embd.weight")
     decoder.embeddings.weight = embeddings
-    decoder.layer_norm.gamma = weight("output_norm.weight")
-    # Small models tie the output projection to the embeddings (no output.weight).
-    decoder.projection.weight = (
-        weight("output.weight") if "output.weight" in tensors else embeddings
-    )
+    decoder.layer_norm.gamma = src.weight("output_norm.weight")
+    decoder.projection.weight = embeddings if src.tied_output else src.weight("output.weight")
 
     for i, layer in enumerate(decoder.layer):
-        prefix = f"blk.{i}."
-        layer.self_attention.layer_norm.gamma = weight(prefix + "attn_norm.weight")
-        layer.ffn.layer_norm.gamma = weight(prefix + "ffn_norm.weight")
-        q = _unpermute_rotary(weight(prefix + "attn_q.weight"), num_heads)
-        k = _unpermute_rotary(weight(prefix + "attn_k.weight"), num_heads_kv)
-        v = weight(prefix + "attn_v.weight")
-        layer.self_attention.linear[0].weight = np.concatenate([q, k, v], axis=0)
-        layer.self_attention.linear[1].weight = weight(prefix + "attn_output.weight")
-        layer.ffn.linear_0.weight = weight(prefix + "ffn_gate.weight")
-        layer.ffn.linear_0_noact.weight = weight(prefix + "ffn_up.weight")
-        layer.ffn.linear_1.weight = weight(prefix + "ffn_down.weight")
+        w = src.layer(i)
+        layer.self_attention.layer_norm.gamma = w["attn_norm"]
+        layer.ffn.layer_norm.gamma = w["ffn_norm"]
+        layer.self_attention.linear[0].weight = np.concatenate([w["q"], w["k"], w["v"]], axis=0)
+        layer.self_attention.linear[1].weight = w["o"]
+        layer.ffn.linear_0.weight = w["gate"]
+        layer.ffn.linear_0_noact.weight = w["up"]
+        layer.ffn.linear_1.weight = w["down"]
 
-    tokens = [str(t) for t in _require(reader, "tokenizer.ggml.tokens")]
     vocab_size = embeddings.shape[0]
     if len(tokens) != vocab_size:
         raise ModelPreparationError(
             f"GGUF vocabulary has {len(tokens)} tokens but the embeddings have {vocab_size} rows"
         )
-    bos_id = _field(reader, "tokenizer.ggml.bos_token_id")
-    eos_id = int(_require(reader, "tokenizer.ggml.eos_token_id"))
-    unk_id = _field(reader, "tokenizer.ggml.unknown_token_id")
-    pad_id = _field(reader, "tokenizer.ggml.padding_token_id", eos_id)
 
     spec.register_vocabulary(tokens)
-    spec.config.bos_token = tokens[int(bos_id)] if bos_id is not None else tokens[eos_id]
+    spec.config.bos_token = tokens[bos_id] if bos_id is not None else tokens[eos_id]
     spec.config.eos_token = tokens[eos_id]
-    spec.config.unk_token = tokens[int(unk_id)] if unk_id is not None else ""
-    spec.config.layer_norm_epsilon = eps
+    spec.config.unk_token = tokens[unk_id] if unk_id is not None else ""
+    spec.config.layer_norm_epsilon = src.eps
 
     spec.validate()
     spec.optimize(quantization=quantization)
@@ -267,7 +401,6 @@ def _convert(gguf_path: Path, output_dir: Path, quantization: str) -> None:
     tokenizer, special = _build_tokenizer(reader, tokens)
     tokenizer.save(str(output_dir / "tokenizer.json"))
 
-    chat_template = _field(reader, "tokenizer.chat_template")
     end_of_turn = [tokens[eos_id]]
     if chat_template and "<|im_end|>" in chat_template and "<|im_end|>" not in end_of_turn:
         end_of_turn.append("<|im_end|>")
@@ -288,10 +421,10 @@ def _convert(gguf_path: Path, output_dir: Path, quantization: str) -> None:
         "quantization": quantization,
         "context_length": context_length,
         "chat_template": chat_template,
-        "bos_token_id": int(bos_id) if bos_id is not None else None,
+        "bos_token_id": bos_id,
         "eos_token_id": eos_id,
-        "pad_token_id": int(pad_id) if pad_id is not None else None,
-        "bos_token": tokens[int(bos_id)] if bos_id is not None else None,
+        "pad_token_id": pad_id,
+        "bos_token": tokens[bos_id] if bos_id is not None else None,
         "eos_token": tokens[eos_id],
         "end_of_turn_tokens": end_of_turn,
         "add_bos_token": bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import re
 import string
 import time
@@ -46,81 +45,45 @@ class TaskSpecError(ValueError):
     """A task specification is invalid; the message names the field, the value and the fix."""
 
 
-# -- the JSON-schema subset ---------------------------------------------------------------
-
-_SCHEMA_TYPES = ("object", "string", "number", "integer", "boolean", "array")
-_SCHEMA_KEYS = frozenset(
-    {"type", "properties", "required", "enum", "items", "description", "title"}
-)
-_SCHEMA_KEYS |= {"additionalProperties", "$schema"}
+# -- JSON schemas ---------------------------------------------------------------------------
 
 
 def check_schema(schema: Any, path: str = "json_schema") -> None:
-    """Raise :class:`TaskSpecError` unless ``schema`` is in the subset we validate:
-    ``type`` (object, string, number, integer, boolean, array), ``properties``,
-    ``required``, ``enum``, ``items``, plus ``description``/``title``."""
+    """Raise :class:`TaskSpecError` unless ``schema`` is a valid JSON schema (any draft the
+    ``jsonschema`` library knows; 2020-12 when it names none, which is what pydantic's
+    ``model_json_schema()`` writes) for an object, with no ``additionalProperties``: keys
+    outside the schema are always dropped from a reply."""
+    from jsonschema import exceptions, validators
+
     if not isinstance(schema, Mapping):
         raise TaskSpecError(f"{path}: must be an object, got {type(schema).__name__}")
-    unknown = set(schema) - _SCHEMA_KEYS
-    if unknown:
-        raise TaskSpecError(
-            f"{path}: unsupported keyword(s) {sorted(unknown)}; supported: {sorted(_SCHEMA_KEYS)}"
-        )
-    kind = schema.get("type")
-    if kind not in _SCHEMA_TYPES:
-        raise TaskSpecError(f"{path}.type={kind!r}: use one of {', '.join(_SCHEMA_TYPES)}")
+    try:
+        validators.validator_for(schema).check_schema(schema)
+    except exceptions.SchemaError as exc:
+        where = "".join(f"[{p!r}]" for p in exc.absolute_path)
+        raise TaskSpecError(f"{path}{where}: not a valid JSON schema: {exc.message}") from None
+    if schema.get("type") != "object":
+        raise TaskSpecError(f"{path}.type={schema.get('type')!r}: an extraction is an object")
     if schema.get("additionalProperties", False) is not False:
         raise TaskSpecError(
             f"{path}.additionalProperties: keys outside the schema are always dropped; "
             "remove it or set it to false"
         )
-    if "enum" in schema and (not isinstance(schema["enum"], list) or not schema["enum"]):
-        raise TaskSpecError(f"{path}.enum: must be a non-empty list")
-    if kind == "object":
-        props = schema.get("properties", {})
-        if not isinstance(props, Mapping):
-            raise TaskSpecError(f"{path}.properties: must be an object")
-        for name, sub in props.items():
-            check_schema(sub, f"{path}.properties.{name}")
-        required = schema.get("required", [])
-        if not isinstance(required, list) or not all(r in props for r in required):
-            raise TaskSpecError(f"{path}.required: must list names declared in properties")
-    elif kind == "array" and "items" in schema:
-        check_schema(schema["items"], f"{path}.items")
 
 
 def validate(value: Any, schema: Mapping[str, Any], path: str = "$") -> list[str]:
-    """Validation errors of ``value`` against a schema of the supported subset (empty: valid)."""
-    kind = schema["type"]
-    ok = {
-        "object": isinstance(value, dict),
-        "string": isinstance(value, str),
-        "number": isinstance(value, int | float) and not isinstance(value, bool),
-        "integer": isinstance(value, int) and not isinstance(value, bool),
-        "boolean": isinstance(value, bool),
-        "array": isinstance(value, list),
-    }[kind]
-    if kind == "number" and ok and not math.isfinite(value):
-        ok = False
-    if not ok:
-        return [f"{path}: expected {kind}, got {json.dumps(value)[:60]}"]
-    errors: list[str] = []
-    if "enum" in schema and value not in schema["enum"]:
-        errors.append(
-            f"{path}: {json.dumps(value)[:60]} is not one of {json.dumps(schema['enum'])}"
-        )
-    if kind == "object":
-        props = schema.get("properties", {})
-        for name in schema.get("required", []):
-            if name not in value:
-                errors.append(f"{path}: missing required property {name!r}")
-        for name, sub in props.items():
-            if name in value:
-                errors.extend(validate(value[name], sub, f"{path}.{name}"))
-    elif kind == "array" and "items" in schema:
-        for i, item in enumerate(value):
-            errors.extend(validate(item, schema["items"], f"{path}[{i}]"))
-    return errors
+    """Validation errors of ``value`` against ``schema`` (empty: valid), by ``jsonschema``,
+    formats (``date``, ``email``, ...) checked too."""
+    from jsonschema import validators
+
+    cls = validators.validator_for(schema)
+    checker = cls(schema, format_checker=cls.FORMAT_CHECKER)
+    errors = sorted(checker.iter_errors(value), key=lambda e: list(map(str, e.absolute_path)))
+    out = []
+    for error in errors:
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+        out.append(f"{path}{where}: {error.message}")
+    return out
 
 
 def conform(value: Any, schema: Mapping[str, Any]) -> Any:
@@ -227,7 +190,7 @@ class TaskSpec:
     name: the value of the ``task`` column (default: ``kind``; ready tasks set their name).
     instructions: trusted guidance appended to the system prompt (e.g. label meanings).
     summary_words: target length of a summary, in words.
-    json_schema: for ``extract``, the output's schema (subset: see :func:`check_schema`).
+    json_schema: for ``extract``, the output's JSON schema (see :func:`check_schema`).
     labels: for ``classify``, the label set.
     template: for ``prompt``, the user message with ``{text}`` and metadata fields.
     max_new_tokens: cap on generated tokens per model call (default depends on ``kind``).
@@ -251,6 +214,9 @@ class TaskSpec:
     chunk_tokens: int | None = None
     temperature: float = 0.0
     required_phrases: tuple[str, ...] = ()
+    # Free-text kinds (summarize, prompt) only: above 1 discourages the loops small models
+    # fall into (one sentence until the token cap); structured kinds are constrained anyway.
+    repetition_penalty: float = 1.1
 
     def __post_init__(self) -> None:
         if self.kind not in TASK_KINDS:
@@ -265,6 +231,10 @@ class TaskSpec:
             raise TaskSpecError(f"chunk_tokens={self.chunk_tokens}: must be at least 16")
         if self.temperature < 0:
             raise TaskSpecError(f"temperature={self.temperature}: must be >= 0")
+        if not 1 <= self.repetition_penalty <= 2:
+            raise TaskSpecError(
+                f"repetition_penalty={self.repetition_penalty}: must be between 1 and 2"
+            )
         object.__setattr__(self, "labels", tuple(self.labels))
         object.__setattr__(self, "required_phrases", tuple(self.required_phrases))
         if self.kind == "extract":
@@ -323,7 +293,19 @@ class TaskSpec:
             "chunk_tokens": self.chunk_tokens,
             "temperature": self.temperature,
             "required_phrases": list(self.required_phrases) or None,
+            "repetition_penalty": self.free_text_penalty,
         }
+
+    @property
+    def free_text_penalty(self) -> float:
+        return self.repetition_penalty if self.kind in ("summarize", "prompt") else 1.0
+
+    def free_text_params(self) -> GenerationParams:
+        return GenerationParams(
+            max_new_tokens=self.new_tokens,
+            temperature=self.temperature,
+            repetition_penalty=self.free_text_penalty,
+        )
 
 
 @dataclass(frozen=True)
@@ -475,9 +457,14 @@ def _system(lines: list[str], spec: TaskSpec) -> str:
 
 
 def _type_hint(schema: Mapping[str, Any]) -> str:
-    kind = schema["type"]
     if "enum" in schema:
         return "one of " + " | ".join(json.dumps(v) for v in schema["enum"])
+    alternatives = schema.get("anyOf") or schema.get("oneOf")
+    if alternatives:  # pydantic writes an optional field as anyOf [T, null]
+        return " | ".join(_type_hint(a) for a in alternatives)
+    kind = schema.get("type", "object" if "$ref" in schema else "value")
+    if isinstance(kind, list):
+        return " | ".join(map(str, kind))
     if kind == "array" and "items" in schema:
         return f"[{_type_hint(schema['items'])}, ...]"
     if kind == "object" and "properties" in schema:
@@ -500,6 +487,33 @@ def _key_notes(schema: Mapping[str, Any]) -> str:
     text += "Leave out a key you cannot fill"
     text += f", except {', '.join(required)}." if required else "."
     return text
+
+
+_ECHO_WORDS = 8  # a run this long copied from our scaffolding is an echo, not a summary
+_LOOP_WORDS = 6  # a run this long said three times is a loop
+
+
+def degenerate(reply: str, scaffolding: str) -> str | None:
+    """Why a free-text reply is unusable, or None: the model looped (one run of words, or
+    one sentence, said over and over until the token cap) or recited the prompt's own
+    instructions instead of working on the document."""
+    words = re.findall(r"\w+", reply.lower())
+    runs: dict[tuple[str, ...], int] = {}
+    for i in range(len(words) - _LOOP_WORDS + 1):
+        run = tuple(words[i : i + _LOOP_WORDS])
+        runs[run] = runs.get(run, 0) + 1
+        if runs[run] >= 3:
+            return f"the reply repeats itself ({' '.join(run)!r} three times)"
+    sentences = [" ".join(re.findall(r"\w+", x.lower())) for x in re.split(r"[.!?\n]+", reply)]
+    sentences = [x for x in sentences if len(x.split()) >= 4]
+    if len(sentences) != len(set(sentences)):
+        return "the reply says the same sentence twice"
+    ours = re.findall(r"\w+", scaffolding.lower())
+    said = {tuple(words[i : i + _ECHO_WORDS]) for i in range(len(words) - _ECHO_WORDS + 1)}
+    for i in range(len(ours) - _ECHO_WORDS + 1):
+        if tuple(ours[i : i + _ECHO_WORDS]) in said:
+            return "the reply recites the task's instructions instead of answering"
+    return None
 
 
 def _messages(system: str, user: str) -> list[dict[str, str]]:
@@ -734,7 +748,7 @@ def _run_summarize(
     backend: LLMBackend, spec: TaskSpec, items: list[TaskInput], states: list[_Item]
 ) -> None:
     words = spec.summary_words
-    params = GenerationParams(max_new_tokens=spec.new_tokens, temperature=spec.temperature)
+    params = spec.free_text_params()
     # The scaffolding of a part prompt is the largest of the three prompt shapes.
     overhead = _overhead(backend, summarize_messages(spec, "", words, part="Part 99 of 99"))
     overhead = max(overhead, _overhead(backend, reduce_messages(spec, ["", ""], words)))
@@ -770,22 +784,18 @@ def _run_summarize(
             owners.append((index, n))
 
     partials: dict[int, list[str]] = {}
-    for (index, n), result in zip(owners, _generate(backend, states, jobs, params), strict=True):
-        if result is None:
+    replies = _generate(backend, states, jobs, params)
+    for (index, n), (_, conv), result in zip(owners, jobs, replies, strict=True):
+        text = _free_text(states[index], conv, result)
+        if text is None:
             continue
-        text = result.text.strip()
         if n < 0:
-            if text:
-                states[index].result_text = text
-            else:
-                states[index].fail(ErrorCode.INVALID_OUTPUT, "the model returned an empty summary")
+            states[index].result_text = text
         else:
             partials.setdefault(index, []).append(text)
 
     # Reduce: combine part summaries, grouping them when together they do not fit.
-    pending = {
-        i: [s for s in parts if s] for i, parts in partials.items() if states[i].error is None
-    }
+    pending = {i: parts for i, parts in partials.items() if states[i].error is None}
     for _ in range(_MAX_REDUCE_ROUNDS):
         if not pending:
             break
@@ -804,20 +814,13 @@ def _run_summarize(
                 jobs.append((index, reduce_messages(spec, group, words)))
                 owners.append((index, g if len(groups) > 1 else -1))
         next_round: dict[int, list[str]] = {}
-        for (index, g), result in zip(
-            owners, _generate(backend, states, jobs, params), strict=True
-        ):
-            if result is None:
+        replies = _generate(backend, states, jobs, params)
+        for (index, g), (_, conv), result in zip(owners, jobs, replies, strict=True):
+            text = _free_text(states[index], conv, result)
+            if text is None:
                 next_round.pop(index, None)
-                continue
-            text = result.text.strip()
-            if g < 0:
-                if text:
-                    states[index].result_text = text
-                else:
-                    states[index].fail(
-                        ErrorCode.INVALID_OUTPUT, "the model returned an empty summary"
-                    )
+            elif g < 0:
+                states[index].result_text = text
             elif states[index].error is None:
                 next_round.setdefault(index, []).append(text)
         pending = {i: p for i, p in next_round.items() if states[i].error is None}
@@ -825,6 +828,19 @@ def _run_summarize(
         states[index].fail(
             ErrorCode.CONTEXT_EXCEEDED, "summaries did not converge within the reduce rounds"
         )
+
+
+def _free_text(state: _Item, conv: list[dict[str, str]], result: Generation | None) -> str | None:
+    """A free-text reply fit to keep, or None after recording why it is not."""
+    if result is None:
+        return None  # the item's error is recorded already
+    text = result.text.strip()
+    problem = "the model returned an empty reply" if not text else None
+    problem = problem or degenerate(text, conv[0]["content"])
+    if problem is not None:
+        state.fail(ErrorCode.INVALID_OUTPUT, f"{problem}; reply: {text[:_ERROR_SNIPPET]!r}")
+        return None
+    return text
 
 
 def _group(backend: LLMBackend, parts: list[str], budget: int) -> list[list[str]]:
@@ -959,7 +975,7 @@ def _run_classify(
 def _run_prompt(
     backend: LLMBackend, spec: TaskSpec, items: list[TaskInput], states: list[_Item]
 ) -> None:
-    params = GenerationParams(max_new_tokens=spec.new_tokens, temperature=spec.temperature)
+    params = spec.free_text_params()
     fields = set(_template_fields(spec.template or "")) - {"text"}
     jobs: list[_Job] = []
     for index, item in enumerate(items):
@@ -976,10 +992,7 @@ def _run_prompt(
             jobs.append((index, prompt_messages(spec, item.text, item.metadata)))
         else:
             _too_long(states[index], backend, spec, item.text, overhead)
-    for (index, _), result in zip(jobs, _generate(backend, states, jobs, params), strict=True):
-        if result is None:
-            continue
-        if result.text.strip():
-            states[index].result_text = result.text.strip()
-        else:
-            states[index].fail(ErrorCode.INVALID_OUTPUT, "the model returned an empty reply")
+    for (index, conv), result in zip(jobs, _generate(backend, states, jobs, params), strict=True):
+        text = _free_text(states[index], conv, result)
+        if text is not None:
+            states[index].result_text = text

@@ -60,11 +60,12 @@ class LLMWorkerConfig:
     """Everything an LLM actor needs; immutable and picklable.
 
     task: what to do with each document (see ``workers.llm.tasks``).
-    backend: ``ctranslate2`` (CPU or CUDA) or ``vllm`` (CUDA, the ``gpu`` extra).
+    backend: ``ctranslate2`` (CPU or CUDA) or ``vllm`` (the ``gpu`` extra on CUDA, ``llm-cpu`` on CPU).
     model: None for the backend's embedded default, else a path or hub name.
     device, compute_type: ``auto`` picks cuda/float16 when a GPU is visible, else cpu/int8.
     max_batch_size: CTranslate2 examples per batch.
-    max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, max_model_len: vLLM.
+    max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, max_model_len, engine_kwargs:
+    vLLM (None: vLLM's own default for the hardware).
     cpu_threads: CTranslate2 threads on CPU (0: its default).
     max_new_tokens: overrides the task's cap on generated tokens per call.
     resource: the ``llm_resource`` label (a price-table key); None detects it.
@@ -77,10 +78,12 @@ class LLMWorkerConfig:
     device: str = "auto"
     compute_type: str = "auto"
     max_batch_size: int = 32
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None
+    # Other vllm.LLM arguments, as (name, value) pairs so the config stays hashable.
+    engine_kwargs: tuple[tuple[str, Any], ...] = ()
     cpu_threads: int = 0
     max_new_tokens: int | None = None
     resource: str | None = None
@@ -148,6 +151,7 @@ class LLMWorker:
             gpu_memory_utilization=config.gpu_memory_utilization,
             cpu_threads=config.cpu_threads,
             max_model_len=config.max_model_len,
+            engine_kwargs=dict(config.engine_kwargs),
         )
         ray_worker, assigned = _ray_context()
         self.worker_id = ray_worker or f"host={socket.gethostname()} pid={os.getpid()}"
