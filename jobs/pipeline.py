@@ -16,6 +16,7 @@ import logging
 import posixpath
 import secrets
 import sys
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -40,7 +41,14 @@ def ensure_ray(address: str | None) -> None:
             ray.init(address=address, log_to_driver=False)
         else:
             ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    # Ray Data stops a job in which no block moved for 30 minutes. One item may take longer
+    # than that and be fine (a 117-page thesis on two cores, a two-hour call on a CPU
+    # worker with a large model), and the job lost everything in flight. Our stages bound
+    # their own waits instead: fetch, decode and extraction time out per item, and a dead
+    # engine raises in its actor.
+    context.execution_no_progress_timeout_s = -1
     # Our own progress lines replace Ray Data's per-operator log dumps.
     logging.getLogger("ray.data").setLevel(logging.WARNING)
 
@@ -227,32 +235,64 @@ class CommittingActor:
 
 
 class Progress:
-    def __init__(self, total: int, enabled: bool, every_s: float = 5.0):
+    """Progress lines on stderr: at least every ``every_s`` seconds while work is in flight
+    (a heartbeat, also when nothing was committed since the last line), and at the end.
+    Items, errors, audio hours or tokens done, throughput and ETA."""
+
+    def __init__(self, total: int, enabled: bool, every_s: float = 10.0):
         self.total, self.enabled, self.every_s = total, enabled, every_s
-        self.done = self.errors = 0
+        self.done = self.errors = self.tokens = 0
         self.audio_s = 0.0
         self.start = self.last = time.monotonic()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
 
     def update(self, rows: list[dict]) -> None:
-        self.done += len(rows)
-        self.errors += sum(1 for r in rows if r["status"] == "error")
-        self.audio_s += sum(r.get("duration_s") or 0.0 for r in rows)
-        now = time.monotonic()
-        if self.enabled and (now - self.last >= self.every_s or self.done == self.total):
-            self.last = now
-            elapsed = now - self.start
-            eta = elapsed / self.done * (self.total - self.done) if self.done else float("nan")
-            audio = (
-                f"{self.audio_s / 3600:.3f} h audio ({self.audio_s / max(elapsed, 1e-9):.1f}x real time), "
-                if self.audio_s
-                else ""
+        with self._lock:
+            self.done += len(rows)
+            self.errors += sum(1 for r in rows if r["status"] == "error")
+            self.audio_s += sum(r.get("duration_s") or 0.0 for r in rows)
+            self.tokens += sum(
+                (r.get("input_tokens") or 0) + (r.get("output_tokens") or 0) for r in rows
             )
-            print(
-                f"[overnight] {self.done}/{self.total} items ({100 * self.done / max(self.total, 1):.0f}%), "
-                f"{audio}{self.errors} errors, ETA {eta:.0f} s",
-                file=sys.stderr,
-                flush=True,
-            )
+            if self.done == self.total or time.monotonic() - self.last >= self.every_s:
+                self._print()
+
+    def _print(self) -> None:
+        now = self.last = time.monotonic()
+        if not self.enabled:
+            return
+        elapsed = max(now - self.start, 1e-9)
+        eta = (
+            f"ETA {elapsed / self.done * (self.total - self.done):.0f} s"
+            if self.done
+            else "ETA after the first items"
+        )
+        work = ""
+        if self.audio_s:
+            work = f"{self.audio_s / 3600:.3f} h audio ({self.audio_s / elapsed:.1f}x real time), "
+        elif self.tokens:
+            work = f"{self.tokens} tokens ({self.tokens / elapsed:.0f} tokens/s), "
+        print(
+            f"[overnight] {self.done}/{self.total} items "
+            f"({100 * self.done / max(self.total, 1):.0f}%), {work}{self.errors} errors, "
+            f"{elapsed:.0f} s, {eta}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def __enter__(self) -> Progress:
+        def beat() -> None:
+            while not self._stop.wait(min(1.0, self.every_s / 4)):
+                with self._lock:
+                    if time.monotonic() - self.last >= self.every_s:
+                        self._print()
+
+        threading.Thread(target=beat, name="overnight-progress", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
 
 
 def _unwrap(exc: BaseException, load_errors: tuple[type[BaseException], ...]) -> BaseException:
@@ -282,10 +322,11 @@ def execute(
     outcome = Outcome()
     t0 = time.monotonic()
     try:
-        for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
-            slim = batch.to_pylist()
-            outcome.rows.extend(slim)
-            progress.update(slim)
+        with progress:
+            for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+                slim = batch.to_pylist()
+                outcome.rows.extend(slim)
+                progress.update(slim)
     except Exception as exc:
         inner = _unwrap(exc, load_errors)
         if isinstance(inner, OvernightError):

@@ -349,6 +349,8 @@ def _run_task(spec: JobSpec, input_url: str, task_name: str) -> dict[str, Any]:
             **config.options(),
             "device": device,
             "input_kind": "transcripts" if transcripts else "documents",
+            "items_per_call": opts.call_shape[0],
+            "calls_per_actor": opts.call_shape[1],
         },
         sort_keys=True,
         default=str,
@@ -359,6 +361,7 @@ def _run_task(spec: JobSpec, input_url: str, task_name: str) -> dict[str, Any]:
         else (1.0 if device == "cuda" else 0.0)
     )
 
+    items_per_call, calls_per_actor = opts.call_shape
     outcome = pipeline.Outcome()
     if pending:
         text_options = TextOptions(
@@ -395,8 +398,13 @@ def _run_task(spec: JobSpec, input_url: str, task_name: str) -> dict[str, Any]:
                     "token": token,
                 },
                 batch_format="pyarrow",
-                batch_size=opts.items_per_call,
-                compute=ray.data.ActorPoolStrategy(size=opts.actors),
+                batch_size=items_per_call,
+                compute=ray.data.ActorPoolStrategy(
+                    size=opts.actors,
+                    max_concurrent_calls_per_actor=calls_per_actor,
+                    enable_true_multi_threading=calls_per_actor > 1,
+                    max_tasks_in_flight_per_actor=2 * calls_per_actor,
+                ),
                 **actor_args,
             )
         )

@@ -225,13 +225,34 @@ class ProcessOptions(_Model):
         "OVERNIGHT_PDF_PASSWORD",
         description="environment variable holding the password for encrypted PDFs",
     )
-    items_per_call: int = Field(64, ge=1, description="documents per actor call")
+    items_per_call: int | None = Field(
+        None,
+        ge=1,
+        description="documents per actor call, each call committed when it ends "
+        "(None: 4 with vllm, 64 with ctranslate2)",
+    )
+    calls_per_actor: int | None = Field(
+        None,
+        ge=1,
+        description="calls each LLM actor runs at once, their requests batched together by "
+        "vLLM's scheduler (None: 32 with vllm; ctranslate2 runs one)",
+    )
     accelerator_type: str | None = Field(
         None, description="Ray accelerator type for actors, e.g. H100"
     )
     resource: str | None = Field(
         None, description="price-table key of what an actor holds; default detected"
     )
+
+    @property
+    def call_shape(self) -> tuple[int, int]:
+        """(documents per call, calls in flight per actor). With vLLM, many small calls: a
+        call commits when its slowest document is done, so a long document holds back only
+        the few documents of its own call, while the engine still batches every request of
+        every call in flight. CTranslate2 batches within one call only."""
+        if self.backend == "vllm":
+            return self.items_per_call or 4, self.calls_per_actor or 32
+        return self.items_per_call or 64, 1
 
     @property
     def tasks(self) -> list[str]:

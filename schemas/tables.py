@@ -3,7 +3,7 @@
 import pyarrow as pa
 
 # Bump on any change below. Stored in every file's schema metadata.
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"  # 2: document_results.label_score (null in version 1 files)
 
 _VERSION_KEY = b"overnight.schema_version"
 
@@ -130,6 +130,8 @@ DOCUMENT_RESULTS = with_version(
             # JSON text matching the requested schema (extract) or null
             pa.field("output_json", pa.string()),
             pa.field("label", pa.string()),
+            # classify: the model's probability of the chosen label (vLLM), else null
+            pa.field("label_score", pa.float64()),
             pa.field("input_tokens", pa.int64()),
             pa.field("output_tokens", pa.int64()),
             pa.field("document_chars", pa.int64()),

@@ -420,6 +420,12 @@ class WhisperWorker:
                 cpu_threads=opts.cpu_threads,
                 num_workers=max(1, opts.model_workers),
             )
+            # One forward pass on a second of silence, inside the load's try: CTranslate2's
+            # CUDA build opens cuBLAS/cuDNN only when it first computes, so a missing
+            # libcublas.so.12 would otherwise turn every batch into error rows.
+            self.model.encode(
+                np.zeros((1, self.model.feature_extractor.feature_size, 100), np.float32)
+            )
         except Exception as exc:  # any load failure stops the job: nothing could run
             raise ModelLoadError(f"cannot load Whisper model {opts.model!r}: {exc}") from exc
         self.pipeline = BatchedInferencePipeline(self.model)

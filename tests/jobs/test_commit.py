@@ -102,3 +102,40 @@ def test_duplicates_between_two_earlier_runs_keep_one_row_chosen_by_file_name(da
     assert next(r for r in rows if r["item_id"] == "x")["run_id"] == (
         "run-1" if first[keeper] == ["x"] else "run-2"
     )
+
+
+def _slow_call(batch):
+    import time
+
+    time.sleep(4)
+    return batch
+
+
+def test_an_item_longer_than_rays_no_progress_timeout_does_not_stop_the_job(ray_local):
+    import ray
+    from ray.data.exceptions import ExecutionTimeoutError
+
+    context = ray.data.DataContext.get_current()
+    # Ray Data's guard, scaled down from its 30 minutes: one slow call trips it ...
+    context.execution_no_progress_timeout_s = 1
+    with pytest.raises(ExecutionTimeoutError):
+        ray.data.range(1).map_batches(_slow_call).take_all()
+    # ... and a job's Ray set-up turns it off: the slow item ends as its row.
+    pipeline.ensure_ray(None)
+    assert ray.data.range(1).map_batches(_slow_call).take_all() == [{"id": 0}]
+
+
+def test_progress_lines_keep_coming_while_nothing_is_committed_and_count_tokens(capsys):
+    import time
+
+    progress = pipeline.Progress(3, enabled=True, every_s=0.5)
+    with progress:
+        time.sleep(2.2)  # a long first document: no row yet
+        progress.update([{"status": "ok", "input_tokens": 900, "output_tokens": 100}])
+    lines = capsys.readouterr().err.splitlines()
+    waiting = [line for line in lines if "0/3 items" in line]
+    assert len(waiting) >= 3, lines
+    assert "ETA after the first items" in waiting[0]
+    progress.update([{"status": "error"}, {"status": "ok"}])
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert "3/3 items (100%)" in last and "1000 tokens" in last and "1 errors" in last

@@ -116,10 +116,11 @@ def test_classify_returns_one_label_of_the_set_with_its_probability(backend: LLM
     texts = [CALL, "Who is this? Wrong number.", *DOCUMENTS]
     convs = [[{"role": "user", "content": t}] for t in texts]
     scored = backend.choose_scored(convs, DISPOSITION_LABELS)  # type: ignore[attr-defined]
-    assert [label in DISPOSITION_LABELS for label, _ in scored] == [True] * len(texts)
-    assert all(0 < score <= 1 for _, score in scored)
+    assert [label in DISPOSITION_LABELS for label, _, _ in scored] == [True] * len(texts)
+    assert all(0 < score <= 1 for _, score, _ in scored)
     outs = run_task(backend, disposition(), _items(*texts))
     assert all(o.status == "ok" and o.label in DISPOSITION_LABELS for o in outs)
+    assert all(o.label_score is not None and 0 < o.label_score <= 1 for o in outs)
 
 
 def test_classify_costs_one_pass_over_the_document_whatever_the_labels(
@@ -142,3 +143,40 @@ def test_call_summary_of_a_transcript_is_well_formed(backend: LLMBackend) -> Non
     assert out.status == "ok" or out.error_code == "invalid_output", out
     if out.status == "ok":
         assert out.output_text and len(out.output_text.split()) <= 120
+
+
+def test_calls_in_flight_at_once_are_batched_together_and_their_time_is_not_counted_twice(
+    backend: LLMBackend,
+) -> None:
+    import threading
+
+    spec = TaskSpec(kind="summarize", summary_words=20, max_new_tokens=40)
+    docs = [
+        f"Customer {i} called about invoice {i * 7}. They will pay {i * 10} dollars on "
+        "Friday. The agent confirmed the arrangement."
+        for i in range(32)
+    ]
+    started = time.perf_counter()
+    together = run_task(backend, spec, _items(*docs))
+    one_call = time.perf_counter() - started
+
+    out: dict[int, list] = {}
+
+    def call(k: int) -> None:
+        out[k] = run_task(backend, spec, _items(*docs[k * 4 : (k + 1) * 4]))
+
+    threads = [threading.Thread(target=call, args=(k,)) for k in range(8)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    eight_calls = time.perf_counter() - started
+    apart = [o for k in range(8) for o in out[k]]
+    assert [o.output_text for o in apart] == [o.output_text for o in together]
+    # One engine step serves all eight calls: run one after another they would take about
+    # eight times a call of four; together they take about what one call of 32 does.
+    assert eight_calls < 2 * one_call, (eight_calls, one_call)
+    # Each request is charged its share of the engine's busy time, not the wall time of
+    # its call: the shares add up to the wall time once.
+    assert sum(o.llm_s for o in apart) == pytest.approx(eight_calls, rel=0.1)

@@ -440,3 +440,14 @@ def test_concurrent_calls_on_the_real_model_give_the_rows_of_separate_calls():
         assert [r["item_id"] for r in together[k]] == [r["item_id"] for r in alone[k]]
         assert [r["text"] for r in together[k]] == [r["text"] for r in alone[k]]
         assert all(r["status"] == "ok" and r["asr_s"] > 0 for r in together[k])
+
+
+def test_an_engine_that_loads_but_cannot_compute_fails_at_load_not_batch_by_batch(monkeypatch):
+    import faster_whisper
+
+    def broken(self, features):
+        raise RuntimeError("Library libcublas.so.12 is not found or cannot be loaded")
+
+    monkeypatch.setattr(faster_whisper.WhisperModel, "encode", broken)
+    with pytest.raises(ModelLoadError, match=r"libcublas\.so\.12"):
+        WhisperWorker(WhisperWorkerConfig(whisper=WhisperOptions(cpu_threads=1), run_id="t"))

@@ -83,6 +83,10 @@ class Generation:
     input_tokens: int
     output_tokens: int
     finish_reason: str
+    # The engine's busy time that this reply's share comes to, where the engine runs the
+    # requests of several calls at once (vLLM): the wall time of one call would count the
+    # time it shared with the others again. None: apportion the call's wall time.
+    engine_s: float | None = None
 
 
 @runtime_checkable

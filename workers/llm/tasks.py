@@ -323,6 +323,7 @@ class TaskOutput:
     output_text: str | None = None
     output_json: str | None = None
     label: str | None = None
+    label_score: float | None = None  # the model's probability of ``label``, where known
     input_tokens: int = 0
     output_tokens: int = 0
     num_chunks: int = 0
@@ -587,6 +588,7 @@ class _Item:
         "error",
         "input_tokens",
         "label",
+        "label_score",
         "llm_s",
         "num_chunks",
         "output_tokens",
@@ -603,6 +605,7 @@ class _Item:
         self.result_text: str | None = None
         self.result_json: str | None = None
         self.label: str | None = None
+        self.label_score: float | None = None
 
     def fail(self, code: ErrorCode, message: str) -> None:
         if self.error is None:
@@ -624,6 +627,7 @@ class _Item:
             output_text=self.result_text,
             output_json=self.result_json,
             label=self.label,
+            label_score=self.label_score,
             input_tokens=self.input_tokens,
             output_tokens=self.output_tokens,
             num_chunks=self.num_chunks,
@@ -660,16 +664,24 @@ def _isolate(
 
 
 def _charge(
-    items: list[_Item], jobs: list[_Job], counts: list[tuple[int, int]], elapsed: float
+    items: list[_Item],
+    jobs: list[_Job],
+    counts: list[tuple[int, int]],
+    elapsed: float,
+    engine_s: list[float | None] | None = None,
 ) -> None:
-    """Add each job's tokens to its item, and apportion the call's wall time by tokens."""
+    """Add each job's tokens to its item, and its time: the engine's own share of its busy
+    time where the backend measures one, else the call's wall time apportioned by tokens."""
     total = sum(i + o for i, o in counts)
-    for (index, _), (inp, out) in zip(jobs, counts, strict=True):
+    shares = engine_s or [None] * len(jobs)
+    for (index, _), (inp, out), own in zip(jobs, counts, shares, strict=True):
         item = items[index]
         item.input_tokens += inp
         item.output_tokens += out
-        share = (inp + out) / total if total else 1 / len(jobs)
-        item.llm_s += elapsed * share
+        if own is not None:
+            item.llm_s += own
+        else:
+            item.llm_s += elapsed * ((inp + out) / total if total else 1 / len(jobs))
 
 
 def _generate(
@@ -685,7 +697,8 @@ def _generate(
     counts = [
         (r.input_tokens, r.output_tokens) if isinstance(r, Generation) else (0, 0) for r in results
     ]
-    _charge(items, jobs, counts, elapsed)
+    measured = [r.engine_s if isinstance(r, Generation) else 0.0 for r in results]
+    _charge(items, jobs, counts, elapsed, None if None in measured else measured)
     out: list[Generation | None] = []
     for (index, _), result in zip(jobs, results, strict=True):
         if isinstance(result, Exception):
@@ -945,31 +958,46 @@ def _run_classify(
         return
     labels = spec.labels
     started = time.perf_counter()
-    results = _isolate(lambda convs: backend.choose(convs, labels), [conv for _, conv in jobs])
+    convs = [conv for _, conv in jobs]
+    scored = getattr(backend, "choose_scored", None)
+    results: list[Any]
+    if scored is not None:
+        # (label, probability, Generation): the engine's own counts and time.
+        results = _isolate(lambda c: scored(c, labels), convs)
+    else:
+        results = _isolate(lambda c: backend.choose(c, labels), convs)
     elapsed = time.perf_counter() - started
     # choose() returns labels only: the counts are those of the prompt the backend renders
     # and of the chosen label plus its end-of-turn token, as scored or generated.
-    counts = []
-    for (_, conv), result in zip(jobs, results, strict=True):
+    counts: list[tuple[int, int]] = []
+    measured: list[float | None] = []
+    for conv, result in zip(convs, results, strict=True):
         if isinstance(result, Exception):
             counts.append((0, 0))
+            measured.append(0.0)
+        elif isinstance(result, tuple):
+            generation = result[2]
+            counts.append((generation.input_tokens, generation.output_tokens))
+            measured.append(generation.engine_s)
         else:
             counts.append(
                 (backend.count_tokens(backend.render_chat(conv)), backend.count_tokens(result) + 1)
             )
-    _charge(states, jobs, counts, elapsed)
+            measured.append(None)
+    _charge(states, jobs, counts, elapsed, None if None in measured else measured)
     for (index, _), result in zip(jobs, results, strict=True):
+        label, score = result[:2] if isinstance(result, tuple) else (result, None)
         if isinstance(result, Exception):
             states[index].fail(
                 ErrorCode.MODEL_ERROR, f"{type(result).__name__}: {result}"[:_ERROR_SNIPPET]
             )
-        elif result not in labels:
+        elif label not in labels:
             # Both backends guarantee membership; never let a broken engine write a new label.
             states[index].fail(
-                ErrorCode.INVALID_OUTPUT, f"backend chose {result!r}, not one of {list(labels)}"
+                ErrorCode.INVALID_OUTPUT, f"backend chose {label!r}, not one of {list(labels)}"
             )
         else:
-            states[index].label = result
+            states[index].label, states[index].label_score = label, score
 
 
 def _run_prompt(

