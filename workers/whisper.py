@@ -423,9 +423,7 @@ class WhisperWorker:
             # One forward pass on a second of silence, inside the load's try: CTranslate2's
             # CUDA build opens cuBLAS/cuDNN only when it first computes, so a missing
             # libcublas.so.12 would otherwise turn every batch into error rows.
-            self.model.encode(
-                np.zeros((1, self.model.feature_extractor.feature_size, 100), np.float32)
-            )
+            self.model.encode(np.zeros((1, self.model.model.n_mels, 100), np.float32))
         except Exception as exc:  # any load failure stops the job: nothing could run
             raise ModelLoadError(f"cannot load Whisper model {opts.model!r}: {exc}") from exc
         self.pipeline = BatchedInferencePipeline(self.model)
