@@ -23,6 +23,11 @@ fail() {
 "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
   || fail "$PY is not Python >= 3.11 ($("$PY" --version 2>&1)); set PYTHON=/path/to/python3.11"
 
+# Debian's and Ubuntu's system Python refuses pip installs (PEP 668): say so before trying.
+if "$PY" -c 'import os, sys, sysconfig; sys.exit(sys.prefix != sys.base_prefix or not os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")))' 2>/dev/null; then
+  fail "$("$PY" -c 'import sys; print(sys.executable)') is the system's own Python, which pip may not change (PEP 668). Make a virtual environment first: python3 -m venv .venv && . .venv/bin/activate"
+fi
+
 # espeak-ng speaks the demo's and the tests' synthesized calls; needs root (or sudo).
 if ! command -v espeak-ng >/dev/null 2>&1; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && SUDO="sudo"
@@ -38,7 +43,7 @@ fi
 # A current pip first: older ones resolve slowly and mis-handle some of the pinned wheels.
 step "upgrading pip, setuptools and wheel in $("$PY" -c 'import sys; print(sys.prefix)')"
 "$PY" -m pip install -q --upgrade "pip>=25" "setuptools>=70" wheel \
-  || fail "could not upgrade pip (is the package index reachable?)"
+  || fail "could not upgrade pip (the reason is above)"
 
 # torch's CPU build (for vLLM on CPU) is not on PyPI: take it from pip's own configuration
 # (a local wheel folder, say), else from PyTorch's CPU wheel page.

@@ -13,6 +13,7 @@ import functools
 import json
 import re
 import shutil
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -738,3 +739,17 @@ def test_docker_context_keeps_what_the_dockerfile_copies():
             if "*" in source:
                 continue
             assert f"!{source}" in ignore or f"!{source}/" in ignore, source
+
+
+def test_ci_run_stops_with_a_clear_message_when_the_install_fails():
+    done = subprocess.run(
+        ["bash", ".ci/run"],
+        cwd=REPO,
+        env={**os.environ, "PYTHON": "/bin/false"},  # no Python at all: the install fails
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert "is not Python >= 3.11" in done.stderr
+    assert "installation failed" in done.stderr and "no test was run" in done.stderr
