@@ -11,9 +11,9 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import os
 import re
 import shutil
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
