@@ -243,8 +243,6 @@ class TaskSpec:
             # A private deep copy: the caller's dict is never shared or mutated.
             object.__setattr__(self, "json_schema", copy.deepcopy(dict(self.json_schema)))
             check_schema(self.json_schema)
-            if self.json_schema.get("type") != "object":
-                raise TaskSpecError("json_schema.type: extract needs type 'object'")
         elif self.json_schema is not None:
             raise TaskSpecError(f"json_schema: only used by kind=extract, not {self.kind}")
         if self.kind == "classify":
