@@ -309,7 +309,7 @@ def run_raw(refs: dict[str, dict[str, Any]]) -> dict[str, dict]:
     outputs = backend._engine.run(prompts, [params] * len(prompts))
     done = time.perf_counter() - started
     out: dict[str, dict] = {}
-    for name, o in zip(owners, outputs, strict=True):
+    for name, (o, _) in zip(owners, outputs, strict=True):
         row = out.setdefault(
             name, {"text": "", "status": "ok", "input_tokens": 0, "output_tokens": 0}
         )
