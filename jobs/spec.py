@@ -85,6 +85,13 @@ class TranscribeOptions(_Model):
     split_channels: bool = Field(
         False, description="transcribe each channel separately (stereo call recordings)"
     )
+    max_channels: int = Field(
+        8,
+        ge=1,
+        le=64,
+        description="split channels: more channels fail with error_code=too_many_channels "
+        "(each channel is decoded, searched for speech and transcribed on its own)",
+    )
     turn_gap_s: float = Field(
         1.0,
         gt=0,

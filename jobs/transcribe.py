@@ -94,6 +94,7 @@ def audio_options(opts: TranscribeOptions, feature_size: int) -> AudioOptions:
         vad_min_silence_split_ms=opts.vad_min_silence_split_ms,
         vad_speech_pad_ms=opts.vad_speech_pad_ms,
         split_channels=opts.split_channels,
+        max_channels=opts.max_channels,
         turn_gap_s=opts.turn_gap_s,
         max_duration_s=opts.max_duration_s,
         feature_size=feature_size,

@@ -18,6 +18,7 @@ class ErrorCode(StrEnum):
     UNSUPPORTED_CODEC = "unsupported_codec"  # an audio stream whose codec has no decoder
     CORRUPT_AUDIO = "corrupt_audio"  # a known audio format whose data cannot be decoded
     TOO_LONG = "too_long"  # longer than the configured maximum duration
+    TOO_MANY_CHANNELS = "too_many_channels"  # split channels: more than the configured maximum
     DECODE_TIMEOUT = "decode_timeout"  # decoding exceeded its time limit
     # Documents
     UNSUPPORTED_TYPE = "unsupported_type"  # not a document type overnight reads

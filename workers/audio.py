@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass, field
+from typing import Any
 
 import av
 import numpy as np
@@ -57,6 +58,9 @@ class AudioOptions:
     vad_min_silence_split_ms: int = 160
     vad_speech_pad_ms: int = 400
     split_channels: bool = False
+    # Split calls: more channels than this fail with too_many_channels; each channel costs
+    # its own VAD pass and features, a full mono decode's memory.
+    max_channels: int = 8
     max_duration_s: float = 4 * 3600.0
     feature_size: int = 80
     # Split-channel calls: a pause longer than this on one channel ends a dialogue turn.
@@ -103,8 +107,13 @@ def _looks_like_audio(data: bytes) -> bool:
     return len(data) > 1 and data[0] == 0xFF and (data[1] & 0xE0) == 0xE0
 
 
-def decode(data: bytes, *, split_channels: bool, max_duration_s: float) -> tuple[np.ndarray, float]:
+def decode(
+    data: bytes, *, split_channels: bool, max_duration_s: float, max_channels: int = 8
+) -> tuple[np.ndarray, float]:
     """Decode to float32 16 kHz: shape (channels, samples); channels == 1 unless split.
+
+    A mono mix-down includes every channel; a split keeps every channel, up to
+    ``max_channels``.
 
     Raises AudioError with the reason code.
     """
@@ -134,35 +143,87 @@ def decode(data: bytes, *, split_channels: bool, max_duration_s: float) -> tuple
                 f"recording is {declared:.0f} s long; the job's maximum is {max_duration_s:.0f} s",
             )
         channels = stream.codec_context.channels or 1
-        layout = "stereo" if split_channels and channels >= 2 else "mono"
-        resampler = av.AudioResampler(format="flt", layout=layout, rate=SAMPLE_RATE)
-        out_channels = 2 if layout == "stereo" else 1
-        pieces: list[np.ndarray] = []
-        samples = 0
-        max_samples = int(max_duration_s * SAMPLE_RATE)
-        try:
-            for frame in container.decode(stream):
-                frame.pts = None  # let the resampler re-time frames; some files carry bad pts
-                for out in resampler.resample(frame):
-                    arr = out.to_ndarray().reshape(-1)
-                    pieces.append(arr)
-                    samples += arr.size // out_channels
-                if samples > max_samples:
-                    raise AudioError(
-                        ErrorCode.TOO_LONG,
-                        f"recording is longer than the job's maximum of {max_duration_s:.0f} s",
-                    )
-            for out in resampler.resample(None):
-                pieces.append(out.to_ndarray().reshape(-1))
-        except av.error.FFmpegError as exc:
+        if split_channels and channels > max_channels:
             raise AudioError(
-                ErrorCode.CORRUPT_AUDIO, f"decoding failed: {exc.strerror or exc}"
-            ) from None
-    if not pieces:
+                ErrorCode.TOO_MANY_CHANNELS,
+                f"the recording has {channels} channels; the job transcribes at most "
+                f"{max_channels} separately (max_channels)",
+            )
+        samples = _decode_samples(
+            container,
+            stream,
+            channels,
+            split_channels=split_channels,
+            max_duration_s=max_duration_s,
+        )
+    if samples.shape[1] == 0:
         raise AudioError(ErrorCode.CORRUPT_AUDIO, "the audio stream holds no decodable samples")
-    interleaved = np.concatenate(pieces)
-    audio = interleaved.reshape(-1, out_channels).T.copy()
-    return audio, audio.shape[1] / SAMPLE_RATE
+    return samples, samples.shape[1] / SAMPLE_RATE
+
+
+# A channel whose RMS stays below this (-80 dBFS, under 16-bit dither) carries no signal and
+# does not count when the channels of a many-channel recording are averaged into one.
+_SILENT_CHANNEL_RMS = 1e-4
+
+
+def _decode_samples(
+    container: Any, stream: Any, channels: int, *, split_channels: bool, max_duration_s: float
+) -> np.ndarray:
+    """Decode and resample the stream; (channels, samples), one channel unless split."""
+    # Mono and stereo keep FFmpeg's own layouts (the settings every benchmark was measured
+    # with). Beyond two channels FFmpeg's downmix drops channels: a WAV of 3 or 16 channels
+    # has no standard layout and comes out silent, a 5.1 file loses its LFE channel. Those
+    # are resampled in their own layout and mixed here, so speech on any channel survives.
+    native = channels > 2
+    if native:
+        layout: Any = stream.codec_context.layout
+        width = channels
+    else:
+        layout = "stereo" if split_channels and channels == 2 else "mono"
+        width = 2 if layout == "stereo" else 1
+    mix = native and not split_channels
+    # Packed float: PyAV's to_ndarray crashes on planar frames of more than 8 channels.
+    resampler = av.AudioResampler(format="flt", layout=layout, rate=SAMPLE_RATE)
+    pieces: list[np.ndarray] = []
+    energy = np.zeros(width, dtype=np.float64)
+    samples = 0
+    max_samples = int(max_duration_s * SAMPLE_RATE)
+
+    def add(frames: list[Any]) -> None:
+        nonlocal samples
+        for out in frames:
+            arr = out.to_ndarray().reshape(-1, width)
+            samples += arr.shape[0]
+            if mix:
+                # Summed per frame so memory stays that of one channel; divided at the end.
+                energy[:] += np.square(arr, dtype=np.float64).sum(axis=0)
+                pieces.append(arr.sum(axis=1, dtype=np.float32).reshape(-1, 1))
+            else:
+                pieces.append(arr)
+
+    try:
+        for frame in container.decode(stream):
+            frame.pts = None  # let the resampler re-time frames; some files carry bad pts
+            add(resampler.resample(frame))
+            if samples > max_samples:
+                raise AudioError(
+                    ErrorCode.TOO_LONG,
+                    f"recording is longer than the job's maximum of {max_duration_s:.0f} s",
+                )
+        add(resampler.resample(None))
+    except av.error.FFmpegError as exc:
+        raise AudioError(
+            ErrorCode.CORRUPT_AUDIO, f"decoding failed: {exc.strerror or exc}"
+        ) from None
+    if not pieces:
+        return np.zeros((1, 0), dtype=np.float32)
+    audio = np.concatenate(pieces).T.copy()
+    if mix:
+        # The mean over the channels that carry signal: speech recorded on one channel of
+        # sixteen reaches VAD and Whisper at the level it was recorded, not 24 dB down.
+        rms = np.sqrt(energy / max(samples, 1))
+        audio /= max(1, int((rms > _SILENT_CHANNEL_RMS).sum()))
+    return audio
 
 
 def speech_clips(
@@ -227,7 +288,12 @@ class AudioChunker:
         opts = self.options
         split = opts.split_channels if split_channels is None else split_channels
         try:
-            audio, duration = decode(data, split_channels=split, max_duration_s=opts.max_duration_s)
+            audio, duration = decode(
+                data,
+                split_channels=split,
+                max_duration_s=opts.max_duration_s,
+                max_channels=opts.max_channels,
+            )
         except AudioError as exc:
             return DecodedAudio(error_code=exc.code.value, error_message=str(exc))
         result = DecodedAudio(duration_s=duration, num_channels=audio.shape[0])

@@ -379,3 +379,34 @@ def test_outputs_read_back_with_pyarrow_pandas_polars_and_duckdb(synth_run):
         f"select sum(cost_usd), count(distinct item_id) from read_parquet('{out}/costs/*.parquet')"
     ).fetchone()
     assert costs[0] > 0 and costs[1] == len(refs)
+
+
+@pytest.mark.skipif(not __import__("shutil").which("espeak-ng"), reason="espeak-ng not installed")
+def test_speech_on_one_channel_of_a_multichannel_call_is_transcribed(tmp_path):
+    said = "Please call me back tomorrow morning."
+    speech = np.concatenate([silence(0.5), speak(said), silence(0.5)])
+
+    def only_on(channel: int, channels: int) -> np.ndarray:
+        audio = np.zeros((channels, speech.size), dtype=np.float32)
+        audio[channel] = speech
+        return audio
+
+    src = tmp_path / "in"
+    src.mkdir()
+    write_wav(src / "six.wav", only_on(3, 6))  # 5.1's LFE: FFmpeg's downmix dropped it
+    write_wav(src / "three.wav", only_on(2, 3))
+    write_wav(src / "sixteen.wav", only_on(12, 16))
+    manifest = tmp_path / "m.jsonl"
+    lines = [
+        {"uri": str(src / "six.wav")},  # mixed down to mono
+        {"uri": str(src / "three.wav"), "channel_labels": "agent,customer,supervisor"},
+        {"uri": str(src / "sixteen.wav"), "channel_labels": ",".join(f"p{i}" for i in range(16))},
+    ]
+    manifest.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    transcribe(str(manifest), str(tmp_path / "out"), max_channels=4)
+    got = by_name(rows(tmp_path / "out"))
+    assert got["six.wav"]["status"] == "ok" and wer(said, got["six.wav"]["text"]) <= 0.2
+    three = got["three.wav"]
+    assert three["status"] == "ok" and {s["speaker"] for s in three["segments"]} == {"supervisor"}
+    assert wer(said, " ".join(s["text"] for s in three["segments"])) <= 0.2
+    assert got["sixteen.wav"]["error_code"] == "too_many_channels"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 
 import numpy as np
+import pytest
 
 from jobs.demo import noise, silence, write_wav
 from workers.audio import SAMPLE_RATE, AudioChunker, AudioOptions, pack_clips, to_original_time
@@ -70,3 +71,55 @@ def test_times_inside_a_chunk_map_back_to_the_recording():
     assert to_original_time(clips, 0.5) == 1.5
     assert to_original_time(clips, 2.5) == 10.5
     assert to_original_time(clips, 99) == 11.0
+
+
+_UTTERANCE = "Please call me back tomorrow morning."
+
+
+@pytest.fixture(scope="module")
+def utterance() -> np.ndarray:
+    from jobs.demo import espeak_available, speak
+
+    if not espeak_available():
+        pytest.skip("espeak-ng is not installed (apt-get install espeak-ng)")
+    return np.concatenate([silence(0.5), speak(_UTTERANCE), silence(0.5)])
+
+
+def on_channels(speech: np.ndarray, channels: int, speaking: tuple[int, ...]) -> np.ndarray:
+    audio = np.zeros((channels, speech.size), dtype=np.float32)
+    audio[list(speaking)] = speech
+    return audio
+
+
+# FFmpeg's downmix dropped each of these: 3 and 16 channels have no standard layout, and
+# channel 3 of 6 is 5.1's LFE.
+_MULTICHANNEL = [(3, (2,)), (6, (3,)), (16, (3,)), (16, (12, 13, 14, 15))]
+
+
+@pytest.mark.parametrize(("channels", "speaking"), _MULTICHANNEL)
+def test_speech_on_any_channel_of_a_multichannel_file_survives_mixdown(
+    utterance, channels, speaking
+):
+    mono = AudioChunker(AudioOptions())(wav(utterance))
+    mixed = AudioChunker(AudioOptions())(wav(on_channels(utterance, channels, speaking)))
+    assert mixed.error_code is None and mixed.num_channels == 1
+    # The same speech as the utterance alone in a mono file, at the level it was recorded.
+    assert mixed.speech_s == pytest.approx(mono.speech_s, abs=0.1) and mono.speech_s > 2
+    assert np.allclose(mixed.chunks[0].features, mono.chunks[0].features, atol=1e-3)
+
+
+@pytest.mark.parametrize(("channels", "speaking"), _MULTICHANNEL)
+def test_split_channels_keeps_every_channel_of_a_multichannel_file(utterance, channels, speaking):
+    split = AudioChunker(AudioOptions(split_channels=True, max_channels=16))(
+        wav(on_channels(utterance, channels, speaking))
+    )
+    assert split.error_code is None and split.num_channels == channels
+    assert {c.channel for c in split.chunks} == set(speaking)
+
+
+def test_split_channels_beyond_the_maximum_is_too_many_channels(utterance):
+    data = wav(on_channels(utterance, 16, (12,)))
+    split = AudioChunker(AudioOptions(split_channels=True))(data)  # the default maximum is 8
+    assert split.error_code == "too_many_channels" and "16 channels" in split.error_message
+    # A mono mix-down has no channel limit.
+    assert AudioChunker(AudioOptions())(data).speech_s > 2
