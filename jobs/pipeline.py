@@ -67,6 +67,13 @@ def fetch_item(
             )
             return None
         return storage.read_bytes(row["uri"], storage_config)
+    except storage.Unreadable as exc:
+        row.update(
+            status="error",
+            error_code=exc.code.value,
+            error_message=storage.redact(f"cannot read {row['uri']}: {exc}"),
+        )
+        return None
     except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
         row.update(
             status="error",

@@ -9,10 +9,12 @@ appear in messages: every error text leaving this module passes through ``redact
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import posixpath
 import random
 import re
+import stat as _stat
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -21,6 +23,7 @@ from typing import TypeVar
 import fsspec
 
 from jobs.errors import InputNotFound, StorageUnavailable
+from schemas import ErrorCode
 
 T = TypeVar("T")
 
@@ -144,7 +147,7 @@ _TRANSIENT = (ConnectionError, TimeoutError, OSError)
 
 
 def _is_missing(exc: BaseException) -> bool:
-    return isinstance(exc, FileNotFoundError | PermissionError | IsADirectoryError)
+    return isinstance(exc, FileNotFoundError | PermissionError | IsADirectoryError | Unreadable)
 
 
 def with_retries(
@@ -243,20 +246,67 @@ def list_objects(url: str) -> list[ObjectInfo]:
             raise InputNotFound(f"input {url!r} holds no files")
     objects = []
     for path, info in sorted(found.items()):
-        if info.get("type", "file") != "file":
+        kind = info.get("type", "file")
+        # fsspec lists a local symlink (to a file, to a folder, dangling or looping) and a
+        # FIFO, device or socket as "other". Each is kept, so that it ends as a row: a link
+        # to a file is read through, anything else becomes an error row at fetch.
+        if kind != "file" and not (kind == "other" and loc.scheme == "file"):
             continue
         rel = path[len(loc.path) :].lstrip("/") if path.startswith(loc.path) else path
         if any(part.startswith((".", "_")) for part in rel.split("/") if part):
             continue
-        objects.append(ObjectInfo(loc.url(path), int(info.get("size") or 0), _etag(info)))
+        if kind == "other":
+            objects.append(_local_object(loc.url(path), path))
+        else:
+            objects.append(ObjectInfo(loc.url(path), int(info.get("size") or 0), _etag(info)))
     return objects
 
 
+def _local_object(uri: str, path: str) -> ObjectInfo:
+    """A local entry that is not a plain file, described by what it leads to: a link to a
+    file gets its target's size and mtime (a replaced target is new work)."""
+    try:
+        st = os.stat(path)
+    except OSError:  # dangling, a loop, or a target we may not see: fails at fetch
+        return ObjectInfo(uri, None, None)
+    if not _stat.S_ISREG(st.st_mode):
+        return ObjectInfo(uri, None, None)
+    return ObjectInfo(uri, st.st_size, _etag({"mtime": st.st_mtime}))
+
+
+class Unreadable(Exception):
+    """One object that can never be read as it stands (per item, not transient): the item
+    becomes an error row with ``code``; the message names no credentials."""
+
+    def __init__(self, code: ErrorCode, message: str):
+        super().__init__(message)
+        self.code = code
+
+
 def read_bytes(uri: str, config: StorageConfig | None = None) -> bytes:
-    """Whole object bytes. FileNotFoundError/PermissionError for a per-item failure; raises
-    StorageUnavailable when storage itself is down."""
+    """Whole object bytes. FileNotFoundError/PermissionError or Unreadable for a per-item
+    failure; raises StorageUnavailable when storage itself is down."""
     loc = resolve(uri, config)
+    if loc.scheme == "file":
+        return with_retries(f"read {uri}", lambda: _read_local(loc.path))
     return with_retries(f"read {uri}", lambda: loc.fs.cat_file(loc.path))
+
+
+def _read_local(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Unreadable(
+                ErrorCode.FETCH_FAILED, "it is a symbolic link that loops back on itself"
+            ) from None
+        if exc.errno == errno.ENOENT and os.path.islink(path):
+            raise Unreadable(
+                ErrorCode.FETCH_FAILED,
+                f"it is a symbolic link to {os.readlink(path)!r}, which does not exist",
+            ) from None
+        raise
 
 
 def write_bytes_atomic(loc: Location, data: bytes) -> None:

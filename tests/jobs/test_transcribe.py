@@ -410,3 +410,28 @@ def test_speech_on_one_channel_of_a_multichannel_call_is_transcribed(tmp_path):
     assert three["status"] == "ok" and {s["speaker"] for s in three["segments"]} == {"supervisor"}
     assert wer(said, " ".join(s["text"] for s in three["segments"])) <= 0.2
     assert got["sixteen.wav"]["error_code"] == "too_many_channels"
+
+
+def test_symlinks_in_an_input_folder_are_followed_and_broken_ones_become_error_rows(tmp_path):
+    src, elsewhere = tmp_path / "calls", tmp_path / "elsewhere"
+    src.mkdir()
+    elsewhere.mkdir()
+    write_wav(src / "a.wav", noise(2.0))
+    write_wav(elsewhere / "b.wav", noise(3.0))
+    (src / "b.wav").symlink_to(elsewhere / "b.wav")  # absolute, outside the folder
+    (src / "c.wav").symlink_to("../elsewhere/b.wav")  # relative
+    (src / "dangling.wav").symlink_to(elsewhere / "gone.wav")
+    (src / "loop1.wav").symlink_to("loop2.wav")
+    (src / "loop2.wav").symlink_to("loop1.wav")
+    summary = transcribe(str(src), str(tmp_path / "out"))
+    got = by_name(rows(tmp_path / "out"))
+    assert sorted(got) == ["a.wav", "b.wav", "c.wav", "dangling.wav", "loop1.wav", "loop2.wav"]
+    for name in ("a.wav", "b.wav", "c.wav"):
+        assert got[name]["status"] == "ok", got[name]
+    assert got["b.wav"]["duration_s"] == 3.0
+    assert got["dangling.wav"]["error_code"] == "fetch_failed"
+    assert "does not exist" in got["dangling.wav"]["error_message"]
+    for name in ("loop1.wav", "loop2.wav"):
+        assert got[name]["error_code"] == "fetch_failed"
+        assert "loops" in got[name]["error_message"]
+    assert summary["items"] == 6 and summary["failed"] == 3
