@@ -90,6 +90,23 @@ def test_manifest_metadata_is_carried_and_relative_uris_resolve_next_to_the_mani
     assert items[1]["size"] is None  # listed, and will become a fetch_failed row
 
 
+def test_relative_and_absolute_manifest_paths_give_the_same_absolute_uris_and_item_ids(
+    tmp_path, monkeypatch
+):
+    (tmp_path / "calls").mkdir()
+    (tmp_path / "calls" / "a.wav").write_bytes(b"RIFF")
+    (tmp_path / "calls" / "b.wav").write_bytes(b"RIFFRIFF")
+    manifest = tmp_path / "calls" / "m.csv"
+    manifest.write_text(f"uri\na.wav\n./sub/../b.wav\nfile://{tmp_path}/calls/a.wav\n")
+    monkeypatch.chdir(tmp_path)
+    spellings = [str(manifest), "calls/m.csv", "./calls/../calls/m.csv", f"file://{manifest}"]
+    listed = [[(i["uri"], i["item_id"]) for i in list_items(m)] for m in spellings]
+    expected = [str(tmp_path / "calls" / "a.wav"), str(tmp_path / "calls" / "b.wav")]
+    # The file:// row is the same recording as the first: one item.
+    assert [uri for uri, _ in listed[0]] == expected
+    assert all(other == listed[0] for other in listed[1:]), listed
+
+
 def test_manifest_without_uri_column_is_refused(tmp_path):
     manifest = tmp_path / "m.csv"
     manifest.write_text("path\nx.wav\n")
