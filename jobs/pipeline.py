@@ -51,12 +51,21 @@ def cluster_has_gpu() -> bool:
     return ray.cluster_resources().get("GPU", 0) > 0
 
 
+# Reading one object: long enough for the largest allowed file over a slow link.
+FETCH_TIMEOUT_S = 600.0
+
+
 def fetch_item(
-    row: dict[str, Any], max_bytes: int, storage_config: storage.StorageConfig
+    row: dict[str, Any],
+    max_bytes: int,
+    storage_config: storage.StorageConfig,
+    timeout_s: float = FETCH_TIMEOUT_S,
 ) -> bytes | None:
     """The item's object bytes; None when the item failed, with the row marked
-    (``too_large`` before any read, ``fetch_failed`` for a missing or forbidden object).
-    Sets ``fetch_s``. Storage that is down raises StorageUnavailable and stops the job."""
+    (``too_large`` before any read and again while reading, since an object may grow and a
+    device reports size 0; ``not_a_file``, ``fetch_timeout``, ``fetch_failed`` for a missing
+    or forbidden object). Sets ``fetch_s``. Storage that is down raises StorageUnavailable
+    and stops the job."""
     t0 = time.perf_counter()
     try:
         if row["size"] is not None and row["size"] > max_bytes:
@@ -66,7 +75,9 @@ def fetch_item(
                 error_message=f"file is {row['size']} bytes; the job's maximum is {max_bytes}",
             )
             return None
-        return storage.read_bytes(row["uri"], storage_config)
+        return storage.read_bytes(
+            row["uri"], storage_config, max_bytes=max_bytes, timeout_s=timeout_s
+        )
     except storage.Unreadable as exc:
         row.update(
             status="error",

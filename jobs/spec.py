@@ -103,6 +103,15 @@ class TranscribeOptions(_Model):
     max_file_mb: float = Field(
         2048, gt=0, description="larger files fail with error_code=too_large"
     )
+    fetch_timeout_s: float = Field(
+        600, gt=0, description="reading one object longer fails with error_code=fetch_timeout"
+    )
+    decode_timeout_s: float = Field(
+        900,
+        gt=0,
+        description="decode, VAD and features of one recording longer fail with "
+        "error_code=decode_timeout",
+    )
     no_speech_threshold: float = Field(
         0.6, ge=0, le=1, description="drop a segment above this no-speech probability..."
     )

@@ -18,7 +18,7 @@ import stat as _stat
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import fsspec
 
@@ -283,19 +283,65 @@ class Unreadable(Exception):
         self.code = code
 
 
-def read_bytes(uri: str, config: StorageConfig | None = None) -> bytes:
+def read_bytes(
+    uri: str,
+    config: StorageConfig | None = None,
+    *,
+    max_bytes: int | None = None,
+    timeout_s: float | None = None,
+) -> bytes:
     """Whole object bytes. FileNotFoundError/PermissionError or Unreadable for a per-item
-    failure; raises StorageUnavailable when storage itself is down."""
+    failure (``too_large`` past ``max_bytes``, ``fetch_timeout`` past ``timeout_s``); raises
+    StorageUnavailable when storage itself is down."""
     loc = resolve(uri, config)
     if loc.scheme == "file":
-        return with_retries(f"read {uri}", lambda: _read_local(loc.path))
-    return with_retries(f"read {uri}", lambda: loc.fs.cat_file(loc.path))
+        return with_retries(f"read {uri}", lambda: _read_local(loc.path, max_bytes, timeout_s))
+    if max_bytes is None and timeout_s is None:
+        return with_retries(f"read {uri}", lambda: loc.fs.cat_file(loc.path))
+
+    def bounded() -> bytes:
+        with loc.fs.open(loc.path, "rb", block_size=_READ_BLOCK) as f:
+            return _read_bounded(f, max_bytes, timeout_s)
+
+    return with_retries(f"read {uri}", bounded)
 
 
-def _read_local(path: str) -> bytes:
+# Reads go in blocks so that a limit on size or time is checked while reading, not after.
+_READ_BLOCK = 16 * 2**20
+_FILE_KINDS = (
+    (_stat.S_ISDIR, "a folder"),
+    (_stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (_stat.S_ISCHR, "a character device"),
+    (_stat.S_ISBLK, "a block device"),
+    (_stat.S_ISSOCK, "a socket"),
+)
+
+
+def _read_bounded(f: Any, max_bytes: int | None, timeout_s: float | None) -> bytes:
+    started = time.monotonic()
+    parts: list[bytes] = []
+    size = 0
+    while block := f.read(_READ_BLOCK):
+        parts.append(block)
+        size += len(block)
+        if max_bytes is not None and size > max_bytes:
+            raise Unreadable(
+                ErrorCode.TOO_LARGE, f"it holds more than the job's maximum of {max_bytes} bytes"
+            )
+        if timeout_s is not None and time.monotonic() - started > timeout_s:
+            raise Unreadable(
+                ErrorCode.FETCH_TIMEOUT,
+                f"reading it took longer than the job's limit of {timeout_s:.0f} s",
+            )
+    return b"".join(parts)
+
+
+def _read_local(path: str, max_bytes: int | None = None, timeout_s: float | None = None) -> bytes:
+    # O_NONBLOCK: opening a FIFO with no writer returns at once instead of waiting forever;
+    # what was opened is then checked before a single byte is read.
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        fd = os.open(path, flags)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise Unreadable(
@@ -306,7 +352,20 @@ def _read_local(path: str) -> bytes:
                 ErrorCode.FETCH_FAILED,
                 f"it is a symbolic link to {os.readlink(path)!r}, which does not exist",
             ) from None
+        if exc.errno == errno.ENXIO:  # a socket, or a device with nothing behind it
+            raise Unreadable(ErrorCode.NOT_A_FILE, "it is a socket or device, not a file") from None
         raise
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        os.close(fd)
+        raise
+    if not _stat.S_ISREG(mode):
+        os.close(fd)
+        kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
+        raise Unreadable(ErrorCode.NOT_A_FILE, f"it is {kind}, not a regular file")
+    with open(fd, "rb", buffering=0) as f:
+        return _read_bounded(f, max_bytes, timeout_s)
 
 
 def write_bytes_atomic(loc: Location, data: bytes) -> None:

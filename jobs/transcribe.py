@@ -97,6 +97,7 @@ def audio_options(opts: TranscribeOptions, feature_size: int) -> AudioOptions:
         max_channels=opts.max_channels,
         turn_gap_s=opts.turn_gap_s,
         max_duration_s=opts.max_duration_s,
+        decode_timeout_s=opts.decode_timeout_s,
         feature_size=feature_size,
     )
 
@@ -186,6 +187,7 @@ def fetch_and_decode(
     max_bytes: int,
     decode_units: float,
     storage_config: storage.StorageConfig,
+    fetch_timeout_s: float = pipeline.FETCH_TIMEOUT_S,
 ) -> pa.Table:
     """CPU stage: object bytes → feature chunks; every failure becomes the row's error."""
     chunker = _chunker(options)
@@ -205,7 +207,7 @@ def fetch_and_decode(
             _split=split,
             chunks=[],
         )
-        data = pipeline.fetch_item(row, max_bytes, storage_config)
+        data = pipeline.fetch_item(row, max_bytes, storage_config, fetch_timeout_s)
         if data is None:
             out.append(row)
             continue
@@ -283,6 +285,7 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
                     "max_bytes": int(opts.max_file_mb * 2**20),
                     "decode_units": opts.decode_cpus,
                     "storage_config": storage_config,
+                    "fetch_timeout_s": opts.fetch_timeout_s,
                 },
                 batch_format="pyarrow",
                 batch_size=None,

@@ -12,6 +12,8 @@ class ErrorCode(StrEnum):
     FETCH_FAILED = "fetch_failed"  # the object could not be read (missing, permission denied)
     EMPTY_FILE = "empty_file"  # zero bytes
     TOO_LARGE = "too_large"  # larger than the configured maximum size in bytes
+    NOT_A_FILE = "not_a_file"  # a folder, FIFO, device or socket where a file was expected
+    FETCH_TIMEOUT = "fetch_timeout"  # reading the object exceeded its time limit
     # Audio
     NOT_AUDIO = "not_audio"  # bytes are not a media container FFmpeg recognises
     NO_AUDIO_STREAM = "no_audio_stream"  # a media container without an audio stream

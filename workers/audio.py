@@ -13,6 +13,8 @@ here raises for bad input.
 from __future__ import annotations
 
 import io
+import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +64,9 @@ class AudioOptions:
     # its own VAD pass and features, a full mono decode's memory.
     max_channels: int = 8
     max_duration_s: float = 4 * 3600.0
+    # Decode, VAD and features of one recording, checked between frames and chunks: a file
+    # that decodes pathologically slowly ends as decode_timeout instead of holding its task.
+    decode_timeout_s: float = 900.0
     feature_size: int = 80
     # Split-channel calls: a pause longer than this on one channel ends a dialogue turn.
     turn_gap_s: float = 1.0
@@ -108,12 +113,17 @@ def _looks_like_audio(data: bytes) -> bool:
 
 
 def decode(
-    data: bytes, *, split_channels: bool, max_duration_s: float, max_channels: int = 8
+    data: bytes,
+    *,
+    split_channels: bool,
+    max_duration_s: float,
+    max_channels: int = 8,
+    deadline: float = math.inf,
 ) -> tuple[np.ndarray, float]:
     """Decode to float32 16 kHz: shape (channels, samples); channels == 1 unless split.
 
     A mono mix-down includes every channel; a split keeps every channel, up to
-    ``max_channels``.
+    ``max_channels``. ``deadline`` is a ``time.monotonic()`` value.
 
     Raises AudioError with the reason code.
     """
@@ -155,6 +165,7 @@ def decode(
             channels,
             split_channels=split_channels,
             max_duration_s=max_duration_s,
+            deadline=deadline,
         )
     if samples.shape[1] == 0:
         raise AudioError(ErrorCode.CORRUPT_AUDIO, "the audio stream holds no decodable samples")
@@ -166,8 +177,19 @@ def decode(
 _SILENT_CHANNEL_RMS = 1e-4
 
 
+def _check_deadline(deadline: float) -> None:
+    if time.monotonic() > deadline:
+        raise AudioError(ErrorCode.DECODE_TIMEOUT, "decoding exceeded the job's time limit")
+
+
 def _decode_samples(
-    container: Any, stream: Any, channels: int, *, split_channels: bool, max_duration_s: float
+    container: Any,
+    stream: Any,
+    channels: int,
+    *,
+    split_channels: bool,
+    max_duration_s: float,
+    deadline: float,
 ) -> np.ndarray:
     """Decode and resample the stream; (channels, samples), one channel unless split."""
     # Mono and stereo keep FFmpeg's own layouts (the settings every benchmark was measured
@@ -205,6 +227,7 @@ def _decode_samples(
         for frame in container.decode(stream):
             frame.pts = None  # let the resampler re-time frames; some files carry bad pts
             add(resampler.resample(frame))
+            _check_deadline(deadline)
             if samples > max_samples:
                 raise AudioError(
                     ErrorCode.TOO_LONG,
@@ -287,21 +310,33 @@ class AudioChunker:
     def __call__(self, data: bytes, *, split_channels: bool | None = None) -> DecodedAudio:
         opts = self.options
         split = opts.split_channels if split_channels is None else split_channels
+        deadline = time.monotonic() + opts.decode_timeout_s
         try:
             audio, duration = decode(
                 data,
                 split_channels=split,
                 max_duration_s=opts.max_duration_s,
                 max_channels=opts.max_channels,
+                deadline=deadline,
             )
+            return self._chunks(audio, duration, deadline)
         except AudioError as exc:
-            return DecodedAudio(error_code=exc.code.value, error_message=str(exc))
+            message = (
+                f"{exc} ({opts.decode_timeout_s:.0f} s)"
+                if exc.code == ErrorCode.DECODE_TIMEOUT
+                else str(exc)
+            )
+            return DecodedAudio(error_code=exc.code.value, error_message=message)
+
+    def _chunks(self, audio: np.ndarray, duration: float, deadline: float) -> DecodedAudio:
+        opts = self.options
         result = DecodedAudio(duration_s=duration, num_channels=audio.shape[0])
         chunk_samples = opts.chunk_length_s * SAMPLE_RATE
         max_gap = int(opts.turn_gap_s * SAMPLE_RATE) if audio.shape[0] > 1 else None
         for channel, channel_audio in enumerate(audio):
             clips = speech_clips(channel_audio, opts, split=audio.shape[0] > 1)
             for group in pack_clips(clips, chunk_samples, max_gap):
+                _check_deadline(deadline)
                 speech = np.concatenate([channel_audio[s:e] for s, e in group])
                 # Same framing as faster-whisper's batched pipeline: drop the last frame.
                 feats = self._features(speech)[..., :-1].astype(np.float32, copy=False)

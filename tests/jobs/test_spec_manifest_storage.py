@@ -203,3 +203,15 @@ def test_cli_stops_cleanly_when_object_storage_is_unreachable(tmp_path, capsys, 
     err = capsys.readouterr().err
     assert "storage unreachable" in err and "rerun" in err
     assert "overnight-test-secret-key-do-not-log" not in err and "AKIAOVERNIGHTTEST000" not in err
+
+
+def test_reads_are_bounded_in_size_and_time_while_reading(tmp_path):
+    path = tmp_path / "grown.wav"
+    path.write_bytes(b"x" * 100)  # listed smaller, or a device that reports size 0
+    with pytest.raises(storage.Unreadable) as err:
+        storage.read_bytes(str(path), max_bytes=50)
+    assert err.value.code == "too_large"
+    with pytest.raises(storage.Unreadable) as err:
+        storage.read_bytes(str(path), timeout_s=1e-9)
+    assert err.value.code == "fetch_timeout" and "limit" in str(err.value)
+    assert storage.read_bytes(str(path), max_bytes=100, timeout_s=60) == b"x" * 100

@@ -435,3 +435,27 @@ def test_symlinks_in_an_input_folder_are_followed_and_broken_ones_become_error_r
         assert got[name]["error_code"] == "fetch_failed"
         assert "loops" in got[name]["error_message"]
     assert summary["items"] == 6 and summary["failed"] == 3
+
+
+@pytest.mark.timeout(240)  # a FIFO once hung the job forever
+def test_fifo_device_socket_and_folder_in_a_manifest_are_error_rows_before_any_read(tmp_path):
+    import socket
+
+    write_wav(tmp_path / "good.wav", noise(2.0))
+    os.mkfifo(tmp_path / "pipe.wav")
+    (tmp_path / "folder.wav").mkdir()
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(tmp_path / "s.wav"))
+    manifest = tmp_path / "m.csv"
+    uris = ["good.wav", "pipe.wav", "folder.wav", "s.wav", "/dev/zero"]
+    manifest.write_text("uri\n" + "\n".join(uris) + "\n")
+    try:
+        transcribe(str(manifest), str(tmp_path / "out"), max_file_mb=1.0)
+    finally:
+        sock.close()
+    got = by_name(rows(tmp_path / "out"))
+    assert got["good.wav"]["status"] == "ok"
+    kinds = {"pipe.wav": "FIFO", "folder.wav": "folder", "s.wav": "socket", "zero": "device"}
+    for name, kind in kinds.items():
+        assert got[name]["error_code"] == "not_a_file", got[name]
+        assert kind in got[name]["error_message"]

@@ -123,3 +123,9 @@ def test_split_channels_beyond_the_maximum_is_too_many_channels(utterance):
     assert split.error_code == "too_many_channels" and "16 channels" in split.error_message
     # A mono mix-down has no channel limit.
     assert AudioChunker(AudioOptions())(data).speech_s > 2
+
+
+def test_a_decode_past_its_time_limit_is_decode_timeout():
+    decoded = AudioChunker(AudioOptions(decode_timeout_s=1e-9))(wav(noise(3.0)))
+    assert decoded.error_code == "decode_timeout" and "time limit" in decoded.error_message
+    assert AudioChunker(AudioOptions(decode_timeout_s=60))(wav(noise(3.0))).error_code is None
