@@ -31,6 +31,10 @@ from jobs.errors import EngineFailed, ModelNotFound, OvernightError, Superseded
 from schemas import ErrorCode
 
 
+def _below_error(record: logging.LogRecord) -> bool:
+    return record.levelno < logging.ERROR
+
+
 def ensure_ray(address: str | None) -> None:
     """Join ``address`` (or RAY_ADDRESS, as Ray Jobs sets it), else start Ray locally."""
     import ray
@@ -40,9 +44,24 @@ def ensure_ray(address: str | None) -> None:
             ray.init(address=address, log_to_driver=False)
         else:
             ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    # Ray Data wraps a map function's exception in a UserCodeException that keeps only its
+    # text, so a superseded run or a storage outage in a task looked like a crashed engine
+    # (exit 6). Raised as it is, it reaches the driver as RayTaskError(<our class>) with the
+    # original in ``cause``, and the CLI exits with that error's documented code.
+    context.raise_original_map_exception = True
     # Our own progress lines replace Ray Data's per-operator log dumps.
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    data_logger = logging.getLogger("ray.data")
+    data_logger.setLevel(logging.WARNING)
+    # A failed task's traceback stays in Ray's session log file; on the terminal the CLI
+    # says what failed and what to do, in one paragraph.
+    for handler in data_logger.handlers:
+        terminal = isinstance(handler, logging.StreamHandler) and not isinstance(
+            handler, logging.FileHandler
+        )
+        if terminal and _below_error not in handler.filters:
+            handler.addFilter(_below_error)
 
 
 def cluster_has_gpu() -> bool:
@@ -274,16 +293,22 @@ class Progress:
 
 
 def _unwrap(exc: BaseException, load_errors: tuple[type[BaseException], ...]) -> BaseException:
-    """Ray wraps worker exceptions; find ours (or a model load error) inside."""
+    """Ray wraps worker exceptions; find ours (or a model load error) inside, else the
+    innermost cause.
+
+    A RayTaskError is an instance of the class it wraps (Ray subclasses it), but its text is
+    a whole remote traceback: go down to the original in ``cause``.
+    """
+    ours: tuple[type[BaseException], ...] = (OvernightError, *load_errors)
     seen = exc
     for _ in range(8):
-        if isinstance(seen, (OvernightError, *load_errors)):
-            return seen
         cause = getattr(seen, "cause", None) or seen.__cause__
+        if isinstance(seen, ours) and not isinstance(cause, ours):
+            return seen
         if cause is None:
             break
         seen = cause
-    return exc
+    return seen
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -459,3 +460,130 @@ def test_fifo_device_socket_and_folder_in_a_manifest_are_error_rows_before_any_r
     for name, kind in kinds.items():
         assert got[name]["error_code"] == "not_a_file", got[name]
         assert kind in got[name]["error_message"]
+
+
+def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300):
+    return subprocess.run(
+        [sys.executable, "-m", "jobs.cli", *args, "--quiet"],
+        env={**(env or os.environ), "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_a_superseded_run_exits_8_through_the_cli(tmp_path):
+    from jobs import pipeline, storage
+
+    src, out = tmp_path / "in", tmp_path / "out"
+    src.mkdir()
+    for i in range(4):
+        write_wav(src / f"call_{i}.wav", noise(2.0, seed=i))
+    cmd = [sys.executable, "-m", "jobs.cli", "transcribe", str(src), str(out), "--quiet"]
+    proc = subprocess.Popen(
+        cmd,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    claim = out / "_claims" / "transcripts.json"
+    try:
+        deadline = time.monotonic() + 120
+        while not claim.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert claim.exists(), "the run never claimed its output"
+        # What a second run on the same OUTPUT does first: the first run's commits must stop.
+        pipeline.claim(storage.resolve(str(out / "transcripts")), "a-later-run")
+        _, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 8, err[-3000:]
+    assert "a later run (a-later-run) took over" in err and "Traceback" not in err
+
+
+class _StorageDownForReads:
+    """An S3 endpoint in front of moto that goes down at the first object read: it answers
+    the listing, drops that read and refuses every connection after it (storage that fails
+    between the listing and the fetch)."""
+
+    def __init__(self, upstream: str):
+        import socket
+        import threading
+
+        self.upstream = upstream.rsplit(":", 1)
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        self.reads_dropped = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        import threading
+
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn) -> None:
+        import socket
+        import threading
+
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = conn.recv(65536)
+            if not chunk:
+                conn.close()
+                return
+            head += chunk
+        method, target = head.split(b" ", 2)[:2]
+        path, _, query = target.decode().partition("?")
+        if method == b"GET" and "list-type" not in query and "/" in path.strip("/"):
+            self.reads_dropped += 1
+            conn.close()
+            self.server.close()
+            return
+        lines = [x for x in head.split(b"\r\n") if not x.lower().startswith(b"connection:")]
+        head = b"\r\n".join(lines).replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n", 1)
+        up = socket.create_connection((self.upstream[0].split("//")[-1], int(self.upstream[1])))
+        up.sendall(head)
+
+        def pump(a, b) -> None:
+            with contextlib.suppress(OSError):
+                while data := a.recv(65536):
+                    b.sendall(data)
+            for s in (a, b):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+        threading.Thread(target=pump, args=(conn, up), daemon=True).start()
+        pump(up, conn)
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def test_a_storage_outage_during_fetch_exits_3_through_the_cli(s3, s3_server, tmp_path):
+    src = tmp_path / "in"
+    src.mkdir()
+    write_wav(src / "a.wav", noise(2.0))
+    upload_folder(s3, "calls-down", src, "2026-12-01")
+    proxy = _StorageDownForReads(s3_server)
+    try:
+        result = _cli(
+            "transcribe",
+            "s3://calls-down/2026-12-01/",
+            str(tmp_path / "out"),
+            env={**os.environ, "AWS_ENDPOINT_URL": proxy.url},
+        )
+    finally:
+        proxy.close()
+    assert proxy.reads_dropped > 0  # the listing went through; the fetch met the outage
+    assert result.returncode == 3, result.stderr[-3000:]
+    assert "storage unreachable" in result.stderr and "Traceback" not in result.stderr
+    assert secrets_in(result.stderr + result.stdout) == []
