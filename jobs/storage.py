@@ -167,6 +167,16 @@ def with_retries(
         try:
             return fn()
         except Exception as exc:
+            if isinstance(exc, _credential_errors()):
+                # Not transient, and not the item's fault: no object can be read this way.
+                raise StorageUnavailable(
+                    redact(
+                        f"no credentials to {what}: {type(exc).__name__}: {exc}. Set "
+                        "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, an instance "
+                        "profile or IRSA; GOOGLE_APPLICATION_CREDENTIALS for gs://), then "
+                        "rerun: finished items are kept."
+                    )
+                ) from None
             if _is_missing(exc) or not isinstance(exc, (*_TRANSIENT, *_botocore_errors())):
                 raise
             last = exc
@@ -191,6 +201,14 @@ def _botocore_errors() -> tuple[type[BaseException], ...]:
     except ImportError:  # pragma: no cover - s3fs brings botocore
         return ()
     return (EndpointConnectionError, ConnectionClosedError, ReadTimeoutError)
+
+
+def _credential_errors() -> tuple[type[BaseException], ...]:
+    try:
+        from botocore.exceptions import NoCredentialsError, PartialCredentialsError
+    except ImportError:  # pragma: no cover - s3fs brings botocore
+        return ()
+    return (NoCredentialsError, PartialCredentialsError)
 
 
 @dataclass(frozen=True)

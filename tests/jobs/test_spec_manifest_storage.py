@@ -215,3 +215,34 @@ def test_reads_are_bounded_in_size_and_time_while_reading(tmp_path):
         storage.read_bytes(str(path), timeout_s=1e-9)
     assert err.value.code == "fetch_timeout" and "limit" in str(err.value)
     assert storage.read_bytes(str(path), max_bytes=100, timeout_s=60) == b"x" * 100
+
+
+def test_an_s3_manifest_row_without_credentials_exits_3_with_advice_not_a_traceback(
+    tmp_path, clean_env
+):
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    manifest = tmp_path / "m.csv"
+    manifest.write_text(f"uri\n{tmp_path}/local.wav\ns3://calls-in/2026-12-01/a.wav\n")
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "HOME": str(tmp_path),  # no ~/.aws/credentials either
+        "AWS_CONFIG_FILE": str(tmp_path / "none"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+        "AWS_EC2_METADATA_DISABLED": "true",  # nor an instance profile
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "jobs.cli", "transcribe", str(manifest), str(tmp_path / "out")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 3, result.stderr[-2000:]
+    assert "no credentials" in result.stderr and "AWS_ACCESS_KEY_ID" in result.stderr
+    assert "Traceback" not in result.stderr and "botocore" not in result.stderr
