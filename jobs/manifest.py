@@ -59,6 +59,11 @@ def _labels(value: Any) -> list[str] | None:
     if isinstance(value, str):
         parts = [p.strip() for p in value.replace(";", ",").split(",")]
         return [p for p in parts if p] or None
+    if not isinstance(value, list | tuple):
+        raise ValueError(
+            f"channel_labels must be text such as 'agent,customer' or a list of names, "
+            f"not {value!r}"
+        )
     return [str(v) for v in value] or None
 
 
@@ -87,6 +92,11 @@ def records_from_manifest(url: str) -> list[dict[str, Any]]:
     if "uri" not in rows[0]:
         raise ConfigError(f"manifest {url!r} needs a 'uri' column; it has {sorted(rows[0])}")
     uris = [_resolve_uri(str(r["uri"]).strip(), url) for r in rows]
+    for i, row in enumerate(rows):
+        try:
+            _labels(row.get("channel_labels"))
+        except ValueError as exc:
+            raise ConfigError(f"manifest {url!r} row {i + 1}: {exc}") from None
     infos = storage.map_threads(storage.stat, uris)
     return [
         _record(row, uri, info.size, info.etag)

@@ -107,6 +107,17 @@ def test_relative_and_absolute_manifest_paths_give_the_same_absolute_uris_and_it
     assert all(other == listed[0] for other in listed[1:]), listed
 
 
+def test_a_manifest_column_of_the_wrong_type_is_refused_naming_the_row(tmp_path):
+    manifest = tmp_path / "m.jsonl"
+    rows = [
+        {"uri": "a.wav", "channel_labels": "agent,customer"},
+        {"uri": "b.wav", "channel_labels": 5},
+    ]
+    manifest.write_text("\n".join(json.dumps(r) for r in rows))
+    with pytest.raises(ConfigError, match="row 2: channel_labels must be text"):
+        list_items(str(manifest))
+
+
 def test_manifest_without_uri_column_is_refused(tmp_path):
     manifest = tmp_path / "m.csv"
     manifest.write_text("path\nx.wav\n")

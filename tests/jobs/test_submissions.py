@@ -109,7 +109,7 @@ def test_manifest_cannot_claim_another_tenant_or_submission():
 
 def test_one_foreign_uri_rejects_the_whole_submission_with_the_reason():
     rows = [{"uri": "s3://acme-calls/rec/a.wav"}, {"uri": "s3://globex-calls/rec/b.wav"}]
-    with pytest.raises(Rejected, match=r"1 of 2 URIs .*globex-calls/rec/b.wav.*outside"):
+    with pytest.raises(Rejected, match=r"1 of 2 rows .*globex-calls/rec/b.wav.*outside"):
         trusted_rows(rows, "acme", ACME, "sub-" + "0" * 24, max_recordings=10)
 
 
@@ -263,7 +263,7 @@ def test_two_tenants_run_once_and_a_cross_tenant_submission_is_rejected_and_reco
     assert acme["submission_id"] == acme_sid
     assert (acme["recordings"], acme["failures"], globex["recordings"]) == (2, 0, 1)
     assert acme["audio_minutes"] > 0.05 and acme["cost_usd"] > 0
-    assert rejected["reason"].startswith("2 of 3 URIs may not be read")
+    assert rejected["reason"].startswith("2 of 3 rows cannot be run")
     assert (
         f"{globex_uris[0]}': outside the prefixes allowed for tenant 'acme'" in rejected["reason"]
     )
@@ -465,3 +465,92 @@ def test_storage_down_stops_the_run_with_a_clear_message_and_the_next_run_resume
     assert summary["items_already_done"] == committed
     assert summary["items"] == len(names) - committed
     proxy.down()
+
+
+def test_tenants_config_refuses_overlapping_input_prefixes_unless_declared_shared(tmp_path):
+    def load(data: dict):
+        path = tmp_path / "tenants.toml"
+        path.write_text(tomli_w.dumps(data))
+        return load_config(path)
+
+    data = {
+        "submissions": {"state": "s3://state/subs"},
+        "tenants": {
+            "acme": {
+                "allowed_input_prefixes": ["s3://calls/acme/", "s3://common/library/"],
+                "inbox": "s3://inbox/acme",
+                "output": "s3://acme-out/",
+            },
+            # globex may read all of calls/, acme's folder included
+            "globex": {
+                "allowed_input_prefixes": ["s3://CALLS/", "s3://common/library/"],
+                "inbox": "s3://inbox/globex",
+                "output": "s3://globex-out/",
+            },
+        },
+    }
+    with pytest.raises(ConfigError, match="overlap") as err:
+        load(data)
+    assert "tenants.acme.allowed_input_prefixes 's3://calls/acme/'" in str(err.value)
+    assert "shared_input_prefixes" in str(err.value)
+    data["tenants"]["globex"]["allowed_input_prefixes"] = [
+        "s3://calls/globex/",
+        "s3://common/library/",
+    ]
+    with pytest.raises(ConfigError, match="common/library"):
+        load(data)
+    data["submissions"]["shared_input_prefixes"] = ["s3://common/"]
+    assert sorted(load(data).tenants) == ["acme", "globex"]
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_a_bad_tenant_row_or_a_failing_submission_never_stops_another_tenants(tmp_path, capsys):
+    from jobs.demo import noise, write_wav
+
+    def folder(*parts: str) -> Path:
+        path = tmp_path.joinpath(*parts)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    for tenant in ("acme", "globex"):
+        write_wav(folder("calls", tenant) / "a.wav", noise(1.0))
+    config = tmp_path / "tenants.toml"
+    config.write_text(
+        tomli_w.dumps(
+            {
+                "submissions": {"state": str(folder("state"))},
+                "transcribe": {"cpus_per_actor": 1},
+                "tenants": {
+                    name: {
+                        "allowed_input_prefixes": [f"file://{tmp_path}/calls/{name}/"],
+                        "inbox": str(folder("inbox", name)),
+                        "output": str(tmp_path / "out" / name),
+                    }
+                    for name in ("acme", "globex")
+                },
+            }
+        )
+    )
+    acme_wav = tmp_path / "calls" / "acme" / "a.wav"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"uri": str(acme_wav), "channel_labels": 5}) + "\n")
+    assert main(["submissions", "add", "acme", str(bad), "--config", str(config)]) == 7
+    err = capsys.readouterr().err
+    assert "channel_labels must be text such as 'agent,customer'" in err and "row 1" in err
+    # The same row dropped straight into the inbox is rejected there, with the same reason.
+    (tmp_path / "inbox" / "acme" / "dropped.jsonl").write_text(bad.read_text().replace("5", "7"))
+    # acme's good submission fails at run time: its output folder is blocked by a file.
+    (tmp_path / "inbox" / "acme" / "good.csv").write_text(f"uri\n{acme_wav}\n")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "acme").write_text("not a folder")
+    (tmp_path / "inbox" / "globex" / "batch.csv").write_text(
+        f"uri\n{tmp_path}/calls/globex/a.wav\n"
+    )
+
+    assert main(["submissions", "process", "--config", str(config), "--quiet"]) == 1
+    records = {(r["tenant"], r["status"]): r for r in ledger(config, capsys)}
+    assert sorted(records) == [("acme", "failed"), ("acme", "rejected"), ("globex", "done")]
+    assert records["globex", "done"]["recordings"] == 1
+    assert "channel_labels must be text" in records["acme", "rejected"]["reason"]
+    failed = records["acme", "failed"]["reason"]
+    assert failed.startswith(("NotADirectoryError", "FileExistsError")), failed
