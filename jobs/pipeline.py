@@ -79,6 +79,7 @@ def fetch_item(
     max_bytes: int,
     storage_config: storage.StorageConfig,
     timeout_s: float = FETCH_TIMEOUT_S,
+    within: Sequence[str] | None = None,
 ) -> bytes | None:
     """The item's object bytes; None when the item failed, with the row marked
     (``too_large`` before any read and again while reading, since an object may grow and a
@@ -95,7 +96,7 @@ def fetch_item(
             )
             return None
         return storage.read_bytes(
-            row["uri"], storage_config, max_bytes=max_bytes, timeout_s=timeout_s
+            row["uri"], storage_config, max_bytes=max_bytes, timeout_s=timeout_s, within=within
         )
     except storage.Unreadable as exc:
         row.update(

@@ -259,6 +259,11 @@ class RunOptions(_Model):
         None, ge=1, description="process at most this many pending items (samples, tests)"
     )
     progress: bool = Field(True, description="print progress lines while running")
+    allowed_input_prefixes: list[str] | None = Field(
+        None,
+        description="read no local file whose real path, checked on the opened file, lies "
+        "outside these folders (tenant submissions set their tenant's); others: fetch_failed",
+    )
 
 
 class JobSpec(_Model):

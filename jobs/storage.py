@@ -16,7 +16,7 @@ import random
 import re
 import stat as _stat
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -307,13 +307,20 @@ def read_bytes(
     *,
     max_bytes: int | None = None,
     timeout_s: float | None = None,
+    within: Sequence[str] | None = None,
 ) -> bytes:
     """Whole object bytes. FileNotFoundError/PermissionError or Unreadable for a per-item
-    failure (``too_large`` past ``max_bytes``, ``fetch_timeout`` past ``timeout_s``); raises
+    failure (``too_large`` past ``max_bytes``, ``fetch_timeout`` past ``timeout_s``, and for
+    a local file whose opened real path is outside the folders ``within``); raises
     StorageUnavailable when storage itself is down."""
     loc = resolve(uri, config)
     if loc.scheme == "file":
-        return with_retries(f"read {uri}", lambda: _read_local(loc.path, max_bytes, timeout_s))
+        folders = None
+        if within is not None:
+            folders = [resolve(w).path for w in within if w.startswith("/") or "file://" in w]
+        return with_retries(
+            f"read {uri}", lambda: _read_local(loc.path, max_bytes, timeout_s, folders)
+        )
     if max_bytes is None and timeout_s is None:
         return with_retries(f"read {uri}", lambda: loc.fs.cat_file(loc.path))
 
@@ -354,7 +361,34 @@ def _read_bounded(f: Any, max_bytes: int | None, timeout_s: float | None) -> byt
     return b"".join(parts)
 
 
-def _read_local(path: str, max_bytes: int | None = None, timeout_s: float | None = None) -> bytes:
+def _confined(path: str, fd: int, folders: Sequence[str]) -> bool:
+    """The file open at ``fd`` is, now, at a real path inside one of ``folders``.
+
+    Checked on the open file, not on the name checked earlier: a folder swapped for a link
+    to another tenant's folder in between must not lead there. The real path names the
+    same inode as the descriptor, or the name changed again while we looked.
+    """
+    real = os.path.realpath(path)
+    try:
+        st = os.stat(real)
+    except OSError:
+        return False
+    opened = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != (opened.st_dev, opened.st_ino):
+        return False
+    for folder in folders:
+        root = os.path.realpath(folder).rstrip("/")
+        if real.startswith(root + "/"):
+            return True
+    return False
+
+
+def _read_local(
+    path: str,
+    max_bytes: int | None = None,
+    timeout_s: float | None = None,
+    within: Sequence[str] | None = None,
+) -> bytes:
     # O_NONBLOCK: opening a FIFO with no writer returns at once instead of waiting forever;
     # what was opened is then checked before a single byte is read.
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -382,6 +416,14 @@ def _read_local(path: str, max_bytes: int | None = None, timeout_s: float | None
         os.close(fd)
         kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
         raise Unreadable(ErrorCode.NOT_A_FILE, f"it is {kind}, not a regular file")
+    if within is not None and not _confined(path, fd, within):
+        os.close(fd)
+        # The real path is not shown: it may name another tenant's file.
+        raise Unreadable(
+            ErrorCode.FETCH_FAILED,
+            "when opened, it resolves outside the folders this job may read (a folder on its "
+            "path was replaced by a link?); it was not read",
+        )
     with open(fd, "rb", buffering=0) as f:
         return _read_bounded(f, max_bytes, timeout_s)
 

@@ -525,6 +525,8 @@ def _run(
             "run_id": run_id,
             "ray_address": ray_address,
             "progress": progress,
+            # Checked again on each opened file: the URIs were checked long before.
+            "allowed_input_prefixes": list(tenant.allowed_input_prefixes),
         },
         "transcribe": config.transcribe.model_dump(exclude_none=True),
     }

@@ -188,6 +188,7 @@ def fetch_and_decode(
     decode_units: float,
     storage_config: storage.StorageConfig,
     fetch_timeout_s: float = pipeline.FETCH_TIMEOUT_S,
+    allowed_input_prefixes: list[str] | None = None,
 ) -> pa.Table:
     """CPU stage: object bytes → feature chunks; every failure becomes the row's error."""
     chunker = _chunker(options)
@@ -207,7 +208,9 @@ def fetch_and_decode(
             _split=split,
             chunks=[],
         )
-        data = pipeline.fetch_item(row, max_bytes, storage_config, fetch_timeout_s)
+        data = pipeline.fetch_item(
+            row, max_bytes, storage_config, fetch_timeout_s, allowed_input_prefixes
+        )
         if data is None:
             out.append(row)
             continue
@@ -286,6 +289,7 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
                     "decode_units": opts.decode_cpus,
                     "storage_config": storage_config,
                     "fetch_timeout_s": opts.fetch_timeout_s,
+                    "allowed_input_prefixes": spec.job.allowed_input_prefixes,
                 },
                 batch_format="pyarrow",
                 batch_size=None,

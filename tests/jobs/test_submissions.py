@@ -554,3 +554,56 @@ def test_a_bad_tenant_row_or_a_failing_submission_never_stops_another_tenants(tm
     assert "channel_labels must be text" in records["acme", "rejected"]["reason"]
     failed = records["acme", "failed"]["reason"]
     assert failed.startswith(("NotADirectoryError", "FileExistsError")), failed
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_a_folder_swapped_for_a_link_after_the_check_does_not_lead_to_another_tenants_file(
+    tmp_path, capsys, monkeypatch
+):
+    from jobs import submissions
+    from jobs.demo import noise, write_wav
+
+    for tenant, seconds in (("acme", 1.0), ("globex", 3.0)):
+        (tmp_path / "calls" / tenant / "batch").mkdir(parents=True)
+        write_wav(tmp_path / "calls" / tenant / "batch" / "a.wav", noise(seconds))
+        (tmp_path / "inbox" / tenant).mkdir(parents=True)
+    config = tmp_path / "tenants.toml"
+    config.write_text(
+        tomli_w.dumps(
+            {
+                "submissions": {"state": str(tmp_path / "state")},
+                "transcribe": {"cpus_per_actor": 1},
+                "tenants": {
+                    name: {
+                        "allowed_input_prefixes": [f"file://{tmp_path}/calls/{name}/"],
+                        "inbox": str(tmp_path / "inbox" / name),
+                        "output": str(tmp_path / "out" / name),
+                    }
+                    for name in ("acme", "globex")
+                },
+            }
+        )
+    )
+    checked = tmp_path / "calls" / "acme" / "batch"
+    (tmp_path / "inbox" / "acme" / "m.csv").write_text(f"uri\n{checked}/a.wav\n")
+    write_trusted = submissions._write_trusted_manifest
+
+    def swap_after_the_check(out, rows):
+        # acme's rows have passed the tenant check; acme now swaps the checked folder for a
+        # link to globex's folder before the job reads it.
+        checked.rename(checked.with_name("batch-old"))
+        checked.symlink_to(tmp_path / "calls" / "globex" / "batch")
+        return write_trusted(out, rows)
+
+    monkeypatch.setattr(submissions, "_write_trusted_manifest", swap_after_the_check)
+    assert main(["submissions", "process", "--config", str(config), "--quiet"]) == 0
+    (record,) = ledger(config, capsys)
+    assert record["status"] == "done" and record["failures"] == 1
+    (row,) = results_local(tmp_path / "out" / "acme", record["submission_id"])
+    assert (row["status"], row["error_code"]) == ("error", "fetch_failed")
+    assert "resolves outside the folders this job may read" in row["error_message"]
+    assert "globex" not in row["error_message"] and row["duration_s"] is None
+
+
+def results_local(out: Path, sid: str) -> list[dict]:
+    return pq.read_table(out / "submissions" / sid / "transcripts").to_pylist()
