@@ -219,6 +219,11 @@ class ProcessOptions(_Model):
     extract_timeout_s: float = Field(
         60.0, gt=0, description="per-document extraction limit → extract_timeout"
     )
+    extract_memory_mb: int = Field(
+        2048,
+        ge=64,
+        description="memory the extractor child may add for one document → too_large",
+    )
     max_file_mb: float = Field(256, gt=0, description="larger files → too_large")
     max_chars: int = Field(2_000_000, ge=1, description="longer extracted text → too_large")
     json_text_field: str = Field("text", description=".json/.jsonl: the field holding the text")
