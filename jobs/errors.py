@@ -8,6 +8,15 @@ job; the CLI catches ``OvernightError`` once and exits with its ``exit_code``.
 class OvernightError(Exception):
     exit_code = 1
 
+    def __init__(self, message: str = ""):
+        super().__init__(message)
+        # Kept apart from ``args``: Ray Data appends its retry advice to ``args`` when the
+        # error leaves a task, and the user should read only what we wrote.
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
 
 class ConfigError(OvernightError):
     """The job spec or flags are invalid."""

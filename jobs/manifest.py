@@ -10,7 +10,6 @@ import csv
 import hashlib
 import io
 import json
-import posixpath
 from collections.abc import Iterable
 from typing import Any
 
@@ -60,25 +59,44 @@ def _labels(value: Any) -> list[str] | None:
     if isinstance(value, str):
         parts = [p.strip() for p in value.replace(";", ",").split(",")]
         return [p for p in parts if p] or None
+    if not isinstance(value, list | tuple):
+        raise ValueError(
+            f"channel_labels must be text such as 'agent,customer' or a list of names, "
+            f"not {value!r}"
+        )
     return [str(v) for v in value] or None
 
 
 def _resolve_uri(uri: str, manifest_url: str) -> str:
-    """Relative URIs in a manifest are relative to the manifest's own folder."""
-    if "://" in uri or uri.startswith("/"):
-        return uri
-    base = manifest_url.rsplit("/", 1)[0] if "/" in manifest_url else "."
-    return posixpath.normpath(posixpath.join(base, uri)) if "://" not in base else f"{base}/{uri}"
+    """The absolute URI of a manifest row; relative ones are relative to the manifest's folder.
+
+    A local file has one spelling, the absolute normalised path (``file://`` dropped), the one
+    folder listing gives: the item id hashes the URI, so the same recording read through a
+    relative, absolute or ``file://`` manifest path must come out the same.
+    """
+    if "://" not in uri and not uri.startswith("/"):
+        base = manifest_url.rsplit("/", 1)[0]
+        uri = f"{base}/{uri}"
+    if "://" not in uri or uri.startswith("file://"):
+        return storage.resolve(uri).url()
+    return uri
 
 
 def records_from_manifest(url: str) -> list[dict[str, Any]]:
     """Manifest rows as item records (uri, size, etag, metadata); stats every object."""
+    if "://" not in url or url.startswith("file://"):
+        url = storage.resolve(url).url()  # absolute, so that relative rows resolve absolute
     rows = _read_manifest_records(url)
     if not rows:
         raise InputNotFound(f"manifest {url!r} has no rows")
     if "uri" not in rows[0]:
         raise ConfigError(f"manifest {url!r} needs a 'uri' column; it has {sorted(rows[0])}")
     uris = [_resolve_uri(str(r["uri"]).strip(), url) for r in rows]
+    for i, row in enumerate(rows):
+        try:
+            _labels(row.get("channel_labels"))
+        except ValueError as exc:
+            raise ConfigError(f"manifest {url!r} row {i + 1}: {exc}") from None
     infos = storage.map_threads(storage.stat, uris)
     return [
         _record(row, uri, info.size, info.etag)

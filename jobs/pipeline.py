@@ -32,6 +32,10 @@ from jobs.errors import EngineFailed, ModelNotFound, OvernightError, Superseded
 from schemas import ErrorCode
 
 
+def _below_error(record: logging.LogRecord) -> bool:
+    return record.levelno < logging.ERROR
+
+
 def ensure_ray(address: str | None) -> None:
     """Join ``address`` (or RAY_ADDRESS, as Ray Jobs sets it), else start Ray locally."""
     import ray
@@ -49,8 +53,22 @@ def ensure_ray(address: str | None) -> None:
     # their own waits instead: fetch, decode and extraction time out per item, and a dead
     # engine raises in its actor.
     context.execution_no_progress_timeout_s = -1
+    # Ray Data wraps a map function's exception in a UserCodeException that keeps only its
+    # text, so a superseded run or a storage outage in a task looked like a crashed engine
+    # (exit 6). Raised as it is, it reaches the driver as RayTaskError(<our class>) with the
+    # original in ``cause``, and the CLI exits with that error's documented code.
+    context.raise_original_map_exception = True
     # Our own progress lines replace Ray Data's per-operator log dumps.
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    data_logger = logging.getLogger("ray.data")
+    data_logger.setLevel(logging.WARNING)
+    # A failed task's traceback stays in Ray's session log file; on the terminal the CLI
+    # says what failed and what to do, in one paragraph.
+    for handler in data_logger.handlers:
+        terminal = isinstance(handler, logging.StreamHandler) and not isinstance(
+            handler, logging.FileHandler
+        )
+        if terminal and _below_error not in handler.filters:
+            handler.addFilter(_below_error)
 
 
 def cluster_has_gpu() -> bool:
@@ -59,12 +77,22 @@ def cluster_has_gpu() -> bool:
     return ray.cluster_resources().get("GPU", 0) > 0
 
 
+# Reading one object: long enough for the largest allowed file over a slow link.
+FETCH_TIMEOUT_S = 600.0
+
+
 def fetch_item(
-    row: dict[str, Any], max_bytes: int, storage_config: storage.StorageConfig
+    row: dict[str, Any],
+    max_bytes: int,
+    storage_config: storage.StorageConfig,
+    timeout_s: float = FETCH_TIMEOUT_S,
+    within: Sequence[str] | None = None,
 ) -> bytes | None:
     """The item's object bytes; None when the item failed, with the row marked
-    (``too_large`` before any read, ``fetch_failed`` for a missing or forbidden object).
-    Sets ``fetch_s``. Storage that is down raises StorageUnavailable and stops the job."""
+    (``too_large`` before any read and again while reading, since an object may grow and a
+    device reports size 0; ``not_a_file``, ``fetch_timeout``, ``fetch_failed`` for a missing
+    or forbidden object). Sets ``fetch_s``. Storage that is down raises StorageUnavailable
+    and stops the job."""
     t0 = time.perf_counter()
     try:
         if row["size"] is not None and row["size"] > max_bytes:
@@ -74,7 +102,16 @@ def fetch_item(
                 error_message=f"file is {row['size']} bytes; the job's maximum is {max_bytes}",
             )
             return None
-        return storage.read_bytes(row["uri"], storage_config)
+        return storage.read_bytes(
+            row["uri"], storage_config, max_bytes=max_bytes, timeout_s=timeout_s, within=within
+        )
+    except storage.Unreadable as exc:
+        row.update(
+            status="error",
+            error_code=exc.code.value,
+            error_message=storage.redact(f"cannot read {row['uri']}: {exc}"),
+        )
+        return None
     except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
         row.update(
             status="error",
@@ -296,16 +333,22 @@ class Progress:
 
 
 def _unwrap(exc: BaseException, load_errors: tuple[type[BaseException], ...]) -> BaseException:
-    """Ray wraps worker exceptions; find ours (or a model load error) inside."""
+    """Ray wraps worker exceptions; find ours (or a model load error) inside, else the
+    innermost cause.
+
+    A RayTaskError is an instance of the class it wraps (Ray subclasses it), but its text is
+    a whole remote traceback: go down to the original in ``cause``.
+    """
+    ours: tuple[type[BaseException], ...] = (OvernightError, *load_errors)
     seen = exc
     for _ in range(8):
-        if isinstance(seen, (OvernightError, *load_errors)):
-            return seen
         cause = getattr(seen, "cause", None) or seen.__cause__
+        if isinstance(seen, ours) and not isinstance(cause, ours):
+            return seen
         if cause is None:
             break
         seen = cause
-    return exc
+    return seen
 
 
 @dataclass

@@ -368,6 +368,7 @@ def _run_task(spec: JobSpec, input_url: str, task_name: str) -> dict[str, Any]:
             pdf_password=os.environ.get(opts.pdf_password_env) or None,
             timeout_s=opts.extract_timeout_s,
             max_chars=opts.max_chars,
+            max_memory_mb=opts.extract_memory_mb,
             json_text_field=opts.json_text_field,
         )
         actor_args: dict[str, Any] = {"num_cpus": opts.cpus_per_actor, "num_gpus": gpus}

@@ -927,15 +927,29 @@ def render_html(report: Report) -> str:
     )
 
 
+# A spreadsheet runs a cell that starts with one of these as a formula (=HYPERLINK(...)
+# exfiltrates the sheet): tenant, submission and model names are tenant-controlled text.
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _csv_cell(value: object) -> object:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, str) and value.startswith(_FORMULA_START):
+        return "'" + value  # OWASP: a leading quote makes the cell text
+    return value
+
+
 def _csv_bytes(table: pa.Table) -> bytes:
-    """CSV with floats written by ``repr`` (shortest text that round-trips exactly)."""
+    """CSV with floats written by ``repr`` (shortest text that round-trips exactly) and text
+    that a spreadsheet would run as a formula escaped."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(table.column_names)
+    writer.writerow([_csv_cell(name) for name in table.column_names])
     for row in table.to_pylist():
-        writer.writerow(
-            ["" if v is None else repr(v) if isinstance(v, float) else v for v in row.values()]
-        )
+        writer.writerow([_csv_cell(v) for v in row.values()])
     return buf.getvalue().encode()
 
 

@@ -85,6 +85,13 @@ class TranscribeOptions(_Model):
     split_channels: bool = Field(
         False, description="transcribe each channel separately (stereo call recordings)"
     )
+    max_channels: int = Field(
+        8,
+        ge=1,
+        le=64,
+        description="split channels: more channels fail with error_code=too_many_channels "
+        "(each channel is decoded, searched for speech and transcribed on its own)",
+    )
     turn_gap_s: float = Field(
         1.0,
         gt=0,
@@ -95,6 +102,15 @@ class TranscribeOptions(_Model):
     )
     max_file_mb: float = Field(
         2048, gt=0, description="larger files fail with error_code=too_large"
+    )
+    fetch_timeout_s: float = Field(
+        600, gt=0, description="reading one object longer fails with error_code=fetch_timeout"
+    )
+    decode_timeout_s: float = Field(
+        900,
+        gt=0,
+        description="decode, VAD and features of one recording longer fail with "
+        "error_code=decode_timeout",
     )
     no_speech_threshold: float = Field(
         0.6, ge=0, le=1, description="drop a segment above this no-speech probability..."
@@ -218,6 +234,11 @@ class ProcessOptions(_Model):
     extract_timeout_s: float = Field(
         60.0, gt=0, description="per-document extraction limit → extract_timeout"
     )
+    extract_memory_mb: int = Field(
+        2048,
+        ge=64,
+        description="memory the extractor child may add for one document → too_large",
+    )
     max_file_mb: float = Field(256, gt=0, description="larger files → too_large")
     max_chars: int = Field(2_000_000, ge=1, description="longer extracted text → too_large")
     json_text_field: str = Field("text", description=".json/.jsonl: the field holding the text")
@@ -297,6 +318,11 @@ class RunOptions(_Model):
         None, ge=1, description="process at most this many pending items (samples, tests)"
     )
     progress: bool = Field(True, description="print progress lines while running")
+    allowed_input_prefixes: list[str] | None = Field(
+        None,
+        description="read no local file whose real path, checked on the opened file, lies "
+        "outside these folders (tenant submissions set their tenant's); others: fetch_failed",
+    )
 
 
 class JobSpec(_Model):

@@ -9,18 +9,21 @@ appear in messages: every error text leaving this module passes through ``redact
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import posixpath
 import random
 import re
+import stat as _stat
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import fsspec
 
 from jobs.errors import InputNotFound, StorageUnavailable
+from schemas import ErrorCode
 
 T = TypeVar("T")
 
@@ -144,7 +147,7 @@ _TRANSIENT = (ConnectionError, TimeoutError, OSError)
 
 
 def _is_missing(exc: BaseException) -> bool:
-    return isinstance(exc, FileNotFoundError | PermissionError | IsADirectoryError)
+    return isinstance(exc, FileNotFoundError | PermissionError | IsADirectoryError | Unreadable)
 
 
 def with_retries(
@@ -164,6 +167,16 @@ def with_retries(
         try:
             return fn()
         except Exception as exc:
+            if isinstance(exc, _credential_errors()):
+                # Not transient, and not the item's fault: no object can be read this way.
+                raise StorageUnavailable(
+                    redact(
+                        f"no credentials to {what}: {type(exc).__name__}: {exc}. Set "
+                        "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, an instance "
+                        "profile or IRSA; GOOGLE_APPLICATION_CREDENTIALS for gs://), then "
+                        "rerun: finished items are kept."
+                    )
+                ) from None
             if _is_missing(exc) or not isinstance(exc, (*_TRANSIENT, *_botocore_errors())):
                 raise
             last = exc
@@ -188,6 +201,14 @@ def _botocore_errors() -> tuple[type[BaseException], ...]:
     except ImportError:  # pragma: no cover - s3fs brings botocore
         return ()
     return (EndpointConnectionError, ConnectionClosedError, ReadTimeoutError)
+
+
+def _credential_errors() -> tuple[type[BaseException], ...]:
+    try:
+        from botocore.exceptions import NoCredentialsError, PartialCredentialsError
+    except ImportError:  # pragma: no cover - s3fs brings botocore
+        return ()
+    return (NoCredentialsError, PartialCredentialsError)
 
 
 @dataclass(frozen=True)
@@ -243,20 +264,168 @@ def list_objects(url: str) -> list[ObjectInfo]:
             raise InputNotFound(f"input {url!r} holds no files")
     objects = []
     for path, info in sorted(found.items()):
-        if info.get("type", "file") != "file":
+        kind = info.get("type", "file")
+        # fsspec lists a local symlink (to a file, to a folder, dangling or looping) and a
+        # FIFO, device or socket as "other". Each is kept, so that it ends as a row: a link
+        # to a file is read through, anything else becomes an error row at fetch.
+        if kind != "file" and not (kind == "other" and loc.scheme == "file"):
             continue
         rel = path[len(loc.path) :].lstrip("/") if path.startswith(loc.path) else path
         if any(part.startswith((".", "_")) for part in rel.split("/") if part):
             continue
-        objects.append(ObjectInfo(loc.url(path), int(info.get("size") or 0), _etag(info)))
+        if kind == "other":
+            objects.append(_local_object(loc.url(path), path))
+        else:
+            objects.append(ObjectInfo(loc.url(path), int(info.get("size") or 0), _etag(info)))
     return objects
 
 
-def read_bytes(uri: str, config: StorageConfig | None = None) -> bytes:
-    """Whole object bytes. FileNotFoundError/PermissionError for a per-item failure; raises
+def _local_object(uri: str, path: str) -> ObjectInfo:
+    """A local entry that is not a plain file, described by what it leads to: a link to a
+    file gets its target's size and mtime (a replaced target is new work)."""
+    try:
+        st = os.stat(path)
+    except OSError:  # dangling, a loop, or a target we may not see: fails at fetch
+        return ObjectInfo(uri, None, None)
+    if not _stat.S_ISREG(st.st_mode):
+        return ObjectInfo(uri, None, None)
+    return ObjectInfo(uri, st.st_size, _etag({"mtime": st.st_mtime}))
+
+
+class Unreadable(Exception):
+    """One object that can never be read as it stands (per item, not transient): the item
+    becomes an error row with ``code``; the message names no credentials."""
+
+    def __init__(self, code: ErrorCode, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def read_bytes(
+    uri: str,
+    config: StorageConfig | None = None,
+    *,
+    max_bytes: int | None = None,
+    timeout_s: float | None = None,
+    within: Sequence[str] | None = None,
+) -> bytes:
+    """Whole object bytes. FileNotFoundError/PermissionError or Unreadable for a per-item
+    failure (``too_large`` past ``max_bytes``, ``fetch_timeout`` past ``timeout_s``, and for
+    a local file whose opened real path is outside the folders ``within``); raises
     StorageUnavailable when storage itself is down."""
     loc = resolve(uri, config)
-    return with_retries(f"read {uri}", lambda: loc.fs.cat_file(loc.path))
+    if loc.scheme == "file":
+        folders = None
+        if within is not None:
+            folders = [resolve(w).path for w in within if w.startswith("/") or "file://" in w]
+        return with_retries(
+            f"read {uri}", lambda: _read_local(loc.path, max_bytes, timeout_s, folders)
+        )
+    if max_bytes is None and timeout_s is None:
+        return with_retries(f"read {uri}", lambda: loc.fs.cat_file(loc.path))
+
+    def bounded() -> bytes:
+        with loc.fs.open(loc.path, "rb", block_size=_READ_BLOCK) as f:
+            return _read_bounded(f, max_bytes, timeout_s)
+
+    return with_retries(f"read {uri}", bounded)
+
+
+# Reads go in blocks so that a limit on size or time is checked while reading, not after.
+_READ_BLOCK = 16 * 2**20
+_FILE_KINDS = (
+    (_stat.S_ISDIR, "a folder"),
+    (_stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (_stat.S_ISCHR, "a character device"),
+    (_stat.S_ISBLK, "a block device"),
+    (_stat.S_ISSOCK, "a socket"),
+)
+
+
+def _read_bounded(f: Any, max_bytes: int | None, timeout_s: float | None) -> bytes:
+    started = time.monotonic()
+    parts: list[bytes] = []
+    size = 0
+    while block := f.read(_READ_BLOCK):
+        parts.append(block)
+        size += len(block)
+        if max_bytes is not None and size > max_bytes:
+            raise Unreadable(
+                ErrorCode.TOO_LARGE, f"it holds more than the job's maximum of {max_bytes} bytes"
+            )
+        if timeout_s is not None and time.monotonic() - started > timeout_s:
+            raise Unreadable(
+                ErrorCode.FETCH_TIMEOUT,
+                f"reading it took longer than the job's limit of {timeout_s:.0f} s",
+            )
+    return b"".join(parts)
+
+
+def _confined(path: str, fd: int, folders: Sequence[str]) -> bool:
+    """The file open at ``fd`` is, now, at a real path inside one of ``folders``.
+
+    Checked on the open file, not on the name checked earlier: a folder swapped for a link
+    to another tenant's folder in between must not lead there. The real path names the
+    same inode as the descriptor, or the name changed again while we looked.
+    """
+    real = os.path.realpath(path)
+    try:
+        st = os.stat(real)
+    except OSError:
+        return False
+    opened = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != (opened.st_dev, opened.st_ino):
+        return False
+    for folder in folders:
+        root = os.path.realpath(folder).rstrip("/")
+        if real.startswith(root + "/"):
+            return True
+    return False
+
+
+def _read_local(
+    path: str,
+    max_bytes: int | None = None,
+    timeout_s: float | None = None,
+    within: Sequence[str] | None = None,
+) -> bytes:
+    # O_NONBLOCK: opening a FIFO with no writer returns at once instead of waiting forever;
+    # what was opened is then checked before a single byte is read.
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Unreadable(
+                ErrorCode.FETCH_FAILED, "it is a symbolic link that loops back on itself"
+            ) from None
+        if exc.errno == errno.ENOENT and os.path.islink(path):
+            raise Unreadable(
+                ErrorCode.FETCH_FAILED,
+                f"it is a symbolic link to {os.readlink(path)!r}, which does not exist",
+            ) from None
+        if exc.errno == errno.ENXIO:  # a socket, or a device with nothing behind it
+            raise Unreadable(ErrorCode.NOT_A_FILE, "it is a socket or device, not a file") from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        os.close(fd)
+        raise
+    if not _stat.S_ISREG(mode):
+        os.close(fd)
+        kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
+        raise Unreadable(ErrorCode.NOT_A_FILE, f"it is {kind}, not a regular file")
+    if within is not None and not _confined(path, fd, within):
+        os.close(fd)
+        # The real path is not shown: it may name another tenant's file.
+        raise Unreadable(
+            ErrorCode.FETCH_FAILED,
+            "when opened, it resolves outside the folders this job may read (a folder on its "
+            "path was replaced by a link?); it was not read",
+        )
+    with open(fd, "rb", buffering=0) as f:
+        return _read_bounded(f, max_bytes, timeout_s)
 
 
 def write_bytes_atomic(loc: Location, data: bytes) -> None:

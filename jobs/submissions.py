@@ -210,6 +210,11 @@ class Settings(_Model):
     ray_address: str | None = Field(
         None, description="join this Ray cluster; default: local Ray or RAY_ADDRESS"
     )
+    shared_input_prefixes: list[str] = Field(
+        default_factory=list,
+        description="prefixes more than one tenant may read; elsewhere one tenant's "
+        "allowed_input_prefixes must not overlap another's",
+    )
 
 
 class TenantsConfig(_Model):
@@ -243,14 +248,53 @@ class TenantsConfig(_Model):
                     ) from None
         for i, (n1, w1, u1) in enumerate(places):
             for n2, w2, u2 in places[i + 1 :]:
-                if (u1.scheme, u1.bucket) != (u2.scheme, u2.bucket):
-                    continue
-                k = min(len(u1.segments), len(u2.segments))
-                if u1.segments[:k] == u2.segments[:k]:
+                if _overlap(u1, u2) is not None:
                     raise ValueError(
                         f"tenants.{n1}.{w1} and tenants.{n2}.{w2} overlap: give each its own prefix"
                     )
+        self._inputs_isolated()
         return self
+
+    def _inputs_isolated(self) -> None:
+        """One tenant may not read another's recordings: input prefixes of two tenants must
+        not overlap, except inside a prefix the config declares shared."""
+        try:
+            shared = [normalize(p) for p in self.submissions.shared_input_prefixes]
+        except UriRejected as exc:
+            raise ValueError(f"submissions.shared_input_prefixes: {exc}") from None
+        inputs = [
+            (name, p, normalize(p))
+            for name, t in self.tenants.items()
+            for p in t.allowed_input_prefixes
+        ]
+        for i, (n1, p1, u1) in enumerate(inputs):
+            for n2, p2, u2 in inputs[i + 1 :]:
+                common = _overlap(u1, u2) if n1 != n2 else None
+                if common is None or any(_under(common, s) for s in shared):
+                    continue
+                raise ValueError(
+                    f"tenants.{n1}.allowed_input_prefixes {shown(p1)!r} and "
+                    f"tenants.{n2}.allowed_input_prefixes {shown(p2)!r} overlap: each tenant could "
+                    "read the other's recordings. Give each its own prefix, or list the common "
+                    "one in submissions.shared_input_prefixes if both may read it."
+                )
+
+
+def _under(url: ObjectURL, prefix: ObjectURL) -> bool:
+    """``url`` is ``prefix`` or lies below it (segment boundaries)."""
+    n = len(prefix.segments)
+    return (url.scheme, url.bucket) == (prefix.scheme, prefix.bucket) and (
+        url.segments[:n] == prefix.segments
+    )
+
+
+def _overlap(a: ObjectURL, b: ObjectURL) -> ObjectURL | None:
+    """What two prefixes both cover (the deeper one), or None."""
+    if _under(a, b):
+        return a
+    if _under(b, a):
+        return b
+    return None
 
 
 def load_config(path: str | Path) -> TenantsConfig:
@@ -300,6 +344,23 @@ def parse_manifest(name: str, data: bytes) -> list[dict[str, Any]]:
     return rows
 
 
+def _column_problem(row: dict[str, Any]) -> str | None:
+    """Why a row's typed columns cannot be used, or None (the job reads them as typed)."""
+    labels = row.get("channel_labels")
+    if labels is not None and not (
+        isinstance(labels, str)
+        or (isinstance(labels, list) and all(isinstance(x, str) for x in labels))
+    ):
+        return (
+            "channel_labels must be text such as 'agent,customer' or a list of names, "
+            f"not {shown(json.dumps(labels, default=str), 60)}"
+        )
+    language = row.get("language")
+    if language is not None and not isinstance(language, str):
+        return f"language must be a language code such as 'en', not {shown(str(language), 40)}"
+    return None
+
+
 def trusted_rows(
     rows: list[dict[str, Any]], tenant: str, config: Tenant, sid: str, max_recordings: int
 ) -> list[dict]:
@@ -332,6 +393,10 @@ def trusted_rows(
                 f"row {i + 1} {shown(str(uri))!r}: outside the prefixes allowed for tenant {tenant!r}"
             )
             continue
+        problem = _column_problem(row)
+        if problem:
+            bad.append(f"row {i + 1} {shown(str(uri))!r}: {problem}")
+            continue
         clean = {str(k): v for k, v in row.items() if str(k) not in _TRUSTED and v is not None}
         clean.update(uri=url.url(), tenant=tenant, submission_id=sid)
         for key, value in list(clean.items()):
@@ -341,7 +406,7 @@ def trusted_rows(
     if bad:
         more = f" (and {len(bad) - 5} more)" if len(bad) > 5 else ""
         raise Rejected(
-            f"{len(bad)} of {len(rows)} URIs may not be read for this tenant: "
+            f"{len(bad)} of {len(rows)} rows cannot be run for this tenant: "
             + "; ".join(bad[:5])
             + more
         )
@@ -460,6 +525,8 @@ def _run(
             "run_id": run_id,
             "ray_address": ray_address,
             "progress": progress,
+            # Checked again on each opened file: the URIs were checked long before.
+            "allowed_input_prefixes": list(tenant.allowed_input_prefixes),
         },
         "transcribe": config.transcribe.model_dump(exclude_none=True),
     }
@@ -499,7 +566,8 @@ def process_one(
                     {
                         **record,
                         "status": FAILED,
-                        "reason": f"gave up after {record['attempts']} attempts",
+                        "reason": f"gave up after {record['attempts']} attempts; the last one "
+                        "stopped without recording a cause (its process died: see its logs)",
                     }
                 )
             return None
@@ -542,9 +610,12 @@ def process_one(
         # Recording the failure needs the storage that just failed: leave the record at
         # "running" and stop; the next run resumes this submission.
         raise
-    except OvernightError as exc:
-        _say(f"{name}/{sid}: failed: {exc}")
-        return ledger.put({**record, "status": FAILED, "reason": storage.redact(str(exc))[:2000]})
+    except Exception as exc:
+        # Whatever one submission raises is its own failure, recorded with its cause; the
+        # other tenants' submissions still run. Only storage that is down stops them all.
+        reason = str(exc) if isinstance(exc, OvernightError) else f"{type(exc).__name__}: {exc}"
+        _say(f"{name}/{sid}: failed: {reason}")
+        return ledger.put({**record, "status": FAILED, "reason": storage.redact(reason)[:2000]})
     return ledger.put(
         {
             **record,

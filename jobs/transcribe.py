@@ -94,8 +94,10 @@ def audio_options(opts: TranscribeOptions, feature_size: int) -> AudioOptions:
         vad_min_silence_split_ms=opts.vad_min_silence_split_ms,
         vad_speech_pad_ms=opts.vad_speech_pad_ms,
         split_channels=opts.split_channels,
+        max_channels=opts.max_channels,
         turn_gap_s=opts.turn_gap_s,
         max_duration_s=opts.max_duration_s,
+        decode_timeout_s=opts.decode_timeout_s,
         feature_size=feature_size,
     )
 
@@ -185,6 +187,8 @@ def fetch_and_decode(
     max_bytes: int,
     decode_units: float,
     storage_config: storage.StorageConfig,
+    fetch_timeout_s: float = pipeline.FETCH_TIMEOUT_S,
+    allowed_input_prefixes: list[str] | None = None,
 ) -> pa.Table:
     """CPU stage: object bytes → feature chunks; every failure becomes the row's error."""
     chunker = _chunker(options)
@@ -204,7 +208,9 @@ def fetch_and_decode(
             _split=split,
             chunks=[],
         )
-        data = pipeline.fetch_item(row, max_bytes, storage_config)
+        data = pipeline.fetch_item(
+            row, max_bytes, storage_config, fetch_timeout_s, allowed_input_prefixes
+        )
         if data is None:
             out.append(row)
             continue
@@ -282,6 +288,8 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
                     "max_bytes": int(opts.max_file_mb * 2**20),
                     "decode_units": opts.decode_cpus,
                     "storage_config": storage_config,
+                    "fetch_timeout_s": opts.fetch_timeout_s,
+                    "allowed_input_prefixes": spec.job.allowed_input_prefixes,
                 },
                 batch_format="pyarrow",
                 batch_size=None,

@@ -12,12 +12,15 @@ class ErrorCode(StrEnum):
     FETCH_FAILED = "fetch_failed"  # the object could not be read (missing, permission denied)
     EMPTY_FILE = "empty_file"  # zero bytes
     TOO_LARGE = "too_large"  # larger than the configured maximum size in bytes
+    NOT_A_FILE = "not_a_file"  # a folder, FIFO, device or socket where a file was expected
+    FETCH_TIMEOUT = "fetch_timeout"  # reading the object exceeded its time limit
     # Audio
     NOT_AUDIO = "not_audio"  # bytes are not a media container FFmpeg recognises
     NO_AUDIO_STREAM = "no_audio_stream"  # a media container without an audio stream
     UNSUPPORTED_CODEC = "unsupported_codec"  # an audio stream whose codec has no decoder
     CORRUPT_AUDIO = "corrupt_audio"  # a known audio format whose data cannot be decoded
     TOO_LONG = "too_long"  # longer than the configured maximum duration
+    TOO_MANY_CHANNELS = "too_many_channels"  # split channels: more than the configured maximum
     DECODE_TIMEOUT = "decode_timeout"  # decoding exceeded its time limit
     # Documents
     UNSUPPORTED_TYPE = "unsupported_type"  # not a document type overnight reads

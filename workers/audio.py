@@ -13,12 +13,16 @@ here raises for bad input.
 from __future__ import annotations
 
 import io
+import math
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import av
 import numpy as np
 from faster_whisper.feature_extractor import FeatureExtractor
-from faster_whisper.vad import VadOptions, get_speech_timestamps
+from faster_whisper.vad import VadOptions, get_speech_timestamps, get_vad_model
 
 from schemas import ErrorCode
 
@@ -57,7 +61,13 @@ class AudioOptions:
     vad_min_silence_split_ms: int = 160
     vad_speech_pad_ms: int = 400
     split_channels: bool = False
+    # Split calls: more channels than this fail with too_many_channels; each channel costs
+    # its own VAD pass and features, a full mono decode's memory.
+    max_channels: int = 8
     max_duration_s: float = 4 * 3600.0
+    # Decode, VAD and features of one recording, checked between frames and chunks: a file
+    # that decodes pathologically slowly ends as decode_timeout instead of holding its task.
+    decode_timeout_s: float = 900.0
     feature_size: int = 80
     # Split-channel calls: a pause longer than this on one channel ends a dialogue turn.
     turn_gap_s: float = 1.0
@@ -103,11 +113,39 @@ def _looks_like_audio(data: bytes) -> bool:
     return len(data) > 1 and data[0] == 0xFF and (data[1] & 0xE0) == 0xE0
 
 
-def decode(data: bytes, *, split_channels: bool, max_duration_s: float) -> tuple[np.ndarray, float]:
+def decode(
+    data: bytes,
+    *,
+    split_channels: bool,
+    max_duration_s: float,
+    max_channels: int = 8,
+    deadline: float = math.inf,
+) -> tuple[np.ndarray, float]:
     """Decode to float32 16 kHz: shape (channels, samples); channels == 1 unless split.
+
+    A mono mix-down includes every channel; a split keeps every channel, up to
+    ``max_channels``. ``deadline`` is a ``time.monotonic()`` value. The whole recording in
+    memory: AudioChunker reads it block by block instead (``Source``).
 
     Raises AudioError with the reason code.
     """
+    source = Source(data, split_channels, max_duration_s, max_channels, deadline)
+    audio = np.concatenate(list(source.blocks()), axis=1)
+    return audio, audio.shape[1] / SAMPLE_RATE
+
+
+# A channel whose RMS stays below this (-80 dBFS, under 16-bit dither) carries no signal and
+# does not count when the channels of a many-channel recording are averaged into one.
+_SILENT_CHANNEL_RMS = 1e-4
+
+
+def _check_deadline(deadline: float) -> None:
+    if time.monotonic() > deadline:
+        raise AudioError(ErrorCode.DECODE_TIMEOUT, "decoding exceeded the job's time limit")
+
+
+def _open(data: bytes) -> tuple[Any, Any]:
+    """The container and its first audio stream; AudioError when there is none to decode."""
     if not data:
         raise AudioError(ErrorCode.EMPTY_FILE, "the file is empty (0 bytes)")
     try:
@@ -115,63 +153,183 @@ def decode(data: bytes, *, split_channels: bool, max_duration_s: float) -> tuple
     except av.error.FFmpegError as exc:
         code = ErrorCode.CORRUPT_AUDIO if _looks_like_audio(data) else ErrorCode.NOT_AUDIO
         raise AudioError(code, f"cannot open as audio: {exc.strerror or exc}") from None
-    with container:
+    try:
         if not container.streams.audio:
             raise AudioError(ErrorCode.NO_AUDIO_STREAM, "the container has no audio stream")
         stream = container.streams.audio[0]
         codec_name = stream.codec_context.name if stream.codec_context else None
         if not codec_name or codec_name == "none":
             raise AudioError(ErrorCode.UNSUPPORTED_CODEC, "the audio stream's codec has no decoder")
-        # Refuse over-long recordings before spending time decoding them.
-        declared = None
-        if stream.duration is not None and stream.time_base is not None:
-            declared = float(stream.duration * stream.time_base)
-        elif container.duration is not None:
-            declared = container.duration / av.time_base
+    except AudioError:
+        container.close()
+        raise
+    return container, stream
+
+
+class Source:
+    """The decoded, 16 kHz channels of one recording, read block by block (one decoded frame
+    at a time), as many times as needed: each pass decodes again from the bytes, so memory
+    stays a frame's whatever the recording's length (a 4-hour call held 1 GB per hour).
+
+    Checks what it can before decoding (type, codec, declared duration, channels). Mono and
+    stereo keep FFmpeg's own layouts (the settings every benchmark was measured with).
+    Beyond two channels FFmpeg's downmix drops channels: a WAV of 3 or 16 channels has no
+    standard layout and comes out silent, a 5.1 file loses its LFE channel. Those are
+    resampled in their own layout and mixed here, so speech on any channel survives.
+    """
+
+    def __init__(
+        self,
+        data: bytes,
+        split_channels: bool,
+        max_duration_s: float,
+        max_channels: int = 8,
+        deadline: float = math.inf,
+    ):
+        self.data, self.max_duration_s, self.deadline = data, max_duration_s, deadline
+        container, stream = _open(data)
+        with container:
+            # Refuse over-long recordings before spending time decoding them.
+            declared = None
+            if stream.duration is not None and stream.time_base is not None:
+                declared = float(stream.duration * stream.time_base)
+            elif container.duration is not None:
+                declared = container.duration / av.time_base
+            channels = stream.codec_context.channels or 1
         if declared is not None and declared > max_duration_s:
             raise AudioError(
                 ErrorCode.TOO_LONG,
                 f"recording is {declared:.0f} s long; the job's maximum is {max_duration_s:.0f} s",
             )
-        channels = stream.codec_context.channels or 1
-        layout = "stereo" if split_channels and channels >= 2 else "mono"
-        resampler = av.AudioResampler(format="flt", layout=layout, rate=SAMPLE_RATE)
-        out_channels = 2 if layout == "stereo" else 1
-        pieces: list[np.ndarray] = []
-        samples = 0
-        max_samples = int(max_duration_s * SAMPLE_RATE)
-        try:
-            for frame in container.decode(stream):
-                frame.pts = None  # let the resampler re-time frames; some files carry bad pts
-                for out in resampler.resample(frame):
-                    arr = out.to_ndarray().reshape(-1)
-                    pieces.append(arr)
-                    samples += arr.size // out_channels
-                if samples > max_samples:
-                    raise AudioError(
-                        ErrorCode.TOO_LONG,
-                        f"recording is longer than the job's maximum of {max_duration_s:.0f} s",
-                    )
-            for out in resampler.resample(None):
-                pieces.append(out.to_ndarray().reshape(-1))
-        except av.error.FFmpegError as exc:
+        if split_channels and channels > max_channels:
             raise AudioError(
-                ErrorCode.CORRUPT_AUDIO, f"decoding failed: {exc.strerror or exc}"
-            ) from None
-    if not pieces:
-        raise AudioError(ErrorCode.CORRUPT_AUDIO, "the audio stream holds no decodable samples")
-    interleaved = np.concatenate(pieces)
-    audio = interleaved.reshape(-1, out_channels).T.copy()
-    return audio, audio.shape[1] / SAMPLE_RATE
+                ErrorCode.TOO_MANY_CHANNELS,
+                f"the recording has {channels} channels; the job transcribes at most "
+                f"{max_channels} separately (max_channels)",
+            )
+        self.native = channels > 2
+        self.mix = self.native and not split_channels
+        if self.native:
+            self.width = channels
+        else:
+            self.width = 2 if split_channels and channels == 2 else 1
+        self.channels = 1 if self.mix else self.width
+        self.divisor = np.float32(1.0)
+        if self.mix:
+            # The mean over the channels that carry signal: speech recorded on one channel
+            # of sixteen reaches VAD and Whisper at the level it was recorded, not 24 dB
+            # down. Which channels carry signal takes a pass of its own.
+            energy = np.zeros(self.width, dtype=np.float64)
+            samples = 0
+            for arr in self._frames():
+                energy += np.square(arr, dtype=np.float64).sum(axis=0)
+                samples += arr.shape[0]
+            rms = np.sqrt(energy / max(samples, 1))
+            self.divisor = np.float32(max(1, int((rms > _SILENT_CHANNEL_RMS).sum())))
+
+    def blocks(self) -> Iterator[np.ndarray]:
+        """(channels, samples) float32 blocks in order; AudioError when decoding fails or the
+        recording holds no samples."""
+        any_samples = False
+        for arr in self._frames():
+            any_samples = any_samples or arr.shape[0] > 0
+            if self.mix:
+                yield (arr.sum(axis=1, dtype=np.float32) / self.divisor).reshape(1, -1)
+            else:
+                yield arr.T
+        if not any_samples:
+            raise AudioError(ErrorCode.CORRUPT_AUDIO, "the audio stream holds no decodable samples")
+
+    def _frames(self) -> Iterator[np.ndarray]:
+        """Resampled frames as (samples, width) float32."""
+        container, stream = _open(self.data)
+        if self.native:
+            layout: Any = stream.codec_context.layout
+        else:
+            layout = "stereo" if self.width == 2 else "mono"
+        # Packed float: PyAV's to_ndarray crashes on planar frames of more than 8 channels.
+        resampler = av.AudioResampler(format="flt", layout=layout, rate=SAMPLE_RATE)
+        samples = 0
+        max_samples = int(self.max_duration_s * SAMPLE_RATE)
+        with container:
+            try:
+                for frame in container.decode(stream):
+                    frame.pts = None  # let the resampler re-time frames; some carry bad pts
+                    for out in resampler.resample(frame):
+                        arr = out.to_ndarray().reshape(-1, self.width)
+                        samples += arr.shape[0]
+                        yield arr
+                    _check_deadline(self.deadline)
+                    if samples > max_samples:
+                        raise AudioError(
+                            ErrorCode.TOO_LONG,
+                            "recording is longer than the job's maximum of "
+                            f"{self.max_duration_s:.0f} s",
+                        )
+                for out in resampler.resample(None):
+                    yield out.to_ndarray().reshape(-1, self.width)
+            except av.error.FFmpegError as exc:
+                raise AudioError(
+                    ErrorCode.CORRUPT_AUDIO, f"decoding failed: {exc.strerror or exc}"
+                ) from None
 
 
-def speech_clips(
-    channel_audio: np.ndarray, options: AudioOptions, split: bool = False
-) -> list[tuple[int, int]]:
-    """Speech regions in samples; the whole channel when VAD is off."""
-    if not options.vad:
-        return [(0, channel_audio.shape[0])] if channel_audio.size else []
-    vad = VadOptions(
+# Silero VAD as faster-whisper runs it (faster_whisper.vad.SileroVADModel): 512-sample
+# windows, each with the previous window's last 64 samples as context, 10,000 windows per
+# model call with the recurrent state carried between calls. Calling it on the same batches
+# gives the same probabilities as on the whole recording at once.
+_VAD_WINDOW = 512
+_VAD_CONTEXT = 64
+_VAD_BATCH = 10_000
+
+
+class StreamingVad:
+    """Speech probabilities of one channel fed block by block, in one batch's memory."""
+
+    def __init__(self) -> None:
+        self._session = get_vad_model().session
+        self._h = np.zeros((1, 1, 128), dtype=np.float32)
+        self._c = np.zeros((1, 1, 128), dtype=np.float32)
+        self._context = np.zeros(_VAD_CONTEXT, dtype=np.float32)
+        self._pending: list[np.ndarray] = []
+        self._pending_n = 0
+        self._probs: list[np.ndarray] = []
+        self.samples = 0
+
+    def feed(self, audio: np.ndarray) -> None:
+        self._pending.append(audio)
+        self._pending_n += audio.size
+        self.samples += audio.size
+        batch = _VAD_BATCH * _VAD_WINDOW
+        if self._pending_n >= batch:
+            buf = np.concatenate(self._pending)
+            full = buf.size // batch * batch
+            for start in range(0, full, batch):
+                self._run(buf[start : start + batch])
+            self._pending = [buf[full:]]
+            self._pending_n = buf.size - full
+
+    def finish(self) -> np.ndarray:
+        """Probabilities of every window, the last one padded with zeros as faster-whisper
+        pads (a whole window when the length is a multiple of 512)."""
+        buf = np.concatenate(self._pending) if self._pending else np.zeros(0, np.float32)
+        self._run(np.pad(buf, (0, _VAD_WINDOW - buf.size % _VAD_WINDOW)))
+        self._pending, self._pending_n = [], 0
+        return np.concatenate(self._probs).reshape(-1)
+
+    def _run(self, audio: np.ndarray) -> None:
+        windows = audio.reshape(-1, _VAD_WINDOW)
+        context = np.concatenate([self._context[None, :], windows[:-1, -_VAD_CONTEXT:]])
+        self._context = windows[-1, -_VAD_CONTEXT:].copy()
+        batched = np.concatenate([context, windows], axis=1)
+        out, self._h, self._c = self._session.run(
+            None, {"input": batched, "h": self._h, "c": self._c}
+        )
+        self._probs.append(out)
+
+
+def _vad_options(options: AudioOptions, split: bool) -> VadOptions:
+    return VadOptions(
         threshold=options.vad_threshold,
         min_silence_duration_ms=(
             options.vad_min_silence_split_ms if split else options.vad_min_silence_ms
@@ -179,6 +337,101 @@ def speech_clips(
         speech_pad_ms=options.vad_speech_pad_ms,
         max_speech_duration_s=options.chunk_length_s,
     )
+
+
+def speech_regions(probs: np.ndarray, length: int, vad: VadOptions) -> list[tuple[int, int]]:
+    """Speech (start, end) samples from window probabilities: the decision rules of
+    faster_whisper.vad.get_speech_timestamps (faster-whisper 1.2, MIT licence), taken apart
+    from its model call so that the probabilities can come from a stream."""
+    window = _VAD_WINDOW
+    rate = SAMPLE_RATE
+    threshold = vad.threshold
+    neg_threshold = vad.neg_threshold
+    min_speech_samples = rate * vad.min_speech_duration_ms / 1000
+    speech_pad_samples = rate * vad.speech_pad_ms / 1000
+    max_speech_samples = rate * vad.max_speech_duration_s - window - 2 * speech_pad_samples
+    min_silence_samples = rate * vad.min_silence_duration_ms / 1000
+    min_silence_samples_at_max_speech = rate * 98 / 1000
+    if neg_threshold is None:
+        neg_threshold = max(threshold - 0.15, 0.01)
+
+    triggered = False
+    speeches: list[dict[str, int]] = []
+    current: dict[str, int] = {}
+    temp_end = 0  # a possible end of speech (some silence is tolerated)
+    prev_end = next_start = 0  # possible cut points when a segment reaches its maximum
+    for i, prob in enumerate(probs):
+        if prob >= threshold and temp_end:
+            temp_end = 0
+            if next_start < prev_end:
+                next_start = window * i
+        if prob >= threshold and not triggered:
+            triggered = True
+            current["start"] = window * i
+            continue
+        if triggered and window * i - current["start"] > max_speech_samples:
+            if prev_end:
+                current["end"] = prev_end
+                speeches.append(current)
+                current = {}
+                # silence was reached (< neg_threshold) and speech has not resumed
+                if next_start < prev_end:
+                    triggered = False
+                else:
+                    current["start"] = next_start
+                prev_end = next_start = temp_end = 0
+            else:
+                current["end"] = window * i
+                speeches.append(current)
+                current = {}
+                prev_end = next_start = temp_end = 0
+                triggered = False
+                continue
+        if prob < neg_threshold and triggered:
+            if not temp_end:
+                temp_end = window * i
+            # do not cut in a very short silence
+            if window * i - temp_end > min_silence_samples_at_max_speech:
+                prev_end = temp_end
+            if window * i - temp_end < min_silence_samples:
+                continue
+            current["end"] = temp_end
+            if current["end"] - current["start"] > min_speech_samples:
+                speeches.append(current)
+            current = {}
+            prev_end = next_start = temp_end = 0
+            triggered = False
+            continue
+    if current and length - current["start"] > min_speech_samples:
+        current["end"] = length
+        speeches.append(current)
+
+    for i, speech in enumerate(speeches):
+        if i == 0:
+            speech["start"] = int(max(0, speech["start"] - speech_pad_samples))
+        if i != len(speeches) - 1:
+            gap = speeches[i + 1]["start"] - speech["end"]
+            if gap < 2 * speech_pad_samples:
+                speech["end"] += int(gap // 2)
+                speeches[i + 1]["start"] = int(max(0, speeches[i + 1]["start"] - gap // 2))
+            else:
+                speech["end"] = int(min(length, speech["end"] + speech_pad_samples))
+                speeches[i + 1]["start"] = int(
+                    max(0, speeches[i + 1]["start"] - speech_pad_samples)
+                )
+        else:
+            speech["end"] = int(min(length, speech["end"] + speech_pad_samples))
+    return [(s["start"], s["end"]) for s in speeches]
+
+
+def speech_clips(
+    channel_audio: np.ndarray, options: AudioOptions, split: bool = False
+) -> list[tuple[int, int]]:
+    """Speech regions in samples of a whole channel in memory; the whole channel when VAD
+    is off. (AudioChunker finds the same regions from a stream.)"""
+    if not options.vad:
+        return [(0, channel_audio.shape[0])] if channel_audio.size else []
+    vad = _vad_options(options, split)
     return [(c["start"], c["end"]) for c in get_speech_timestamps(channel_audio, vad)]
 
 
@@ -226,23 +479,83 @@ class AudioChunker:
     def __call__(self, data: bytes, *, split_channels: bool | None = None) -> DecodedAudio:
         opts = self.options
         split = opts.split_channels if split_channels is None else split_channels
+        deadline = time.monotonic() + opts.decode_timeout_s
         try:
-            audio, duration = decode(data, split_channels=split, max_duration_s=opts.max_duration_s)
+            source = Source(data, split, opts.max_duration_s, opts.max_channels, deadline)
+            return self._chunks(source, deadline)
         except AudioError as exc:
-            return DecodedAudio(error_code=exc.code.value, error_message=str(exc))
-        result = DecodedAudio(duration_s=duration, num_channels=audio.shape[0])
+            message = (
+                f"{exc} ({opts.decode_timeout_s:.0f} s)"
+                if exc.code == ErrorCode.DECODE_TIMEOUT
+                else str(exc)
+            )
+            return DecodedAudio(error_code=exc.code.value, error_message=message)
+
+    def _chunks(self, source: Source, deadline: float) -> DecodedAudio:
+        """Two passes over the decoded stream, so that memory does not grow with the
+        recording: the first finds speech (VAD in one model batch's memory), the second cuts
+        exactly those samples out, one chunk at a time. A recording without speech is
+        decoded once."""
+        opts = self.options
+        channels = source.channels
+        vads = [StreamingVad() for _ in range(channels)] if opts.vad else []
+        length = 0
+        for block in source.blocks():
+            length += block.shape[1]
+            for channel, vad in enumerate(vads):
+                vad.feed(block[channel])
+        result = DecodedAudio(duration_s=length / SAMPLE_RATE, num_channels=channels)
         chunk_samples = opts.chunk_length_s * SAMPLE_RATE
-        max_gap = int(opts.turn_gap_s * SAMPLE_RATE) if audio.shape[0] > 1 else None
-        for channel, channel_audio in enumerate(audio):
-            clips = speech_clips(channel_audio, opts, split=audio.shape[0] > 1)
-            for group in pack_clips(clips, chunk_samples, max_gap):
-                speech = np.concatenate([channel_audio[s:e] for s, e in group])
-                # Same framing as faster-whisper's batched pipeline: drop the last frame.
-                feats = self._features(speech)[..., :-1].astype(np.float32, copy=False)
-                seconds = [(s / SAMPLE_RATE, e / SAMPLE_RATE) for s, e in group]
-                result.chunks.append(Chunk(channel=channel, clips=seconds, features=feats))
+        max_gap = int(opts.turn_gap_s * SAMPLE_RATE) if channels > 1 else None
+        groups: list[list[list[tuple[int, int]]]] = []
+        for channel in range(channels):
+            if vads:
+                vad_options = _vad_options(opts, split=channels > 1)
+                clips = speech_regions(vads[channel].finish(), length, vad_options)
+            else:
+                clips = [(0, length)] if length else []
+            groups.append(pack_clips(clips, chunk_samples, max_gap))
+        if any(groups):
+            _check_deadline(deadline)
+            for chunks in self._cut(source, groups):
+                result.chunks.extend(chunks)
         result.speech_s = sum(c.duration_s for c in result.chunks)
         return result
+
+    def _cut(self, source: Source, groups: list[list[list[tuple[int, int]]]]) -> list[list[Chunk]]:
+        """Each channel's chunks: the samples of its current group's clips are collected as
+        the blocks go by, and a complete group becomes features at once."""
+        out: list[list[Chunk]] = [[] for _ in groups]
+        current = [0] * len(groups)
+        pieces: list[list[np.ndarray]] = [[] for _ in groups]
+        pos = 0
+        for block in source.blocks():
+            n = block.shape[1]
+            for channel, channel_groups in enumerate(groups):
+                while current[channel] < len(channel_groups):
+                    group = channel_groups[current[channel]]
+                    for start, end in group:
+                        lo, hi = max(start, pos), min(end, pos + n)
+                        if lo < hi:
+                            pieces[channel].append(block[channel, lo - pos : hi - pos].copy())
+                    if group[-1][1] > pos + n:
+                        break  # the group goes on in a later block
+                    out[channel].append(self._chunk(channel, group, pieces[channel]))
+                    pieces[channel] = []
+                    current[channel] += 1
+            pos += n
+        if any(current[c] < len(g) for c, g in enumerate(groups)):
+            # Both passes decode the same bytes the same way; a shorter second pass would
+            # otherwise lose speech without a word.
+            raise AudioError(ErrorCode.CORRUPT_AUDIO, "the audio decoded shorter the second time")
+        return out
+
+    def _chunk(self, channel: int, group: list[tuple[int, int]], pieces: list[np.ndarray]) -> Chunk:
+        speech = np.concatenate(pieces)
+        # Same framing as faster-whisper's batched pipeline: drop the last frame.
+        feats = self._features(speech)[..., :-1].astype(np.float32, copy=False)
+        seconds = [(s / SAMPLE_RATE, e / SAMPLE_RATE) for s, e in group]
+        return Chunk(channel=channel, clips=seconds, features=feats)
 
 
 def to_original_time(clips: list[tuple[float, float]], t: float) -> float:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from multiprocessing.connection import Connection
 from pathlib import PurePosixPath
+from typing import IO
 from xml.etree import ElementTree
 
 from schemas.errors import ErrorCode
@@ -66,6 +67,10 @@ class TextOptions:
     max_chars: int = 2_000_000
     # The field that holds the text in .json objects and .jsonl records.
     json_text_field: str = "text"
+    # Memory the extractor child may add while parsing one document (an address-space
+    # limit above its idle size); a parser that needs more fails with ``too_large``. A
+    # 916 KB DOCX of paragraphs reached 4 GB without it.
+    max_memory_mb: int = 2048
 
     def __post_init__(self) -> None:
         if self.pdf_password is not None and not isinstance(self.pdf_password, str):
@@ -88,6 +93,14 @@ class TextOptions:
         if self.max_chars <= 0:
             raise InvalidTextOptions(
                 f"max_chars={self.max_chars!r} must be a positive integer, e.g. 2000000"
+            )
+        if (
+            isinstance(self.max_memory_mb, bool)
+            or not isinstance(self.max_memory_mb, int)
+            or self.max_memory_mb <= 0
+        ):
+            raise InvalidTextOptions(
+                f"max_memory_mb={self.max_memory_mb!r} must be a positive integer, e.g. 2048"
             )
         if not isinstance(self.json_text_field, str) or not self.json_text_field:
             raise InvalidTextOptions(
@@ -346,7 +359,26 @@ def _child_main(req_fd: int, resp_fd: int) -> None:
             os._exit(3)
         if request.stall_s:
             time.sleep(request.stall_s)
+        _limit_memory(request.options.max_memory_mb)
         replies.send_bytes(pickle.dumps(_extract_safely(request), protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _limit_memory(max_memory_mb: int) -> None:
+    """Cap this child's address space at its current size plus ``max_memory_mb``: beyond it
+    an allocation raises MemoryError (this document's ``too_large``) instead of the node
+    running out of memory. Linux only; elsewhere the time limit is the only bound."""
+    try:
+        import resource
+
+        with open("/proc/self/statm") as f:
+            size = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (ImportError, OSError, ValueError):
+        return
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = size + max_memory_mb * 2**20
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
 
 
 class _Failure(Exception):
@@ -374,6 +406,16 @@ def _extract_safely(request: _Request) -> _Outcome:
             pages=failure.pages,
             error_code=failure.code.value,
             error_message=_redact(failure.message, password),
+        )
+    except MemoryError:
+        return _Outcome(
+            text=None,
+            kind=kind,
+            error_code=ErrorCode.TOO_LARGE.value,
+            error_message=(
+                f"parsing the {kind} document needs more than "
+                f"max_memory_mb={request.options.max_memory_mb} MB of memory"
+            ),
         )
     except Exception as exc:  # any parser bug on any input is this document's problem only
         return _Outcome(
@@ -566,6 +608,8 @@ _MC_FALLBACK = "{http://schemas.openxmlformats.org/markup-compatibility/2006}Fal
 def _docx(data: bytes, options: TextOptions) -> tuple[str, int | None]:
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            with archive.open(_DOCX_PART) as part:
+                _docx_text_fits(part, options.max_chars)
             xml = archive.read(_DOCX_PART)
         root = ElementTree.fromstring(xml)
     except (zipfile.BadZipFile, KeyError, ElementTree.ParseError, OSError) as exc:
@@ -574,6 +618,28 @@ def _docx(data: bytes, options: TextOptions) -> tuple[str, int | None]:
     if body is None:
         raise _Failure(ErrorCode.CORRUPT_DOCUMENT, f"{_DOCX_PART} has no body")
     return _finish("\n\n".join(_docx_blocks(body)), options), None
+
+
+def _docx_text_fits(part: IO[bytes], max_chars: int) -> None:
+    """Stream the part once, counting its text, and stop at ``max_chars``: a DOCX of a few
+    MB can hold a GiB of text, which the whole-tree parse would hold several times over."""
+    chars = depth = 0
+    body: ElementTree.Element | None = None
+    for event, elem in ElementTree.iterparse(part, events=("start", "end")):
+        if event == "start":
+            depth += 1
+            if depth == 2:
+                body = elem
+            continue
+        depth -= 1
+        if elem.tag == f"{_W}t" and elem.text:
+            chars += len(elem.text)
+            if chars > max_chars:
+                raise _Failure(
+                    ErrorCode.TOO_LARGE, f"the text has more than max_chars={max_chars} characters"
+                )
+        if depth == 2 and body is not None:
+            body.clear()  # a finished block of the body: counted, so let it go
 
 
 def _docx_blocks(container: ElementTree.Element) -> list[str]:

