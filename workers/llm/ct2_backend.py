@@ -176,6 +176,10 @@ class CTranslate2Backend:
         self.context_length = int(meta.get("context_length") or _DEFAULT_CONTEXT_LENGTH)
         self.max_batch_size = max_batch_size
         self._tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        # Every added token of the vocabulary: untrusted text must not spell any of them.
+        self.special_tokens = tuple(
+            t.content for t in self._tokenizer.get_added_tokens_decoder().values()
+        )
         self._template = ChatTemplate(
             meta["chat_template"],
             bos_token=meta.get("bos_token") or "",

@@ -261,6 +261,12 @@ class VLLMBackend:
         self._engine: _Engine | None = _Engine(self.engine_args)
         self._tokenizer = self._engine.llm.get_tokenizer()
         self._tokenizer_lock = threading.Lock()
+        # Every added token of the vocabulary: untrusted text must not spell any of them.
+        added = getattr(self._tokenizer, "added_tokens_decoder", {}) or {}
+        self.special_tokens = tuple(
+            sorted({str(getattr(t, "content", t)) for t in added.values()})
+            | set(getattr(self._tokenizer, "all_special_tokens", ()))
+        )
         self.model_id = model_id or model
         self.context_length = int(self._engine.llm.model_config.max_model_len)
         self.cpu_threads = 0
