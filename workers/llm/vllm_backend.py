@@ -263,10 +263,9 @@ class VLLMBackend:
         self._tokenizer_lock = threading.Lock()
         # Every added token of the vocabulary: untrusted text must not spell any of them.
         added = getattr(self._tokenizer, "added_tokens_decoder", {}) or {}
-        self.special_tokens = tuple(
-            sorted({str(getattr(t, "content", t)) for t in added.values()})
-            | set(getattr(self._tokenizer, "all_special_tokens", ()))
-        )
+        names = {str(getattr(t, "content", t)) for t in added.values()}
+        names |= set(getattr(self._tokenizer, "all_special_tokens", ()))
+        self.special_tokens = tuple(sorted(names))
         self.model_id = model_id or model
         self.context_length = int(self._engine.llm.model_config.max_model_len)
         self.cpu_threads = 0
