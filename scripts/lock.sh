@@ -30,6 +30,8 @@ lock() {  # lock NAME "EXTRAS" ARGS...
     "requirements/$name.txt"
   echo "lock.sh: requirements/$name.txt ($(grep -c '==' "requirements/$name.txt") pins)"
 }
-lock default "" --universal
 lock dev "dev" "${LINUX[@]}" --find-links "$TORCH_CPU_WHEELS" "${CPU_ONLY_OUT[@]}"
+# The default install takes the dev lock's versions of what they share, so that installing
+# one flavour after the other in one environment changes nothing under the other.
+lock default "" --universal --constraint requirements/dev.txt
 lock gpu "gpu" "${LINUX[@]}"
