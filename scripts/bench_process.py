@@ -442,12 +442,15 @@ def identical(a: dict, b: dict) -> float:
     return sum(a["outputs"][n] == b["outputs"].get(n) for n in names) / max(1, len(names))
 
 
-def parse_pipeline(text: str, docs: int, cpus: int, max_batch: int) -> dict:
+def parse_pipeline(text: str, docs: int, cpus: int, max_batch: int, vllm: bool = False) -> dict:
     """``ACTORSxTHREADS[/ITEMS_PER_CALL[/MAX_BATCH]]``; items per call default to an even
-    share of the documents, so every actor gets work."""
+    share of the documents, so every actor gets work (vLLM: the job's own default, many
+    small calls in flight at once)."""
     head, *rest = text.split("/")
     actors, threads = (int(x) for x in head.lower().split("x"))
-    items = int(rest[0]) if rest and rest[0] else math.ceil(docs / actors)
+    items: int | None = int(rest[0]) if rest and rest[0] else None
+    if items is None and not vllm:
+        items = math.ceil(docs / actors)
     batch = int(rest[1]) if len(rest) > 1 else max_batch
     # Ray CPUs are a reservation, the threads are what runs. Leave one logical CPU free:
     # Ray Data 2.60 lists the manifest files in a task of Ray's default 1 CPU (the read's
@@ -460,7 +463,7 @@ def parse_pipeline(text: str, docs: int, cpus: int, max_batch: int) -> dict:
         "max_batch_size": batch,
         "cpus_per_actor": round((cpus - 1) / actors, 2),
         "extract_cpus": 0.2,
-        "label": f"{actors}x{threads}/{items}/{batch}",
+        "label": f"{actors}x{threads}/{items or 'auto'}/{batch}",
     }
 
 
@@ -527,7 +530,9 @@ def main() -> int:
     ]
     pipelines = args.pipelines or ("1x0" if vllm else "2x1")
     variants = [
-        parse_pipeline(p, args.docs, cpus, args.max_batch_size) for p in pipelines.split(",") if p
+        parse_pipeline(p, args.docs, cpus, args.max_batch_size, vllm)
+        for p in pipelines.split(",")
+        if p
     ]
     if vllm:
         for v in variants:
