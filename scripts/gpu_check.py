@@ -35,7 +35,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-TINY = {"hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2}
+# head_dim 64: the CPU attention kernels take 32, 64, 80, 96, 112, 128, 256, not 16.
+TINY = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2}
 TINY.update(num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
 LLAMA_8B = {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32}
 LLAMA_8B.update(num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072)

@@ -17,10 +17,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu-check-out}"
 CONFIGS="${GPU_CHECK_DIR:-.gpu-check}"
+PY="${PYTHON:-python3}"
 mkdir -p "$OUT"
 
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/gpu-check-site .whl/*.whl >"$OUT/pip.log" 2>&1 \
     || { echo "gpu_check: FAIL: the carried wheels do not install (see $OUT/pip.log)"; exit 2; }
   export PYTHONPATH="/tmp/gpu-check-site${PYTHONPATH:+:$PYTHONPATH}"
@@ -34,7 +35,7 @@ fi
   uptime
   nvidia-smi 2>&1 || echo "nvidia-smi: not found"
 } >"$OUT/env.txt"
-timeout "${GPU_CHECK_TIMEOUT:-420}" python3 scripts/gpu_check.py run --dir "$CONFIGS" --out "$OUT" "$@" \
+timeout "${GPU_CHECK_TIMEOUT:-420}" "$PY" scripts/gpu_check.py run --dir "$CONFIGS" --out "$OUT" "$@" \
   >"$OUT/gpu_check.log" 2>&1
 rc=$?
 grep -E '^gpu_check:|"(status|ratio|generated_tokens_per_s|vllm|ctranslate2)"' "$OUT/gpu_check.log"

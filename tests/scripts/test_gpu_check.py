@@ -21,7 +21,7 @@ def test_gpu_check_passes_in_cpu_mode_from_configs_and_dummy_weights(tmp_path):
     subprocess.run(prepare, cwd=REPO, check=True, timeout=300)
     assert {p.name for p in configs.iterdir()} == {"tiny", "llama8b"}
     assert not list(configs.glob("*/*.safetensors"))  # configs and tokenizer only
-    env = {**os.environ, "OUT": str(out), "GPU_CHECK_DIR": str(configs)}
+    env = {**os.environ, "OUT": str(out), "GPU_CHECK_DIR": str(configs), "PYTHON": sys.executable}
     done = subprocess.run(
         ["bash", "scripts/gpu_check.sh", "--cpu", "--docs", "16"],
         cwd=REPO,
