@@ -538,7 +538,9 @@ def test_a_bad_tenant_row_or_a_failing_submission_never_stops_another_tenants(tm
     err = capsys.readouterr().err
     assert "channel_labels must be text such as 'agent,customer'" in err and "row 1" in err
     # The same row dropped straight into the inbox is rejected there, with the same reason.
-    (tmp_path / "inbox" / "acme" / "dropped.jsonl").write_text(bad.read_text().replace("5", "7"))
+    (tmp_path / "inbox" / "acme" / "dropped.jsonl").write_text(
+        json.dumps({"uri": str(acme_wav), "channel_labels": 7}) + "\n"
+    )
     # acme's good submission fails at run time: its output folder is blocked by a file.
     (tmp_path / "inbox" / "acme" / "good.csv").write_text(f"uri\n{acme_wav}\n")
     (tmp_path / "out").mkdir()
