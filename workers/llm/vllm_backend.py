@@ -230,32 +230,13 @@ class VLLMBackend:
     name = "vllm"
     structured_outputs = True
 
-    def __init__(
-        self,
-        model: str,
-        *,
-        model_id: str | None = None,
-        compute_type: str = "auto",
-        max_num_seqs: int | None = None,
-        max_num_batched_tokens: int | None = None,
-        gpu_memory_utilization: float = 0.9,
-        max_model_len: int | None = None,
-        engine_kwargs: dict[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, model: str, *, model_id: str | None = None, **settings: Any) -> None:
+        """``settings``: the keyword arguments of :func:`engine_arguments`."""
         vllm = import_vllm()
         import vllm.sampling_params as vllm_sampling
 
         self.device = vllm_device()
-        self.engine_args = engine_arguments(
-            model,
-            self.device,
-            compute_type=compute_type,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            gpu_memory_utilization=gpu_memory_utilization,
-            max_model_len=max_model_len,
-            engine_kwargs=engine_kwargs,
-        )
+        self.engine_args = engine_arguments(model, self.device, **settings)
         self._vllm_sampling = vllm_sampling
         self._SamplingParams = vllm.SamplingParams
         self._engine: _Engine | None = _Engine(self.engine_args)
