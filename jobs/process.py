@@ -344,13 +344,14 @@ def _run_task(spec: JobSpec, input_url: str, task_name: str) -> dict[str, Any]:
         opts.device if opts.device != "auto" else ("cuda" if pipeline.cluster_has_gpu() else "cpu")
     )
     config = _worker_config(opts, task, device)
+    items_per_call, calls_per_actor = opts.call_shape
     options_json = json.dumps(
         {
             **config.options(),
             "device": device,
             "input_kind": "transcripts" if transcripts else "documents",
-            "items_per_call": opts.call_shape[0],
-            "calls_per_actor": opts.call_shape[1],
+            "items_per_call": items_per_call,
+            "calls_per_actor": calls_per_actor,
         },
         sort_keys=True,
         default=str,
@@ -361,7 +362,6 @@ def _run_task(spec: JobSpec, input_url: str, task_name: str) -> dict[str, Any]:
         else (1.0 if device == "cuda" else 0.0)
     )
 
-    items_per_call, calls_per_actor = opts.call_shape
     outcome = pipeline.Outcome()
     if pending:
         text_options = TextOptions(

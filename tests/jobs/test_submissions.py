@@ -120,11 +120,15 @@ def test_manifest_carrying_credentials_is_rejected_and_the_value_never_shown():
     assert "hunter2" not in str(err.value)
 
 
+def _load_tenants(tmp_path, data: dict):
+    path = tmp_path / "tenants.toml"
+    path.write_text(tomli_w.dumps(data))
+    return load_config(path)
+
+
 def test_tenants_config_refuses_overlapping_inboxes_and_credentials_in_prefixes(tmp_path):
     def load(data: dict):
-        path = tmp_path / "tenants.toml"
-        path.write_text(tomli_w.dumps(data))
-        return load_config(path)
+        return _load_tenants(tmp_path, data)
 
     base = {
         "submissions": {"state": "s3://state/subs"},
@@ -469,9 +473,7 @@ def test_storage_down_stops_the_run_with_a_clear_message_and_the_next_run_resume
 
 def test_tenants_config_refuses_overlapping_input_prefixes_unless_declared_shared(tmp_path):
     def load(data: dict):
-        path = tmp_path / "tenants.toml"
-        path.write_text(tomli_w.dumps(data))
-        return load_config(path)
+        return _load_tenants(tmp_path, data)
 
     data = {
         "submissions": {"state": "s3://state/subs"},
