@@ -204,6 +204,16 @@ def print_summary(summary: dict[str, Any], out=None) -> None:
             f"  per minute   {money(summary['cost_per_audio_minute_usd'])} busy, "
             f"{money(summary['reserved_cost_per_audio_minute_usd'])} reserved"
         )
+    startup = summary.get("startup") or {}
+    if startup.get("first_result_s") is not None:
+        steps = ", ".join(
+            f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f} s"
+            for k, v in startup.items()
+            if k != "first_result_s" and v is not None
+        )
+        lines.append(
+            f"  start-up     first result after {startup['first_result_s']:.1f} s ({steps})"
+        )
     for key in ("transcripts", "results", "costs", "summary_path"):
         if key in summary:
             lines.append(f"  {key:<12} {summary[key]}")

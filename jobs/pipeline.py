@@ -260,7 +260,12 @@ class CommittingActor:
         slim: Sequence[str],
         token: str,
     ):
+        # Wall-clock times (epoch seconds, comparable across the cluster's processes) of
+        # the actor's start and of its model being ready: the start-up the first result
+        # waits for, reported in the run summary's ``startup``.
+        self.started_at = time.time()
         self.worker = make_worker()
+        self.ready_at = time.time()
         self.dataset, self.schema, self.slim, self.token = dataset, schema, tuple(slim), token
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -268,7 +273,14 @@ class CommittingActor:
         # Checked after the model, right before the write: the window a dying run's actor
         # has to commit after a new run's claim is one small read long.
         check_claim(self.dataset, self.token)
-        return commit(finished, self.dataset, self.schema, self.slim)
+        slim = commit(finished, self.dataset, self.schema, self.slim)
+        n = slim.num_rows
+        slim = slim.append_column(ACTOR_STARTED, pa.array([self.started_at] * n, pa.float64()))
+        return slim.append_column(MODEL_READY, pa.array([self.ready_at] * n, pa.float64()))
+
+
+# Driver-only columns of the rows an actor returns (never committed): see CommittingActor.
+ACTOR_STARTED, MODEL_READY = "_actor_started_at", "_model_ready_at"
 
 
 class Progress:
@@ -355,6 +367,48 @@ def _unwrap(exc: BaseException, load_errors: tuple[type[BaseException], ...]) ->
 class Outcome:
     rows: list[dict[str, Any]] = field(default_factory=list)
     pipeline_s: float = 0.0
+    # Epoch seconds: the pipeline's start, the first actor's start and model ready, and the
+    # first committed result's arrival at the driver (None: nothing ran).
+    started_at: float | None = None
+    actor_started_at: float | None = None
+    model_ready_at: float | None = None
+    first_result_at: float | None = None
+
+
+class Startup:
+    """What the first result of a run waits for, step by step, in wall-clock seconds."""
+
+    def __init__(self) -> None:
+        self.t0 = time.time()
+        self.marks: dict[str, float] = {}
+
+    def mark(self, name: str) -> None:
+        """``name`` ended now."""
+        self.marks[name] = time.time()
+
+    def report(self, outcome: Outcome) -> dict[str, float | None]:
+        """Seconds of each step, in order, and the total to the first result. The actor's
+        start and model load overlap the first decode (or extraction) tasks."""
+        steps: dict[str, float | None] = {}
+        last = self.t0
+        for name, at in self.marks.items():
+            steps[f"{name}_s"] = round(at - last, 3)
+            last = at
+        o = outcome
+        steps["actor_start_s"] = (
+            round(o.actor_started_at - o.started_at, 3)
+            if o.actor_started_at and o.started_at
+            else None
+        )
+        steps["model_load_s"] = (
+            round(o.model_ready_at - o.actor_started_at, 3)
+            if o.model_ready_at and o.actor_started_at
+            else None
+        )
+        steps["first_result_s"] = (
+            round(o.first_result_at - self.t0, 3) if o.first_result_at else None
+        )
+        return steps
 
 
 def execute(
@@ -362,12 +416,19 @@ def execute(
 ) -> Outcome:
     """Iterate the dataset's slim rows; map failures to our systemic errors; check that the
     run produced exactly one row per pending item."""
-    outcome = Outcome()
+    outcome = Outcome(started_at=time.time())
     t0 = time.monotonic()
     try:
         with progress:
             for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+                if outcome.first_result_at is None:
+                    outcome.first_result_at = time.time()
                 slim = batch.to_pylist()
+                for row in slim:
+                    started, ready = row.pop(ACTOR_STARTED, None), row.pop(MODEL_READY, None)
+                    first = outcome.actor_started_at
+                    if started is not None and (first is None or started < first):
+                        outcome.actor_started_at, outcome.model_ready_at = started, ready
                 outcome.rows.extend(slim)
                 progress.update(slim)
     except Exception as exc:

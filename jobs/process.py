@@ -22,6 +22,7 @@ import functools
 import hashlib
 import json
 import os
+import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from jobs import ledger, pipeline, storage
+from jobs import ledger, pipeline, sizing, storage
 from jobs.errors import ConfigError
 from jobs.manifest import committed_ids, list_items
 from jobs.spec import JobSpec, ProcessOptions
@@ -282,7 +283,27 @@ class _ResultRows:
         return out.append_column("processed_at", now)
 
 
-def _worker_config(opts: ProcessOptions, task: TaskSpec, device: str) -> LLMWorkerConfig:
+# The spec's names for the pool fields that jobs.sizing fills.
+POOL_NAMES = {"task_cpus": "extract_cpus", "threads": "cpu_threads"}
+
+
+def llm_pool(opts: ProcessOptions, device: str, nodes: list[sizing.Node]) -> sizing.Pool:
+    return sizing.size_pool(
+        nodes,
+        "cuda" if device == "cuda" else "cpu",
+        actors=opts.actors,
+        cpus_per_actor=opts.cpus_per_actor,
+        gpus_per_actor=opts.gpus_per_actor,
+        task_cpus=opts.extract_cpus,
+        model_workers=1,  # one engine per actor; it batches on its own
+        threads=opts.cpu_threads,
+        names=POOL_NAMES,
+    )
+
+
+def _worker_config(
+    opts: ProcessOptions, task: TaskSpec, device: str, pool: sizing.Pool
+) -> LLMWorkerConfig:
     return LLMWorkerConfig(
         task=task,
         backend=opts.backend,
@@ -295,10 +316,9 @@ def _worker_config(opts: ProcessOptions, task: TaskSpec, device: str) -> LLMWork
         gpu_memory_utilization=opts.gpu_memory_utilization,
         max_model_len=opts.max_model_len,
         engine_kwargs=tuple(sorted(opts.engine_kwargs.items())),
-        cpu_threads=opts.cpu_threads
-        or (max(1, int(opts.cpus_per_actor)) if device == "cpu" else 0),
+        cpu_threads=pool.threads if device == "cpu" else 0,
         resource=opts.resource,
-        units=(opts.gpus_per_actor or 1.0) if device == "cuda" else opts.cpus_per_actor,
+        units=(pool.gpus_per_actor or 1.0) if device == "cuda" else pool.cpus_per_actor,
     )
 
 
@@ -318,6 +338,7 @@ def _run_task(spec: JobSpec, input_url: str, task_name: str) -> dict[str, Any]:
     import ray
 
     started = time.monotonic()
+    startup = pipeline.Startup()
     opts = spec.process
     task = task_spec(task_name, opts)
     run_id = (
@@ -338,12 +359,21 @@ def _run_task(spec: JobSpec, input_url: str, task_name: str) -> dict[str, Any]:
     done = committed_ids(results)
     todo = [r for r in records if r["item_id"] not in done]
     pending = todo[: spec.job.max_items] if spec.job.max_items is not None else todo
+    startup.mark("list")
 
     pipeline.ensure_ray(spec.job.ray_address)
+    startup.mark("ray")
     device = (
         opts.device if opts.device != "auto" else ("cuda" if pipeline.cluster_has_gpu() else "cpu")
     )
-    config = _worker_config(opts, task, device)
+    pool = llm_pool(opts, device, sizing.nodes_of_cluster())
+    if spec.job.progress and pending:
+        print(
+            f"[overnight] {task_name}: {pool.describe('LLM', 'text extraction')}",
+            file=sys.stderr,
+            flush=True,
+        )
+    config = _worker_config(opts, task, device, pool)
     items_per_call, calls_per_actor = opts.call_shape
     options_json = json.dumps(
         {
@@ -356,11 +386,6 @@ def _run_task(spec: JobSpec, input_url: str, task_name: str) -> dict[str, Any]:
         sort_keys=True,
         default=str,
     )
-    gpus = (
-        opts.gpus_per_actor
-        if opts.gpus_per_actor is not None
-        else (1.0 if device == "cuda" else 0.0)
-    )
 
     outcome = pipeline.Outcome()
     if pending:
@@ -371,7 +396,10 @@ def _run_task(spec: JobSpec, input_url: str, task_name: str) -> dict[str, Any]:
             max_memory_mb=opts.extract_memory_mb,
             json_text_field=opts.json_text_field,
         )
-        actor_args: dict[str, Any] = {"num_cpus": opts.cpus_per_actor, "num_gpus": gpus}
+        actor_args: dict[str, Any] = {
+            "num_cpus": pool.cpus_per_actor,
+            "num_gpus": pool.gpus_per_actor,
+        }
         if opts.accelerator_type:
             actor_args["accelerator_type"] = opts.accelerator_type
         ds = (
@@ -387,7 +415,7 @@ def _run_task(spec: JobSpec, input_url: str, task_name: str) -> dict[str, Any]:
                 },
                 batch_format="pyarrow",
                 batch_size=None,
-                num_cpus=opts.extract_cpus,
+                num_cpus=pool.task_cpus,
             )
             .map_batches(
                 pipeline.CommittingActor,
@@ -401,7 +429,7 @@ def _run_task(spec: JobSpec, input_url: str, task_name: str) -> dict[str, Any]:
                 batch_format="pyarrow",
                 batch_size=items_per_call,
                 compute=ray.data.ActorPoolStrategy(
-                    size=opts.actors,
+                    size=pool.actors,
                     max_concurrent_calls_per_actor=calls_per_actor,
                     enable_true_multi_threading=calls_per_actor > 1,
                     max_tasks_in_flight_per_actor=2 * calls_per_actor,
@@ -409,6 +437,7 @@ def _run_task(spec: JobSpec, input_url: str, task_name: str) -> dict[str, Any]:
                 **actor_args,
             )
         )
+        startup.mark("manifest")
         outcome = pipeline.execute(
             ds,
             {r["item_id"] for r in pending},
@@ -429,7 +458,7 @@ def _run_task(spec: JobSpec, input_url: str, task_name: str) -> dict[str, Any]:
         already_done=len(records) - len(todo),
         wall_s=time.monotonic() - started,
         pipeline_wall_s=outcome.pipeline_s,
-        model_actors=opts.actors if pending else 0,
+        model_actors=pool.actors if pending else 0,
         model_resource=resource or opts.resource or ("gpu" if device == "cuda" else "cpu"),
         model_units=config.units or 1.0,
         prices=spec.prices,
@@ -442,6 +471,13 @@ def _run_task(spec: JobSpec, input_url: str, task_name: str) -> dict[str, Any]:
             "backend": opts.backend,
             "model": opts.model or f"{opts.backend}:default",
             "device": device,
+            "startup": startup.report(outcome),
+            "options": {
+                **opts.model_dump(mode="json", by_alias=True),
+                **sizing.record(pool),
+                "items_per_call": items_per_call,
+                "calls_per_actor": calls_per_actor,
+            },
             "results": results.url(),
             "costs": output.join("costs").url(),
         },

@@ -146,12 +146,24 @@ class TranscribeOptions(_Model):
         "encoder's activations grow with batch x window and leave the caches: one at a time "
         "encoded 1.9x faster than whole batches of 32). A GPU always encodes the whole batch",
     )
-    actors: int = Field(1, ge=1, description="Whisper actors (one model each)")
+    actors: int | None = Field(
+        None,
+        ge=1,
+        description="Whisper actors, one model each (unset: auto, one per GPU, or one per "
+        "CPU-only node; see jobs/sizing.py)",
+    )
     gpus_per_actor: float | None = Field(
         None, ge=0, description="GPUs per actor; default 1 when device is cuda, else 0"
     )
-    cpus_per_actor: float = Field(1.0, gt=0, description="CPU cores reserved per Whisper actor")
-    decode_cpus: float = Field(0.5, gt=0, description="CPU cores per decode task")
+    cpus_per_actor: float | None = Field(
+        None,
+        gt=0,
+        description="CPU cores reserved per Whisper actor (unset: auto, 1 on a GPU node; on "
+        "a CPU-only node its cores less max(0.5, cores/8) for decoding)",
+    )
+    decode_cpus: float | None = Field(
+        None, gt=0, description="CPU cores per decode task (unset: 0.25 on CPU, 0.5 on GPU nodes)"
+    )
     items_per_call: int = Field(
         0, ge=0, description="recordings per actor call; 0: 8 (one decode task's output)"
     )
@@ -224,13 +236,27 @@ class ProcessOptions(_Model):
         description="vllm: other vllm.LLM arguments (tensor_parallel_size, enforce_eager, "
         "load_format, kv_cache_dtype, seed, ...); they win over the derived ones",
     )
-    actors: int = Field(1, ge=1, description="LLM actors (one model each)")
+    actors: int | None = Field(
+        None,
+        ge=1,
+        description="LLM actors, one model each (unset: auto, one per GPU, or one per "
+        "CPU-only node; see jobs/sizing.py)",
+    )
     gpus_per_actor: float | None = Field(None, ge=0, description="default 1 on cuda, else 0")
-    cpus_per_actor: float = Field(1.0, gt=0, description="CPU cores reserved per LLM actor")
+    cpus_per_actor: float | None = Field(
+        None,
+        gt=0,
+        description="CPU cores reserved per LLM actor (unset: auto, 1 on a GPU node; on a "
+        "CPU-only node its cores less max(0.5, cores/8) for text extraction)",
+    )
     cpu_threads: int = Field(
         0, ge=0, description="ctranslate2 threads on CPU (0: one per core held)"
     )
-    extract_cpus: float = Field(0.5, gt=0, description="CPU cores per text-extraction task")
+    extract_cpus: float | None = Field(
+        None,
+        gt=0,
+        description="CPU cores per text-extraction task (unset: 0.25 on CPU, 0.5 on GPU nodes)",
+    )
     extract_timeout_s: float = Field(
         60.0, gt=0, description="per-document extraction limit → extract_timeout"
     )

@@ -23,9 +23,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import math
 import os
 import shutil
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -33,7 +33,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from jobs import ledger, pipeline, storage
+from jobs import ledger, pipeline, sizing, storage
 from jobs.errors import ModelNotFound
 from jobs.manifest import committed_ids, list_items, manifest_table
 from jobs.spec import JobSpec, TranscribeOptions
@@ -102,10 +102,26 @@ def audio_options(opts: TranscribeOptions, feature_size: int) -> AudioOptions:
     )
 
 
-def whisper_options(opts: TranscribeOptions, device: str) -> WhisperOptions:
-    units = opts.gpus_per_actor if device == "cuda" else opts.cpus_per_actor
-    cores = max(1, math.ceil(opts.cpus_per_actor))
-    workers = opts.model_workers or (1 if device == "cuda" else cores)
+# The spec's names for the pool fields that jobs.sizing fills.
+POOL_NAMES = {"task_cpus": "decode_cpus", "threads": "cpu_threads"}
+
+
+def whisper_pool(opts: TranscribeOptions, device: str, nodes: list[sizing.Node]) -> sizing.Pool:
+    return sizing.size_pool(
+        nodes,
+        "cuda" if device == "cuda" else "cpu",
+        actors=opts.actors,
+        cpus_per_actor=opts.cpus_per_actor,
+        gpus_per_actor=opts.gpus_per_actor,
+        task_cpus=opts.decode_cpus,
+        model_workers=opts.model_workers,
+        threads=opts.cpu_threads,
+        names=POOL_NAMES,
+    )
+
+
+def whisper_options(opts: TranscribeOptions, device: str, pool: sizing.Pool) -> WhisperOptions:
+    units = pool.gpus_per_actor if device == "cuda" else pool.cpus_per_actor
     return WhisperOptions(
         model=opts.model,
         device=device,
@@ -114,8 +130,8 @@ def whisper_options(opts: TranscribeOptions, device: str) -> WhisperOptions:
         beam_size=opts.beam_size,
         language=opts.language,
         timestamps=opts.timestamps,
-        cpu_threads=opts.cpu_threads or max(1, cores // workers),
-        model_workers=workers,
+        cpu_threads=pool.threads,
+        model_workers=pool.model_workers,
         window_step_s=opts.window_step_s,
         encoder_batch_size=opts.encoder_batch_size,
         no_speech_threshold=opts.no_speech_threshold,
@@ -240,6 +256,7 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
     import ray
 
     started = time.monotonic()
+    startup = pipeline.Startup()
     opts, run_id = spec.transcribe, spec.run_id
     output = storage.resolve(spec.job.output)
     feature_size = _check_model(opts.model)
@@ -250,18 +267,18 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
     done = committed_ids(transcripts)
     todo = [r for r in records if r["item_id"] not in done]
     pending = todo[: spec.job.max_items] if spec.job.max_items is not None else todo
+    startup.mark("list")
 
     pipeline.ensure_ray(spec.job.ray_address)
+    startup.mark("ray")
     device = opts.device
     if device == "auto":
         device = "cuda" if pipeline.cluster_has_gpu() else "cpu"
-    w_opts = whisper_options(opts, device)
+    pool = whisper_pool(opts, device, sizing.nodes_of_cluster())
+    if spec.job.progress and pending:
+        print(f"[overnight] {pool.describe('Whisper', 'decode')}", file=sys.stderr, flush=True)
+    w_opts = whisper_options(opts, device, pool)
     a_opts = audio_options(opts, feature_size)
-    gpus = (
-        opts.gpus_per_actor
-        if opts.gpus_per_actor is not None
-        else (1.0 if device == "cuda" else 0.0)
-    )
     # Small calls, many in flight: the model starts as soon as one decode task is done, and
     # its batches are filled from every call in flight (workers.whisper.ContinuousBatcher).
     items_per_call = opts.items_per_call or 8
@@ -274,7 +291,10 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
         config = WhisperWorkerConfig(
             whisper=w_opts, run_id=run_id, extra_options=tuple(sorted(extra.items()))
         )
-        actor_args: dict[str, Any] = {"num_cpus": opts.cpus_per_actor, "num_gpus": gpus}
+        actor_args: dict[str, Any] = {
+            "num_cpus": pool.cpus_per_actor,
+            "num_gpus": pool.gpus_per_actor,
+        }
         if opts.accelerator_type:
             actor_args["accelerator_type"] = opts.accelerator_type
         ds = (
@@ -286,14 +306,14 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
                 fn_kwargs={
                     "options": a_opts,
                     "max_bytes": int(opts.max_file_mb * 2**20),
-                    "decode_units": opts.decode_cpus,
+                    "decode_units": pool.task_cpus,
                     "storage_config": storage_config,
                     "fetch_timeout_s": opts.fetch_timeout_s,
                     "allowed_input_prefixes": spec.job.allowed_input_prefixes,
                 },
                 batch_format="pyarrow",
                 batch_size=None,
-                num_cpus=opts.decode_cpus,
+                num_cpus=pool.task_cpus,
             )
             .map_batches(
                 pipeline.CommittingActor,
@@ -310,7 +330,7 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
                 # worker's ContinuousBatcher: the model starts on the first decoded items
                 # instead of waiting for a whole big call, and batches fill across calls.
                 compute=ray.data.ActorPoolStrategy(
-                    size=opts.actors,
+                    size=pool.actors,
                     max_concurrent_calls_per_actor=calls_per_actor,
                     enable_true_multi_threading=True,
                     max_tasks_in_flight_per_actor=2 * calls_per_actor,
@@ -318,6 +338,7 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
                 **actor_args,
             )
         )
+        startup.mark("manifest")
         outcome = pipeline.execute(
             ds,
             {r["item_id"] for r in pending},
@@ -338,7 +359,7 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
         already_done=len(records) - len(todo),
         wall_s=time.monotonic() - started,
         pipeline_wall_s=outcome.pipeline_s,
-        model_actors=opts.actors if pending else 0,
+        model_actors=pool.actors if pending else 0,
         model_resource=resource or w_opts.resource or ("gpu" if device == "cuda" else "cpu"),
         model_units=w_opts.units,
         prices=spec.prices,
@@ -350,8 +371,10 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
             "speech_seconds": round(sum(r["speech_s"] or 0.0 for r in rows), 3),
             "no_speech": sum(1 for r in rows if r["status"] == "ok" and not (r["speech_s"] or 0)),
             "duplicates_removed": repaired,
+            "startup": startup.report(outcome),
             "options": {
                 **opts.model_dump(),
+                **sizing.record(pool),
                 "items_per_call": items_per_call,
                 "calls_per_actor": calls_per_actor,
             },

@@ -488,11 +488,20 @@ def measure_transcribe(candidate: Candidate, index: int, ctx: Context) -> Measur
     with contextlib.suppress(ValueError, TypeError, IndexError):
         effective = json.loads(ok_rows[0]["options"])
         m.effective = {k: effective[k] for k in ("device", "compute_type") if k in effective}
+    m.effective.update(_pool_as_run(summary, ("decode_cpus", "model_workers", "cpu_threads")))
     for r in ok_rows:
         m.texts[_item_key(r["source_uri"])] = r["text"] or ""
     if m.busy_s <= 0:
         m.status, m.reason = "failed", "no busy time was measured (nothing reached the model)"
     return m
+
+
+def _pool_as_run(summary: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
+    """The model pool's shape as the measured run had it (``auto`` resolved, jobs/sizing.py),
+    so that the chosen configuration runs what was measured, on any cluster."""
+    opts = summary.get("options") or {}
+    keep = ("cpus_per_actor", "gpus_per_actor", *fields)
+    return {k: opts[k] for k in keep if opts.get(k) is not None}
 
 
 def measure_process(candidate: Candidate, index: int, ctx: Context) -> Measurement:
@@ -574,6 +583,7 @@ def measure_process(candidate: Candidate, index: int, ctx: Context) -> Measureme
     with contextlib.suppress(ValueError, TypeError, IndexError):
         effective = json.loads(ok_rows[0]["options"])
         m.effective = {k: effective[k] for k in ("device", "compute_type") if k in effective}
+    m.effective.update(_pool_as_run(summary, ("extract_cpus", "cpu_threads")))
     m.labels = bool(ok_rows) and all(r["label"] is not None for r in ok_rows)
     for r in ok_rows:
         m.texts[_item_key(r["source_uri"])] = (
@@ -1087,6 +1097,9 @@ def chosen_toml(result: TuneResult, sample: str, base: dict[str, Any], task: str
     assert d.chosen is not None and d.chosen.option is not None  # only called with a choice
     m, o = d.chosen.measurement, d.chosen.option
     section = {**(base.get(task) or {}), **m.options, **m.effective}
+    # A plan's worker is one model worker; an actor runs model_workers of them at once.
+    per_actor = int(section.get("model_workers") or 1)
+    actors = max(1, -(-(o.workers or 1) // per_actor))
     per_unit = (
         f"{_money(o.cost_per_audio_minute_usd)} per audio minute"
         if m.unit == "audio_s"
@@ -1101,8 +1114,9 @@ def chosen_toml(result: TuneResult, sample: str, base: dict[str, Any], task: str
         f"{metric} {m.wer:.3f} against {d.accuracy_basis}",
         f"# plan: {o.workers} workers of {m.units_per_worker:g} x {m.resource} finish the backlog in "
         f"{fmt_duration(o.finish_s or 0)}, ${o.cost_usd:,.2f} ({per_unit})",
-        f"# Run the backlog: overnight {task} INPUT OUTPUT --config chosen.toml --actors {o.workers}",
-        "# (as many actors as the plan's workers, on a cluster that has them; see `overnight plan`)",
+        f"# Run the backlog: overnight {task} INPUT OUTPUT --config chosen.toml --actors {actors}",
+        f"# ({o.workers} workers: actors of {per_actor} model worker(s) each, on a cluster that "
+        "has them; see `overnight plan`)",
         "",
         "[job]",
         f'kind = "{task}"',
