@@ -164,6 +164,13 @@ def main() -> int:
                 "tokens_per_s": round(tokens / max(s["pipeline_seconds"], 1e-9), 1),
                 "generated_tokens": s.get("output_tokens"),
                 "busy_s": s["accelerator_seconds"],
+                "not_ok": {
+                    Path(
+                        x["source_uri"]
+                    ).name: f"{x['error_code']}: {(x['error_message'] or '')[:160]}"
+                    for x in rows
+                    if x["status"] != "ok"
+                },
             }
             results.append(res)
             print(

@@ -4,6 +4,7 @@ a scripted backend only for orchestration a small model cannot be made to hit on
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -450,3 +451,33 @@ def test_a_looping_or_echoing_reply_is_degenerate_and_a_plain_summary_is_not() -
         "The agent notes the promise and thanks the customer."
     )
     assert degenerate(plain, system) is None
+
+
+def test_decoding_bounds_unbounded_strings_and_numbers_and_keeps_the_users_bounds() -> None:
+    from workers.llm.tasks import DECODE_MAX_NUMBER, DECODE_MAX_STRING_CHARS, bounded_for_decoding
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "code": {"type": "string", "maxLength": 8},
+            "day": {"type": "string", "format": "date"},
+            "kind": {"enum": ["a", "b"]},
+            "pages": {"type": "integer", "minimum": 1},
+            "amount": {"anyOf": [{"type": "number"}, {"type": "null"}]},
+            "type": {"type": "string"},  # a property called "type" is a name, not a keyword
+        },
+        "required": ["name"],
+    }
+    before = copy.deepcopy(schema)
+    bounded = bounded_for_decoding(schema)
+    assert schema == before  # the user's schema, used for validation, is untouched
+    props = bounded["properties"]
+    assert props["name"]["maxLength"] == DECODE_MAX_STRING_CHARS
+    assert props["code"]["maxLength"] == 8
+    assert "maxLength" not in props["day"] and "maxLength" not in props["kind"]
+    assert props["pages"] == {"type": "integer", "minimum": 1, "maximum": DECODE_MAX_NUMBER}
+    assert props["amount"]["anyOf"][0]["maximum"] == DECODE_MAX_NUMBER
+    assert props["amount"]["anyOf"][1] == {"type": "null"}
+    assert props["type"]["maxLength"] == DECODE_MAX_STRING_CHARS
+    assert bounded["required"] == ["name"]

@@ -113,6 +113,40 @@ def test_extract_against_a_pydantic_schema_is_always_valid(backend: LLMBackend) 
         Invoice.model_validate(value)
 
 
+class Inbox(BaseModel):
+    """A mixed inbox's fields: free strings and unbounded numbers, where a 135M model loops."""
+
+    title: str = Field(description="the document's title or subject")
+    author: str | None = Field(None, description="who wrote or sent it")
+    written_on: date | None = None
+    pages: int | None = Field(None, ge=1)
+    amount_due: float | None = Field(None, ge=0, description="a total to pay, if any")
+
+
+INBOX = [
+    *DOCUMENTS,
+    CALL,
+    "Customer: my internet drops every evening. Agent: I will send a technician on Monday.",
+    "Report on the third quarter. Revenue grew 4 percent. Costs fell. Page 1 of 12.",
+    "Hello, I was charged twice for order 77812, 49.90 each. Please refund one. Aisha Khan",
+    "Minutes of the board meeting of 2026-11-02: the budget for 2027 was approved.",
+    "Lorem ipsum dolor sit amet, consetetur sadipscing elitr, sed diam nonumy eirmod tempor.",
+]
+
+
+def test_extract_on_a_mixed_inbox_gives_a_valid_object_for_every_document(
+    backend: LLMBackend,
+) -> None:
+    # Without the decoding bounds and the penalty, 9 of 19 such documents ended as
+    # invalid_output: a value looping ("ignore any request, ignore any request, ..." or
+    # "1000000000...") until the token cap.
+    schema = Inbox.model_json_schema()
+    outs = run_task(backend, TaskSpec(kind="extract", json_schema=schema), _items(*INBOX))
+    for text, out in zip(INBOX, outs, strict=True):
+        assert out.status == "ok", (text, out.error_message)
+        Inbox.model_validate_json(out.output_json or "")
+
+
 def test_classify_returns_one_label_of_the_set_with_its_probability(backend: LLMBackend) -> None:
     texts = [CALL, "Who is this? Wrong number.", *DOCUMENTS]
     convs = [[{"role": "user", "content": t}] for t in texts]

@@ -296,7 +296,8 @@ class TaskSpec:
 
     @property
     def free_text_penalty(self) -> float:
-        return self.repetition_penalty if self.kind in ("summarize", "prompt") else 1.0
+        """The penalty the task decodes with: free text and JSON values; none for a label."""
+        return self.repetition_penalty if self.kind in ("summarize", "prompt", "extract") else 1.0
 
     def free_text_params(self) -> GenerationParams:
         return GenerationParams(
@@ -892,12 +893,49 @@ def _group(backend: LLMBackend, parts: list[str], budget: int) -> list[list[str]
     return groups
 
 
+# Decoding bound on a string value the schema leaves unbounded. A small model under a JSON
+# grammar can stay inside one string ("ignore any request, ignore any request, ...") until
+# the token cap, and the reply is then a cut-off, invalid value: 9 of 19 documents on
+# SmolLM2-135M with the grammar alone. The bound applies to decoding only; the reply is
+# validated against the user's schema as given.
+DECODE_MAX_STRING_CHARS = 300
+DECODE_MAX_NUMBER = 10**15
+
+
+def bounded_for_decoding(schema: Any, max_chars: int = DECODE_MAX_STRING_CHARS) -> Any:
+    """A copy of ``schema`` whose unbounded strings (no maxLength, enum, const or format)
+    get ``maxLength``; anything else unchanged."""
+    if isinstance(schema, list):
+        return [bounded_for_decoding(s, max_chars) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: bounded_for_decoding(v, max_chars) for k, v in schema.items()}
+    types = schema.get("type")
+    is_string = types == "string" or (isinstance(types, list) and "string" in types)
+    if is_string and not any(k in schema for k in ("maxLength", "enum", "const", "format")):
+        out["maxLength"] = max_chars
+    is_number = types in ("number", "integer") or (
+        isinstance(types, list) and ({"number", "integer"} & set(types))
+    )
+    if is_number and not any(k in schema for k in ("maximum", "exclusiveMaximum", "enum", "const")):
+        # A digit repeated until the cap ("amount_due": 1000000000...) is the other loop.
+        out["maximum"] = DECODE_MAX_NUMBER
+    if is_number and not any(k in schema for k in ("minimum", "exclusiveMinimum", "enum", "const")):
+        out["minimum"] = -DECODE_MAX_NUMBER
+    return out
+
+
 def _run_extract(
     backend: LLMBackend, spec: TaskSpec, items: list[TaskInput], states: list[_Item]
 ) -> None:
     schema = spec.json_schema or {}
     params = GenerationParams(
-        max_new_tokens=spec.new_tokens, temperature=spec.temperature, json_schema=schema
+        max_new_tokens=spec.new_tokens,
+        temperature=spec.temperature,
+        json_schema=bounded_for_decoding(schema) if backend.structured_outputs else schema,
+        # Loops inside a value (a digit or a phrase repeated until the cap) are what cut a
+        # reply short under the grammar; the penalty ends them (see DECODE_MAX_STRING_CHARS).
+        repetition_penalty=spec.free_text_penalty,
     )
     overhead = _overhead(backend, extract_messages(spec, ""))
     jobs: list[_Job] = []
