@@ -1070,7 +1070,7 @@ def print_table(results: list[dict], runs: dict[str, list[dict]], repeat: int) -
         )
     ratios: list[dict[str, Any]] = []
     base = next((r for r in results if r["tag"] == "(a)"), None)
-    if base is None:
+    if base is None or len(results) < 2:
         return ratios
     print("  ratios against (a), the plain loop on all cores (throughput, fastest passes):")
     for r in results:
@@ -1318,7 +1318,7 @@ def main() -> int:
     )
     kind = args.corpus_kind or ("real" if have_real else "synth")
     kinds = ["real", "synth"] if kind == "both" else [kind]
-    if "real" in kinds and not have_real:
+    if args.corpus_kind != "synth" and not have_real:
         print(
             f"note: no recordings with references in {args.real_audio} (the shared audio is "
             "absent): running on the synthesized corpus only",
