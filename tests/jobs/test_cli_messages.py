@@ -8,13 +8,15 @@ server that knows no repository; the Hugging Face cache is an empty temporary fo
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
 
 import pytest
 
-from tests.conftest import REPO
+from jobs import errors, submit
+from tests.conftest import REPO, _free_port
 
 
 def overnight(*args: str, env: dict[str, str] | None = None, **kwargs) -> tuple[int, str]:
@@ -38,6 +40,41 @@ def cli_env(**extra: str) -> dict[str, str]:
         if not k.startswith(("HF_", "HUGGING_FACE_", "RAY_ADDRESS"))
     }
     return {**env, "PYTHONPATH": str(REPO), **extra}
+
+
+def assert_one_clean_paragraph(output: str) -> None:
+    """One paragraph (one line), besides overnight's own progress lines, and nothing else."""
+    assert "Traceback" not in output, output
+    assert "\x1b[" not in output, output  # no raw ANSI codes (Ray's colored logs)
+    assert "fix the cause and rerun" not in output, output  # not the crashed-engine message
+    lines = [line for line in output.strip().splitlines() if not line.startswith("[overnight] ")]
+    assert len(lines) == 1, output
+
+
+# -- exit codes -------------------------------------------------------------------------------
+
+
+def test_every_systemic_failure_has_its_own_exit_code_and_the_readme_lists_it():
+    classes = {
+        cls
+        for module in (errors, submit)
+        for _, cls in inspect.getmembers(module, inspect.isclass)
+        if issubclass(cls, errors.OvernightError) and cls is not errors.OvernightError
+    }
+    codes = {cls.__name__: cls.exit_code for cls in classes}
+    assert len(set(codes.values())) == len(codes), codes
+    assert errors.Superseded.exit_code == 8 and errors.ClusterUnreachable.exit_code == 10
+    readme = (REPO / "README.md").read_text()
+    for code in codes.values():
+        assert f"\n| {code} | " in readme, f"exit status {code} is not in the README's table"
+
+
+def test_an_unreachable_cluster_is_exit_10_not_the_superseded_8():
+    address = f"http://127.0.0.1:{_free_port()}"
+    status, output = overnight("status", "overnight-nightly", "--address", address)
+    assert status == 10, output
+    assert_one_clean_paragraph(output)
+    assert f"cannot reach the Ray Jobs API at {address}" in output
 
 
 # -- flags, printing --------------------------------------------------------------------------
