@@ -71,3 +71,9 @@ class ClusterUnreachable(OvernightError):
     """The Ray Jobs API (the head node's dashboard port) cannot be reached."""
 
     exit_code = 10
+
+
+class OutputNotWritable(OvernightError):
+    """The output location cannot be written (read-only, a file in the way, no permission)."""
+
+    exit_code = 11
