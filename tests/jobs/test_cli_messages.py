@@ -287,6 +287,25 @@ def test_an_unwritable_output_is_one_line_and_exit_11_before_ray(
     assert "PermissionError" not in output and "NotADirectoryError" not in output
 
 
+# -- bookkeeping in OUTPUT --------------------------------------------------------------------
+
+
+def test_a_run_stopped_by_its_checks_leaves_no_claims_or_manifests(no_hub, recording, tmp_path):
+    out = tmp_path / "out"
+    status, output = overnight(
+        "transcribe", str(recording), str(out), "--model", "small.en", env=no_hub
+    )
+    assert status == 5, output
+    assert not out.exists(), sorted(p.name for p in out.iterdir())
+
+
+def test_the_readme_says_claims_and_manifests_are_harmless_bookkeeping():
+    readme = (REPO / "README.md").read_text()
+    assert "| `_claims/<dataset>.json` |" in readme
+    assert "| `_manifests/<run_id>.parquet` |" in readme
+    assert "`_manifests/` and `_claims/` are bookkeeping" in readme and "harmless" in readme
+
+
 # -- exit codes -------------------------------------------------------------------------------
 
 
