@@ -394,3 +394,10 @@ def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(args, expected):
         os.close(write_end)
     assert proc.stderr == "", proc.stderr  # no BrokenPipeError, no traceback
     assert proc.returncode == expected
+
+
+def test_plan_without_a_profile_suggests_stating_a_gpu_throughput():
+    status, output = overnight("plan", "--audio-hours", "1000", "--deadline", "6h")
+    assert status == 2, output
+    assert_one_clean_paragraph(output)
+    assert "--profile" in output and "--gpu h100 --throughput N" in output
