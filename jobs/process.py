@@ -347,6 +347,19 @@ def check_process(spec: JobSpec) -> str | None:
     )
 
 
+def text_options(opts: ProcessOptions) -> TextOptions:
+    """How documents are read; the PDF password comes from the environment variable the
+    job names (``pdf_password_env``), and messages name that variable."""
+    return TextOptions(
+        pdf_password=os.environ.get(opts.pdf_password_env) or None,
+        pdf_password_source=f"${opts.pdf_password_env}",
+        timeout_s=opts.extract_timeout_s,
+        max_chars=opts.max_chars,
+        max_memory_mb=opts.extract_memory_mb,
+        json_text_field=opts.json_text_field,
+    )
+
+
 def _run_task(
     spec: JobSpec, input_url: str, task_name: str, model_path: str | None = None
 ) -> dict[str, Any]:
@@ -405,13 +418,6 @@ def _run_task(
 
     outcome = pipeline.Outcome()
     if pending:
-        text_options = TextOptions(
-            pdf_password=os.environ.get(opts.pdf_password_env) or None,
-            timeout_s=opts.extract_timeout_s,
-            max_chars=opts.max_chars,
-            max_memory_mb=opts.extract_memory_mb,
-            json_text_field=opts.json_text_field,
-        )
         actor_args: dict[str, Any] = {
             "num_cpus": pool.cpus_per_actor,
             "num_gpus": pool.gpus_per_actor,
@@ -425,7 +431,7 @@ def _run_task(
             .map_batches(
                 fetch_and_extract,  # type: ignore[arg-type]  # Ray's stubs want one argument; fn_kwargs gives the rest
                 fn_kwargs={
-                    "options": text_options,
+                    "options": text_options(opts),
                     "max_bytes": int(opts.max_file_mb * 2**20),
                     "storage_config": storage.StorageConfig.from_env(),
                 },

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.server
 import inspect
+import json
 import os
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from jobs import errors, submit
-from tests.conftest import REPO, _free_port
+from tests.conftest import REPO, SHARED_DATA, _free_port
 
 
 def overnight(*args: str, env: dict[str, str] | None = None, **kwargs) -> tuple[int, str]:
@@ -401,3 +402,31 @@ def test_plan_without_a_profile_suggests_stating_a_gpu_throughput():
     assert status == 2, output
     assert_one_clean_paragraph(output)
     assert "--profile" in output and "--gpu h100 --throughput N" in output
+
+
+def test_the_encrypted_pdf_message_names_the_environment_variable_the_job_reads(monkeypatch):
+    """The document is read as the process job reads it (its TextOptions from the spec);
+    running the whole job would load the LLM for a row that never reaches it."""
+    from jobs.process import text_options
+    from jobs.spec import build_spec
+    from workers.text import extract_text
+
+    pdf = SHARED_DATA / "docs" / "libreoffice-writer-password.pdf"
+    if not pdf.is_file():
+        pytest.skip("../shared/data/docs is absent (fresh clone outside the workplace)")
+    monkeypatch.delenv("OVERNIGHT_PDF_PASSWORD", raising=False)
+    monkeypatch.delenv("ACME_PDF_PASSWORD", raising=False)
+    job = {"job": {"input": "in", "output": "out", "kind": "process"}}
+
+    spec = build_spec(job)
+    result = extract_text(pdf.read_bytes(), pdf.name, text_options(spec.process))
+    assert result.error_code == "encrypted"
+    assert "$OVERNIGHT_PDF_PASSWORD" in (result.error_message or "")
+    assert "set pdf_password" not in (result.error_message or "")
+
+    spec = build_spec({**job, "process": {"pdf_password_env": "ACME_PDF_PASSWORD"}})
+    monkeypatch.setenv("ACME_PDF_PASSWORD", "not-the-password")
+    result = extract_text(pdf.read_bytes(), pdf.name, text_options(spec.process))
+    assert result.error_code == "encrypted"
+    assert "$ACME_PDF_PASSWORD" in (result.error_message or "")
+    assert "not-the-password" not in json.dumps(result.error_message)
