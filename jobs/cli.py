@@ -7,9 +7,11 @@ one clear message and an exit status; per-item failures are in the output, exit 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import json
 import os
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -256,8 +258,54 @@ def _demo(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
+def _innermost_parser(
+    ap: argparse.ArgumentParser, args: argparse.Namespace
+) -> argparse.ArgumentParser:
+    """The (sub)command parser the arguments reached: ``overnight submissions add`` → add's."""
+    current = ap
+    while True:
+        subs = [a for a in current._actions if isinstance(a, argparse._SubParsersAction)]
+        name = getattr(args, subs[0].dest, None) if subs else None
+        if name is None or name not in subs[0].choices:
+            return current
+        current = subs[0].choices[name]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse like ``parse_args``, but an unknown option is the subcommand's own error: its
+    usage, not the top-level one, and the option it most likely meant."""
+    ap = parser()
+    args, extra = ap.parse_known_args(argv)
+    if extra:
+        command = _innermost_parser(ap, args)
+        options = [o for a in command._actions for o in a.option_strings]
+        message = f"unrecognized arguments: {' '.join(extra)}"
+        for token in extra:
+            if token.startswith("-"):
+                close = difflib.get_close_matches(token.split("=", 1)[0], options, n=1)
+                message += "".join(f"; did you mean {c}?" for c in close)
+        command.error(message)
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    """The ``overnight`` command. A reader that stops early (``overnight config | head``)
+    ends it quietly, with the shell's status for a closed pipe (141), and no traceback."""
+    try:
+        try:
+            return _main(argv)
+        finally:  # also after argparse's exit (--help): the buffered lines may meet a closed pipe
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # Python would flush stdout again at exit and print the same error: point it at
+        # /dev/null first.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def _main(argv: list[str] | None) -> int:
+    args = parse_args(argv)
     try:
         if args.command == "config":
             print(reference())

@@ -1,7 +1,8 @@
 """Systemic failures: one exception type per cause, each message says what to do.
 
 Per-item problems never raise; they become error rows (``schemas.errors``). These stop a
-job; the CLI catches ``OvernightError`` once and exits with its ``exit_code``.
+job; the CLI catches ``OvernightError`` once and exits with its ``exit_code``. Each cause has
+its own code (README, "Exit status"); ``tests/jobs/test_cli_messages.py`` checks they differ.
 """
 
 
@@ -58,3 +59,21 @@ class Superseded(OvernightError):
     """A later run took over the output this run was writing (one writer per dataset)."""
 
     exit_code = 8
+
+
+class ClusterJobFailed(OvernightError):
+    """A submitted job ended FAILED or STOPPED."""
+
+    exit_code = 9
+
+
+class ClusterUnreachable(OvernightError):
+    """The Ray Jobs API (the head node's dashboard port) cannot be reached."""
+
+    exit_code = 10
+
+
+class OutputNotWritable(OvernightError):
+    """The output location cannot be written (read-only, a file in the way, no permission)."""
+
+    exit_code = 11

@@ -642,7 +642,9 @@ def _adjust(
 def handle(args: argparse.Namespace) -> int:
     if not args.profile and args.throughput is None:
         raise ConfigError(
-            "give --profile (a profile.json from `overnight tune`, or an OUTPUT folder of past runs)"
+            "give --profile (a profile.json from `overnight tune`, or an OUTPUT folder of past "
+            "runs), or state a GPU's throughput without measuring it: --gpu h100 --throughput N "
+            "(N: x real time for --audio-hours, documents per second for --documents)"
         )
     unit = "audio_s" if args.audio_hours is not None else "documents"
     backlog = args.audio_hours * 3600.0 if unit == "audio_s" else args.documents

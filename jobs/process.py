@@ -24,13 +24,14 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from jobs import ledger, pipeline, sizing, storage
+from jobs import ledger, pipeline, preflight, sizing, storage
 from jobs.errors import ConfigError
 from jobs.manifest import committed_ids, list_items
 from jobs.spec import JobSpec, ProcessOptions
@@ -326,14 +327,42 @@ def run_process(spec: JobSpec, *, input_url: str | None = None) -> dict[str, Any
     """Run every task of ``[process]`` over the input; one summary, or one per task."""
     for name in spec.process.tasks:
         task_spec(name, spec.process)  # refuse a bad task before any work
+    model_path = check_process(spec)
     url = input_url or spec.job.input
-    stages = [_run_task(spec, url, name) for name in spec.process.tasks]
+    stages = [_run_task(spec, url, name, model_path) for name in spec.process.tasks]
     if len(stages) == 1:
         return stages[0]
     return {"run_id": spec.run_id, "kind": "process", "stages": stages}
 
 
-def _run_task(spec: JobSpec, input_url: str, task_name: str) -> dict[str, Any]:
+def check_process(spec: JobSpec) -> str | None:
+    """Before Ray starts: the output can be written and the LLM can be had; returns the
+    local copy of a hub model the driver fetched for the actors (``jobs.preflight``)."""
+    preflight.check_output(spec.job.output)
+    return preflight.llm_model(
+        spec.process.backend,
+        spec.process.model,
+        download=preflight.local_run(spec.job.ray_address),
+        progress=spec.job.progress,
+    )
+
+
+def text_options(opts: ProcessOptions) -> TextOptions:
+    """How documents are read; the PDF password comes from the environment variable the
+    job names (``pdf_password_env``), and messages name that variable."""
+    return TextOptions(
+        pdf_password=os.environ.get(opts.pdf_password_env) or None,
+        pdf_password_source=f"${opts.pdf_password_env}",
+        timeout_s=opts.extract_timeout_s,
+        max_chars=opts.max_chars,
+        max_memory_mb=opts.extract_memory_mb,
+        json_text_field=opts.json_text_field,
+    )
+
+
+def _run_task(
+    spec: JobSpec, input_url: str, task_name: str, model_path: str | None = None
+) -> dict[str, Any]:
     """Run one task over every document of the input; returns the run summary."""
     import ray
 
@@ -373,7 +402,7 @@ def _run_task(spec: JobSpec, input_url: str, task_name: str) -> dict[str, Any]:
             file=sys.stderr,
             flush=True,
         )
-    config = _worker_config(opts, task, device, pool)
+    config = replace(_worker_config(opts, task, device, pool), model_path=model_path)
     items_per_call, calls_per_actor = opts.call_shape
     options_json = json.dumps(
         {
@@ -389,13 +418,6 @@ def _run_task(spec: JobSpec, input_url: str, task_name: str) -> dict[str, Any]:
 
     outcome = pipeline.Outcome()
     if pending:
-        text_options = TextOptions(
-            pdf_password=os.environ.get(opts.pdf_password_env) or None,
-            timeout_s=opts.extract_timeout_s,
-            max_chars=opts.max_chars,
-            max_memory_mb=opts.extract_memory_mb,
-            json_text_field=opts.json_text_field,
-        )
         actor_args: dict[str, Any] = {
             "num_cpus": pool.cpus_per_actor,
             "num_gpus": pool.gpus_per_actor,
@@ -409,7 +431,7 @@ def _run_task(spec: JobSpec, input_url: str, task_name: str) -> dict[str, Any]:
             .map_batches(
                 fetch_and_extract,  # type: ignore[arg-type]  # Ray's stubs want one argument; fn_kwargs gives the rest
                 fn_kwargs={
-                    "options": text_options,
+                    "options": text_options(opts),
                     "max_bytes": int(opts.max_file_mb * 2**20),
                     "storage_config": storage.StorageConfig.from_env(),
                 },
@@ -490,6 +512,7 @@ def run_chain(spec: JobSpec) -> dict[str, Any]:
     """Transcribe, then run every [process] task over the transcripts just written."""
     from jobs.transcribe import run_transcribe
 
+    check_process(spec)  # the LLM too, before the transcription runs
     first = run_transcribe(spec)
     then = run_process(spec, input_url=first["transcripts"])
     return {"run_id": spec.run_id, "kind": "chain", "stages": [first, *then.get("stages", [then])]}

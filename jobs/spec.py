@@ -452,7 +452,11 @@ def reference() -> str:
     ):
         lines.append(f"[{section}]")
         for name, field in model.model_fields.items():
-            default = "required" if field.is_required() else repr(field.default)
+            default = (
+                "required"
+                if field.is_required()
+                else repr(field.get_default(call_default_factory=True, validated_data={}))
+            )
             lines.append(f"  {field.alias or name} = {default}  # {field.description}")
         lines.append("")
     lines.append("[prices]  # USD per hour per unit; defaults:")

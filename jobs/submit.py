@@ -32,7 +32,7 @@ from typing import Any
 
 import tomli_w
 
-from jobs.errors import ConfigError, OvernightError
+from jobs.errors import ClusterJobFailed, ClusterUnreachable, ConfigError
 from jobs.spec import JobSpec, build_spec, read_job_file
 from jobs.storage import redact
 
@@ -43,18 +43,6 @@ FORWARDED_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_D
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _MAX_RETRIES = 20
-
-
-class ClusterUnreachable(OvernightError):
-    """The Ray Jobs API (the head node's dashboard port) cannot be reached."""
-
-    exit_code = 8
-
-
-class ClusterJobFailed(OvernightError):
-    """A submitted job ended FAILED or STOPPED."""
-
-    exit_code = 9
 
 
 def _slug(text: str) -> str:

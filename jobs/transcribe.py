@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import os
 import shutil
 import sys
@@ -33,8 +32,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from jobs import ledger, pipeline, sizing, storage
-from jobs.errors import ModelNotFound
+from jobs import ledger, pipeline, preflight, sizing, storage
 from jobs.manifest import committed_ids, list_items, manifest_table
 from jobs.spec import JobSpec, TranscribeOptions
 from schemas import MANIFEST, TRANSCRIPTS
@@ -44,8 +42,6 @@ from workers.whisper import (
     WhisperOptions,
     WhisperWorker,
     WhisperWorkerConfig,
-    check_model_reference,
-    feature_size_for,
 )
 
 _CHUNK = pa.struct(
@@ -166,29 +162,17 @@ def fetch_model(url: str, storage_config: storage.StorageConfig) -> str:
 
 
 def whisper_worker(
-    config: WhisperWorkerConfig, storage_config: storage.StorageConfig
+    config: WhisperWorkerConfig,
+    storage_config: storage.StorageConfig,
+    local_copy: str | None = None,
 ) -> WhisperWorker:
     """Build the actor's Whisper worker; a model in object storage is fetched first (I/O stays
-    here, in jobs, with the job's storage settings)."""
+    here, in jobs, with the job's storage settings). ``local_copy``: the folder the driver
+    fetched a hub model into (``jobs.preflight``), used where this node sees it."""
     model = config.whisper.model
-    return WhisperWorker(config, fetch_model(model, storage_config) if "://" in model else None)
-
-
-def _check_model(model: str) -> int:
-    """Fail fast on the driver for a model that cannot exist; returns its mel bins."""
-    try:
-        if "://" not in model:
-            check_model_reference(model)
-            return feature_size_for(model)
-        loc = storage.resolve(model)
-        if not storage.exists(loc.join("model.bin")):
-            raise ModelLoadError(f"model {model!r} not found: no model.bin under that prefix")
-        preprocessor = loc.join("preprocessor_config.json")
-        if storage.exists(preprocessor):
-            return int(json.loads(storage.read_bytes(preprocessor.url())).get("feature_size", 80))
-        return 80
-    except ModelLoadError as exc:
-        raise ModelNotFound(str(exc)) from None
+    if "://" in model:
+        return WhisperWorker(config, fetch_model(model, storage_config))
+    return WhisperWorker(config, local_copy if local_copy and os.path.isdir(local_copy) else None)
 
 
 @functools.lru_cache(maxsize=4)
@@ -259,7 +243,13 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
     startup = pipeline.Startup()
     opts, run_id = spec.transcribe, spec.run_id
     output = storage.resolve(spec.job.output)
-    feature_size = _check_model(opts.model)
+    preflight.check_output(spec.job.output)
+    model_ref = preflight.whisper_model(
+        opts.model,
+        download=preflight.local_run(spec.job.ray_address),
+        progress=spec.job.progress,
+    )
+    feature_size = model_ref.feature_size
 
     records = list_items(spec.job.input)
     transcripts = output.join("transcripts")
@@ -318,7 +308,9 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
             .map_batches(
                 pipeline.CommittingActor,
                 fn_constructor_kwargs={
-                    "make_worker": functools.partial(whisper_worker, config, storage_config),
+                    "make_worker": functools.partial(
+                        whisper_worker, config, storage_config, model_ref.path
+                    ),
                     "dataset": transcripts,
                     "schema": TRANSCRIPTS,
                     "slim": _SLIM,

@@ -61,6 +61,9 @@ class TextOptions:
 
     # Opens encrypted PDFs. Kept out of repr, logs and error messages.
     pdf_password: str | None = field(default=None, repr=False)
+    # Where the password is configured, as the messages about encrypted PDFs name it (the
+    # job sets the environment variable it reads, e.g. ``$OVERNIGHT_PDF_PASSWORD``).
+    pdf_password_source: str = "pdf_password"
     # Wall-clock limit for parsing one document, in seconds.
     timeout_s: float = 60.0
     # Longer extracted text becomes the error ``too_large``.
@@ -554,11 +557,16 @@ def _pdf(data: bytes, options: TextOptions) -> tuple[str, int | None]:
             if opened:
                 break
         if not opened:
+            source = options.pdf_password_source
             if options.pdf_password is None:
                 raise _Failure(
-                    ErrorCode.ENCRYPTED, "the PDF is encrypted; set pdf_password to open it"
+                    ErrorCode.ENCRYPTED,
+                    f"the PDF is encrypted; put its password in {source} and rerun to open it",
                 )
-            raise _Failure(ErrorCode.ENCRYPTED, "the configured pdf_password does not open it")
+            raise _Failure(
+                ErrorCode.ENCRYPTED,
+                f"the password in {source} does not open it; put the PDF's user password there",
+            )
     try:
         pages = list(reader.pages)
     except Exception as exc:

@@ -75,21 +75,22 @@ def check_model_reference(model: str) -> None:
     """Fail fast on the driver for a model that cannot exist; never downloads anything."""
     from faster_whisper.utils import available_models
 
-    resolved = resolve_model(model)
-    looks_like_path = resolved.startswith((".", "/", "~")) or os.sep in resolved.strip("/")
-    if model in available_models() or (not looks_like_path and "/" in model):
-        return  # a faster-whisper size or a hub repository id
-    if os.path.isdir(os.path.expanduser(resolved)):
-        if not os.path.isfile(os.path.join(os.path.expanduser(resolved), "model.bin")):
+    resolved = os.path.expanduser(resolve_model(model))
+    if os.path.isdir(resolved):
+        if not os.path.isfile(os.path.join(resolved, "model.bin")):
             raise ModelLoadError(
                 f"{model!r} is a folder without model.bin: point --model at a CTranslate2 "
                 "Whisper model folder (see ct2-transformers-converter)"
             )
         return
+    path_like = resolved.startswith((".", "/", "~")) or resolved.count("/") > 1
+    if model in available_models() or (not path_like and resolved.count("/") == 1):
+        return  # a faster-whisper size or a hub repository id (org/name)
+    what = "no such folder" if path_like else "not a faster-whisper size, hub id or folder"
     raise ModelLoadError(
-        f"model {model!r} not found: use a faster-whisper name ({', '.join(available_models()[:6])}, ...), "
-        "a hub repository id, a local CTranslate2 model folder, or the default "
-        f"{BUNDLED_MODEL!r}"
+        f"model {model!r} not found ({what}): use a faster-whisper name "
+        f"({', '.join(available_models()[:6])}, ...), a hub repository id (org/name), a local "
+        f"CTranslate2 model folder, or the default {BUNDLED_MODEL!r}"
     )
 
 

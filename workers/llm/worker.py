@@ -64,6 +64,8 @@ class LLMWorkerConfig:
     task: what to do with each document (see ``workers.llm.tasks``).
     backend: ``ctranslate2`` (CPU or CUDA) or ``vllm`` (the ``gpu`` extra on CUDA, ``llm-cpu`` on CPU).
     model: None for the backend's embedded default, else a path or hub name.
+    model_path: a local copy of the hub model ``model`` (fetched on the driver), used where
+    this node sees it; ``model`` stays the provenance recorded on rows.
     device, compute_type: ``auto`` picks cuda/float16 when a GPU is visible, else cpu/int8.
     max_batch_size: CTranslate2 examples per batch.
     max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, max_model_len, engine_kwargs:
@@ -77,6 +79,7 @@ class LLMWorkerConfig:
     task: TaskSpec
     backend: str = "ctranslate2"
     model: str | None = None
+    model_path: str | None = None
     device: str = "auto"
     compute_type: str = "auto"
     max_batch_size: int = 32
@@ -154,6 +157,7 @@ class LLMWorker:
             cpu_threads=config.cpu_threads,
             max_model_len=config.max_model_len,
             engine_kwargs=dict(config.engine_kwargs),
+            model_path=config.model_path,
         )
         ray_worker, assigned = _ray_context()
         self.worker_id = ray_worker or f"host={socket.gethostname()} pid={os.getpid()}"

@@ -1,0 +1,323 @@
+"""Checks on the driver before Ray starts: the output can be written, the model can be had.
+
+Both failed late before: an output under ``/sys`` as a raw ``PermissionError`` (exit 1), and a
+model name the hub could not serve as a crashed actor (exit 6, some 200 lines of Ray and
+httpx tracebacks). Here they stop the job in one paragraph, before anything is written.
+
+Hub models are fetched into the Hugging Face cache on the driver of a local run, and the
+actors load that folder; on a cluster (``--address`` or ``RAY_ADDRESS``) the driver only
+checks that the hub knows the name, or that the cache holds it, and each node fetches its own
+copy, as it did before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from jobs import storage
+from jobs.errors import ModelNotFound, OutputNotWritable
+from workers.whisper import (
+    BUNDLED_MODEL,
+    ModelLoadError,
+    check_model_reference,
+    feature_size_for,
+)
+
+# One hub request (metadata, not a file download) waits at most this long; an unreachable
+# hub usually fails at once (refused, no DNS), a dropped packet after this.
+HUB_TIMEOUT_S = 10.0
+
+
+# -- output ---------------------------------------------------------------------------------
+
+
+def check_output(url: str) -> None:
+    """Raise ``OutputNotWritable`` unless a local output folder can be created and written.
+
+    Writes nothing that stays: the probe is a temporary file in the deepest folder that
+    exists (the output itself once it exists). Object stores are checked by their first write
+    (``StorageUnavailable`` after retries), not here.
+    """
+    loc = storage.resolve(url)
+    if loc.scheme != "file":
+        return
+    path = Path(loc.path)
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    shown = storage.redact(url)
+    if not existing.is_dir():
+        where = "it is" if existing == path else f"{existing} is"
+        raise OutputNotWritable(
+            f"cannot write the output {shown}: {where} a file, not a folder; choose another "
+            "output folder."
+        )
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".overnight-probe-", dir=existing)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise OutputNotWritable(
+            f"cannot write the output {shown}: {existing} does not take new files ({reason}); "
+            "choose a folder you can write to."
+        ) from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+# -- models ---------------------------------------------------------------------------------
+
+
+def local_run(address: str | None) -> bool:
+    """Whether Ray starts here (its actors see this machine's files) rather than joining a
+    cluster (``--address``, or ``RAY_ADDRESS`` as Ray Jobs sets it)."""
+    return not (address or os.environ.get("RAY_ADDRESS"))
+
+
+@dataclass(frozen=True)
+class WhisperModelRef:
+    """A checked Whisper model: ``path`` is a local copy for the actors (None: they resolve
+    ``model`` themselves), ``feature_size`` its mel bins (decode tasks need them first)."""
+
+    path: str | None
+    feature_size: int
+
+
+def _looks_like_path(model: str) -> bool:
+    """Not a hub repository id (``org/name``): a local path, or a bare unknown name."""
+    return model.startswith(("/", ".", "~")) or model.count("/") != 1
+
+
+_WHISPER_NAMES = (
+    "a faster-whisper size (tiny.en, small.en, large-v3, large-v3-turbo, ...) or the hub id "
+    "(org/name) of a CTranslate2 Whisper conversion"
+)
+_LLM_NAMES = "a hub id (org/name), a local model folder or a .gguf file"
+
+
+def whisper_model(model: str, *, download: bool = True, progress: bool = False) -> WhisperModelRef:
+    """Check (and, with ``download``, fetch) the speech model; ``ModelNotFound`` says why not.
+
+    ``model``: ``bundled:tiny.en``, a faster-whisper size name (``small.en``: the hub
+    repository faster-whisper maps it to), a hub repository id, a local CTranslate2 folder,
+    or a folder in object storage (``s3://...``, fetched by each actor).
+    """
+    if "://" in model:
+        return WhisperModelRef(None, _whisper_in_storage(model))
+    from faster_whisper.utils import available_models, download_model
+
+    local = model == BUNDLED_MODEL or Path(model).expanduser().is_dir()
+    if local or (model not in available_models() and _looks_like_path(model)):
+        try:  # the bundled model, a local folder, or a name that is neither of the hub's
+            check_model_reference(model)
+        except ModelLoadError as exc:
+            raise ModelNotFound(str(exc)) from None
+        return WhisperModelRef(None, feature_size_for(model))
+    repo = _whisper_repo(model)
+    what = f"the Whisper model {model}" + ("" if repo == model else f" (hub repository {repo})")
+    if not download:
+        _check_hub(repo, what, _WHISPER_NAMES)
+        return WhisperModelRef(None, feature_size_for(model))
+    if progress:
+        _announce(repo, what)
+    try:
+        path = Path(download_model(model))
+    except Exception as exc:
+        raise _hub_failure(exc, repo, what, _WHISPER_NAMES) from None
+    if not (path / "model.bin").is_file():
+        raise ModelNotFound(
+            f"{what} is on the hub but is not a CTranslate2 Whisper model (no model.bin): use "
+            "a faster-whisper conversion (e.g. Systran/faster-whisper-small.en), or convert it "
+            "with ct2-transformers-converter and pass the folder."
+        )
+    has_preprocessor = (path / "preprocessor_config.json").is_file()
+    return WhisperModelRef(str(path), feature_size_for(str(path) if has_preprocessor else model))
+
+
+def _whisper_repo(model: str) -> str:
+    """The hub repository faster-whisper loads for a size name or repository id."""
+    from faster_whisper import utils
+
+    # faster-whisper's own size → repository table (its download_model reads it): the
+    # repository id makes the advice actionable (``hf download <repo>``).
+    return dict(getattr(utils, "_MODELS", {})).get(model, model)
+
+
+def _whisper_in_storage(model: str) -> int:
+    """A CTranslate2 folder in object storage: it must hold model.bin; returns its mel bins."""
+    loc = storage.resolve(model)
+    if not storage.exists(loc.join("model.bin")):
+        raise ModelNotFound(f"model {model!r} not found: no model.bin under that prefix")
+    preprocessor = loc.join("preprocessor_config.json")
+    if storage.exists(preprocessor):
+        return int(json.loads(storage.read_bytes(preprocessor.url())).get("feature_size", 80))
+    return 80
+
+
+def llm_model(
+    backend: str, model: str | None, *, download: bool = True, progress: bool = False
+) -> str | None:
+    """Check (and for CTranslate2 with ``download``, fetch) the LLM; returns a local copy of
+    a hub model for the actors, else None (they resolve ``model`` themselves).
+
+    vLLM fetches a hub model itself (it chooses which weight files to take), so with it the
+    driver only checks that the cache holds the name or the hub knows it.
+    """
+    if model is None:
+        return None  # the backend's embedded default
+    path = Path(model).expanduser()
+    need = "model.bin" if backend == "ctranslate2" else "config.json"
+    kind = "CTranslate2" if backend == "ctranslate2" else "Hugging Face"
+    if path.is_file() and path.suffix == ".gguf":
+        return None
+    if path.is_dir():
+        if not (path / need).is_file():
+            raise ModelNotFound(
+                f"the LLM model folder {model} has no {need}: give a {kind} model folder, a "
+                ".gguf file or a hub id (org/name)."
+            )
+        return None
+    if _looks_like_path(model):
+        raise ModelNotFound(
+            f"the LLM model {model} not found: no such file or folder, and not a hub "
+            f"repository id (org/name). Give {_LLM_NAMES}."
+        )
+    what = f"the LLM model {model}"
+    if backend != "ctranslate2" or not download:
+        _check_hub(model, what, _LLM_NAMES)
+        return None
+    import huggingface_hub
+
+    if progress:
+        _announce(model, what)
+    try:
+        local = Path(huggingface_hub.snapshot_download(model, etag_timeout=HUB_TIMEOUT_S))
+    except Exception as exc:
+        raise _hub_failure(exc, model, what, _LLM_NAMES) from None
+    if not (local / "model.bin").is_file():
+        raise ModelNotFound(
+            f"{what} is on the hub but is not a CTranslate2 model (no model.bin): use "
+            "--backend vllm for a Hugging Face model, or convert it with "
+            "ct2-transformers-converter and pass the folder."
+        )
+    return str(local)
+
+
+# -- the hub --------------------------------------------------------------------------------
+
+
+def _announce(repo: str, what: str) -> None:
+    """Say so before a download that may take minutes (the hub client's own bars are off)."""
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    cached = huggingface_hub.try_to_load_from_cache(repo, "model.bin")
+    if not constants.HF_HUB_OFFLINE and not isinstance(cached, str):
+        print(
+            f"[overnight] fetching {what} from the Hugging Face hub into its cache (once; "
+            "later runs reuse it)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _check_hub(repo: str, what: str, names: str) -> None:
+    """The cache holds ``repo``, or the hub says it exists; else ``ModelNotFound``."""
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    if isinstance(huggingface_hub.try_to_load_from_cache(repo, "config.json"), str):
+        return
+    if constants.HF_HUB_OFFLINE:
+        raise _offline(repo, what)
+    try:
+        huggingface_hub.HfApi().repo_info(repo, timeout=HUB_TIMEOUT_S)
+    except Exception as exc:
+        raise _hub_failure(exc, repo, what, names) from None
+
+
+def _predownload(repo: str) -> str:
+    return (
+        f"To pre-download it where the hub can be reached: `hf download {repo}` (into the "
+        "Hugging Face cache, ~/.cache/huggingface or $HF_HOME; copy that to this machine and "
+        f"set HF_HUB_OFFLINE=1), or `hf download {repo} --local-dir DIR` and pass that folder "
+        "as the model (--model DIR)."
+    )
+
+
+def _offline(repo: str, what: str) -> ModelNotFound:
+    from huggingface_hub import constants
+
+    return ModelNotFound(
+        f"cannot fetch {what}: HF_HUB_OFFLINE is set and the Hugging Face cache "
+        f"({constants.HF_HUB_CACHE}) does not hold it. Unset HF_HUB_OFFLINE to download it. "
+        + _predownload(repo)
+    )
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    seen = exc
+    for _ in range(8):
+        if seen.__cause__ is None:
+            break
+        seen = seen.__cause__
+    return seen
+
+
+def _hub_failure(exc: BaseException, repo: str, what: str, names: str) -> ModelNotFound:
+    """One paragraph for a failed hub request: the name, access, or the network at fault.
+
+    Without a connection the hub cannot say whether a name exists, so an unreachable hub is
+    never reported as "not found".
+    """
+    from huggingface_hub import constants, errors
+
+    endpoint = constants.ENDPOINT
+    if isinstance(exc, errors.GatedRepoError):
+        return ModelNotFound(
+            f"cannot fetch {what}: it is a gated repository on the Hugging Face hub. Accept its "
+            f"terms at {endpoint}/{repo} and log in here (`hf auth login`, or set HF_TOKEN). "
+            + _predownload(repo)
+        )
+    if isinstance(exc, errors.RepositoryNotFoundError):
+        return ModelNotFound(
+            f"no such model: {what} is not on the Hugging Face hub ({endpoint} has no "
+            f"repository {repo}). Check the name: give {names}. If the repository is private, "
+            "log in (`hf auth login`, or set HF_TOKEN)."
+        )
+    if isinstance(exc, errors.RevisionNotFoundError):
+        return ModelNotFound(f"cannot fetch {what}: the hub has no such revision of {repo}.")
+    inner = _innermost(exc)
+    if constants.HF_HUB_OFFLINE or isinstance(inner, errors.OfflineModeIsEnabled):
+        return _offline(repo, what)
+    if isinstance(exc, errors.HfHubHTTPError) and exc.response is not None:
+        status = exc.response.status_code
+        if status in (401, 403):
+            return ModelNotFound(
+                f"cannot fetch {what}: the Hugging Face hub refused access to {repo} (HTTP "
+                f"{status}). Log in (`hf auth login`, or set HF_TOKEN) with an account that may "
+                "read it. " + _predownload(repo)
+            )
+        cause = f"HTTP {status}"
+    else:
+        text = str(inner).strip().splitlines()
+        cause = f"{type(inner).__name__}: {text[0]}" if text else type(inner).__name__
+        network = (errors.HTTPError, errors.LocalEntryNotFoundError, ConnectionError, TimeoutError)
+        if not isinstance(exc, network) and not isinstance(inner, network):
+            return ModelNotFound(  # not the network: a full disk, an unwritable cache, ...
+                storage.redact(
+                    f"cannot fetch {what} into the Hugging Face cache ({constants.HF_HUB_CACHE}): "
+                    f"{cause[:300]}. " + _predownload(repo)
+                )
+            )
+    return ModelNotFound(
+        storage.redact(
+            f"cannot fetch {what}: could not reach the Hugging Face hub at {endpoint} "
+            f"({cause[:300]}), so whether that name exists could not be checked, and the local "
+            "cache does not hold it. Check the network (or HF_ENDPOINT). " + _predownload(repo)
+        )
+    )
