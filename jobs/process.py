@@ -398,7 +398,7 @@ def _run_task(
     pool = llm_pool(opts, device, sizing.nodes_of_cluster())
     if spec.job.progress and pending:
         print(
-            f"[overnight] {task_name}: {pool.describe('LLM', 'text extraction')}",
+            f"[overnight] {task_name} on {opts.backend}: {pool.describe('LLM', 'text extraction')}",
             file=sys.stderr,
             flush=True,
         )

@@ -34,6 +34,13 @@ DEFAULT_PRICES: dict[str, float] = {
 }
 
 
+def default_llm_backend() -> Literal["ctranslate2", "vllm"]:
+    """vllm when this Python can import it (without importing it: that takes seconds)."""
+    import importlib.util
+
+    return "vllm" if importlib.util.find_spec("vllm") is not None else "ctranslate2"
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -205,9 +212,10 @@ class ProcessOptions(_Model):
     required_phrases: list[str] = Field(
         default_factory=list, description="compliance: phrases the agent must say"
     )
-    backend: Literal["ctranslate2", "vllm"] = Field(
-        "ctranslate2",
-        description="vllm: the gpu extra on GPUs, llm-cpu on CPU; ctranslate2: CPU or GPU",
+    backend: Literal["auto", "ctranslate2", "vllm"] = Field(
+        "auto",
+        description="auto: vllm where it is installed (the gpu extra on GPUs, llm-cpu on CPU), "
+        "else ctranslate2 (the default install, no torch); see README, The engines",
     )
     model: str | None = Field(
         None,
@@ -290,6 +298,16 @@ class ProcessOptions(_Model):
     resource: str | None = Field(
         None, description="price-table key of what an actor holds; default detected"
     )
+
+    @model_validator(mode="after")
+    def _resolve_backend(self) -> ProcessOptions:
+        # Resolved once, here, so that every consumer (call shape, preflight, workers, the
+        # summary) sees the engine that runs. vLLM won where both were measured
+        # (scripts/compare_engines.py): every extraction valid, classify one pass per document;
+        # CTranslate2 starts in 1 s instead of 35 s and needs no torch.
+        if self.backend == "auto":
+            object.__setattr__(self, "backend", default_llm_backend())
+        return self
 
     @property
     def call_shape(self) -> tuple[int, int]:

@@ -98,7 +98,10 @@ GPU_GRID: dict[str, list[Any]] = {
     "batch_size": [16, 64],
     "beam_size": [1, 5],
 }
-# The document job: CTranslate2 on CPU, vLLM on GPU.
+# The document job: vLLM on GPU and, where it is installed, on CPU; CTranslate2 otherwise.
+PROCESS_VLLM_CPU_GRID: dict[str, list[Any]] = {
+    "max_num_seqs": [16, 128],
+}
 PROCESS_CPU_GRID: dict[str, list[Any]] = {
     "compute_type": ["int8", "float32"],
     "max_batch_size": [4, 32],
@@ -274,9 +277,15 @@ def _names(configs: list[dict[str, Any]]) -> list[Candidate]:
     return out
 
 
-def default_grid(device: str, task: str = "transcribe") -> list[Candidate]:
+def default_grid(device: str, task: str = "transcribe", backend: str = "auto") -> list[Candidate]:
     if task == "process":
-        return _names(_cross(PROCESS_GPU_GRID if device == "cuda" else PROCESS_CPU_GRID))
+        if device == "cuda":
+            return _names(_cross(PROCESS_GPU_GRID))
+        if backend == "auto":
+            from jobs.spec import default_llm_backend
+
+            backend = default_llm_backend()
+        return _names(_cross(PROCESS_VLLM_CPU_GRID if backend == "vllm" else PROCESS_CPU_GRID))
     return _names(_cross(GPU_GRID if device == "cuda" else CPU_GRID))
 
 
@@ -1013,7 +1022,8 @@ def tune(
         ensure_ray(address)
         wanted = (base.get(task) or {}).get("device", "auto")
         device = ("cuda" if cluster_has_gpu() else "cpu") if wanted == "auto" else wanted
-    candidates = grid if grid is not None else default_grid(device, task)
+    backend = str((base.get("process") or {}).get("backend", "auto"))
+    candidates = grid if grid is not None else default_grid(device, task, backend)
     if not candidates:
         raise ConfigError("the grid is empty")
     for c in candidates:  # validate every configuration before running any

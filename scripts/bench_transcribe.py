@@ -13,7 +13,7 @@ user who types the command gets.
     no option but what a user types, timed as a whole process (interpreter, imports, Ray start,
     model load, listing, ledger, summary, Ray shutdown). Its transcripts are read from
     OUT/transcripts and its run summary from OUT/runs/*.json; it also reports the start-up to
-    the first model batch when the summary has ``first_batch_s``, and the options the job chose
+    the first result (the run summary's ``startup`` timeline), and the options the job chose
 
 Every variant uses tiny.en int8 on CPU, beam 5, VAD on, batch 32 (the job's defaults).
 
@@ -773,23 +773,11 @@ def read_transcripts(output: Path) -> dict[str, str]:
 
 
 def chosen_options(summary: dict[str, Any]) -> dict[str, Any]:
-    """The pool shape the job ran with: the summary's options, where 0 (the job's default)
-    is replaced by what the job resolves it to (jobs.transcribe.whisper_options)."""
+    """The pool shape the job ran with: the summary's options hold what ``auto`` resolved
+    (jobs/sizing.py), and which fields it chose."""
     opts = summary.get("options") or {}
-    keys = ("actors", "cpus_per_actor", "decode_cpus", "model_workers", "cpu_threads")
-    chosen = {k: opts.get(k) for k in (*keys, "items_per_call", "calls_per_actor")}
-    with contextlib.suppress(ValueError, TypeError, ImportError):
-        from jobs.spec import TranscribeOptions
-        from jobs.transcribe import whisper_options
-
-        fields = TranscribeOptions.model_fields
-        resolved = whisper_options(
-            TranscribeOptions.model_validate({k: v for k, v in opts.items() if k in fields}),
-            summary.get("device") or "cpu",
-        )
-        chosen["model_workers"] = resolved.model_workers
-        chosen["cpu_threads"] = resolved.cpu_threads
-    return chosen
+    keys = ("actors", "cpus_per_actor", "decode_cpus", "model_workers", "cpu_threads", "auto")
+    return {k: opts.get(k) for k in (*keys, "items_per_call", "calls_per_actor")}
 
 
 def summary_report(summary: dict[str, Any]) -> dict[str, Any]:
@@ -797,7 +785,9 @@ def summary_report(summary: dict[str, Any]) -> dict[str, Any]:
         "model_busy_s": summary.get("accelerator_seconds"),
         "pipeline_s": summary.get("pipeline_seconds"),
         "job_wall_s": summary.get("wall_seconds"),
-        "first_batch_s": summary.get("first_batch_s"),
+        # Job start to the first committed result (the run summary's start-up timeline).
+        "first_batch_s": (summary.get("startup") or {}).get("first_result_s"),
+        "startup": summary.get("startup"),
         "cost_per_audio_minute_usd": summary.get("cost_per_audio_minute_usd"),
         "failed": summary.get("failed"),
         "errors_by_code": summary.get("errors_by_code") or {},
@@ -999,7 +989,7 @@ def measure(
             f"      model busy {result['model_busy_s']:.1f} s of {result['pipeline_s']:.1f} s "
             f"pipeline wall, {result['job_wall_s']:.1f} s job wall"
             + (
-                f", first model batch {result['first_batch_s']:.1f} s after job start"
+                f", first result {result['first_batch_s']:.1f} s after job start"
                 if result.get("first_batch_s") is not None and "process_wall_s" not in result
                 else ""
             )
@@ -1011,10 +1001,16 @@ def measure(
         )
     if "process_wall_s" in result:
         startup = (
-            f"start-up to the first model batch {result['startup_s']:.1f} s "
-            f"(first_batch_s {result['first_batch_s']:.1f} s after job start)"
+            f"start-up to the first result {result['startup_s']:.1f} s "
+            f"({result['first_batch_s']:.1f} s after job start; "
+            + ", ".join(
+                f"{k.removesuffix('_s')} {v:.1f} s"
+                for k, v in (result.get("startup") or {}).items()
+                if v is not None and k != "first_result_s"
+            )
+            + ")"
             if result.get("startup_s") is not None
-            else "start-up to the first model batch: no first_batch_s in the run summary"
+            else "start-up to the first result: not in the run summary"
         )
         print(
             f"      whole process {result['process_wall_s']:.1f} s: "

@@ -333,7 +333,14 @@ def test_tune_process_measures_the_document_job_on_the_real_smollm2_model(tmp_pa
     for name, text in CALLS.items():
         (docs / name).write_text(text)
     (docs / "references.tsv").write_text("billing.txt\tbilling\nrouter.txt\ttechnical_support\n")
-    base = {"process": {"task": "classify", "labels": ["billing", "technical_support", "sales"]}}
+    # The CTranslate2 grid (two compute types): the default install's engine; vLLM has one.
+    base = {
+        "process": {
+            "task": "classify",
+            "labels": ["billing", "technical_support", "sales"],
+            "backend": "ctranslate2",
+        }
+    }
     grid = [
         Candidate("int8 batch 4", {"compute_type": "int8", "max_batch_size": 4}),
         Candidate("float16", {"compute_type": "float16"}),
