@@ -86,6 +86,15 @@ def test_synthesized_calls_are_transcribed_accurately_without_shared_data(synth_
         # 0.5 s of silence first, less VAD's 0.4 s of padding: times are the recording's own.
         assert 0.05 < got[name]["segments"][0]["start"] < 0.5
     assert summary["items"] == len(refs)
+    # What the first result waited for, step by step, and the pool auto chose, as run.
+    startup = summary["startup"]
+    assert list(startup)[:3] == ["list_s", "ray_s", "manifest_s"]
+    assert startup["model_load_s"] > 0 and startup["actor_start_s"] >= 0
+    assert startup["first_result_s"] >= startup["model_load_s"]
+    assert (
+        summary["options"]["cpus_per_actor"] >= 1.5
+        and "cpus_per_actor" in summary["options"]["auto"]
+    )
     # No call's transcript says a run of words twice where its script says it once.
     for name, row in got.items():
         if row["status"] == "ok":
