@@ -481,3 +481,31 @@ def test_decoding_bounds_unbounded_strings_and_numbers_and_keeps_the_users_bound
     assert props["amount"]["anyOf"][1] == {"type": "null"}
     assert props["type"]["maxLength"] == DECODE_MAX_STRING_CHARS
     assert bounded["required"] == ["name"]
+
+
+def test_a_looping_summary_is_decoded_once_more_with_a_stronger_penalty() -> None:
+    from workers.llm.tasks import RETRY_REPETITION_PENALTY
+
+    loop = "The customer called. " + "Your phone number is on the file. " * 4
+    penalties: list[float] = []
+
+    class Looping(ScriptedBackend):
+        def generate(self, conversations, params):
+            penalties.append(params.repetition_penalty)
+            fine = params.repetition_penalty >= RETRY_REPETITION_PENALTY
+            self.reply = lambda conv: (
+                "The customer asked to update the phone number." if fine else loop
+            )
+            return super().generate(conversations, params)
+
+    engine = Looping(lambda conv: loop)
+    [out] = run_task(engine, TaskSpec(kind="summarize", summary_words=20), _items("A call."))
+    assert (
+        out.status == "ok" and out.output_text == "The customer asked to update the phone number."
+    )
+    assert penalties == [1.1, RETRY_REPETITION_PENALTY]
+    # Still looping after the retry: an error row that says so, never an ok row.
+    stuck = ScriptedBackend(lambda conv: loop)
+    [out] = run_task(stuck, TaskSpec(kind="summarize", summary_words=20), _items("A call."))
+    assert out.status == "error" and out.error_code == "invalid_output"
+    assert [name for name, _ in stuck.calls] == ["generate", "generate"]
