@@ -106,6 +106,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "jobs.report",
     "jobs.plan",
     "jobs.tune",
+    "jobs.show",
 )
 
 
