@@ -43,6 +43,19 @@ def _common_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-id")
     p.add_argument("--max-items", type=int)
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument(
+        "--include",
+        action="append",
+        metavar="GLOB",
+        help="folder/prefix input: take the files this glob matches (repeatable; '*': every "
+        "file); default: the job's known extensions",
+    )
+    p.add_argument(
+        "--exclude",
+        action="append",
+        metavar="GLOB",
+        help="folder/prefix input: leave out the files this glob matches (repeatable)",
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -119,6 +132,8 @@ def _overrides(args: argparse.Namespace, kind: str) -> dict[str, Any]:
         "run_id": getattr(args, "run_id", None),
         "max_items": getattr(args, "max_items", None),
         "progress": False if getattr(args, "quiet", False) else None,
+        "include": getattr(args, "include", None),
+        "exclude": getattr(args, "exclude", None),
     }
     transcribe = {
         key: getattr(args, key, None)
@@ -178,6 +193,15 @@ def print_summary(summary: dict[str, Any], out=None) -> None:
     if summary.get("errors_by_code"):
         lines.append(
             "  errors       " + ", ".join(f"{k}: {v}" for k, v in summary["errors_by_code"].items())
+        )
+    if summary.get("skipped"):
+        n = sum(summary["skipped"].values())
+        reasons = ", ".join(f"{v} {k}" for k, v in summary["skipped"].items())
+        shown = ", ".join(summary.get("skipped_examples") or [])
+        lines.append(
+            f"  skipped      {n} file{'s' if n != 1 else ''} of the listing ({reasons})"
+            f"{': ' + shown + (', ...' if n > 5 else '') if shown else ''}; "
+            "--include/--exclude GLOB choose the files"
         )
     if summary.get("duplicates_removed"):
         lines.append(

@@ -32,13 +32,13 @@ import pyarrow as pa
 
 from jobs import ledger, pipeline, sizing, storage
 from jobs.errors import ConfigError
-from jobs.manifest import committed_ids, list_items
+from jobs.manifest import Listing, Selection, committed_ids, select_items
 from jobs.spec import JobSpec, ProcessOptions
 from schemas import DOCUMENT_RESULTS, MANIFEST, ErrorCode
 from workers.llm.adapter import EngineUnavailable
 from workers.llm.tasks import READY_TASKS, TaskSpec, TaskSpecError
 from workers.llm.worker import LLMWorker, LLMWorkerConfig
-from workers.text import TextOptions, extract_text
+from workers.text import DOCUMENT_EXTENSIONS, TextOptions, extract_text
 
 # In flight from the manifest to the LLM stage: the manifest plus the document's text and
 # state. For transcript inputs the text is already there and extraction is skipped.
@@ -214,9 +214,9 @@ def _transcript_records(dataset: storage.Location, task: str) -> list[dict[str, 
     return records
 
 
-def _document_records(url: str, task: str) -> list[dict[str, Any]]:
+def _document_records(listing: Listing, task: str) -> list[dict[str, Any]]:
     records = []
-    for r in list_items(url):
+    for r in listing.items:
         records.append(
             {
                 **r,
@@ -350,10 +350,16 @@ def _run_task(spec: JobSpec, input_url: str, task_name: str) -> dict[str, Any]:
     results = output.join("results")
 
     transcripts = _is_transcripts(input_url)
+    listing = Listing([])
+    if not transcripts:
+        selection = Selection.of(
+            DOCUMENT_EXTENSIONS, "document", spec.job.include, spec.job.exclude
+        )
+        listing = select_items(input_url, selection)
     records = (
         _transcript_records(transcripts, task_name)
         if transcripts
-        else _document_records(input_url, task_name)
+        else _document_records(listing, task_name)
     )
     token = pipeline.claim(results, run_id)  # before listing: see pipeline.claim
     done = committed_ids(results)
@@ -468,6 +474,8 @@ def _run_task(spec: JobSpec, input_url: str, task_name: str) -> dict[str, Any]:
             "output": storage.redact(spec.job.output),
             "input_kind": "transcripts" if transcripts else "documents",
             "duplicates_removed": repaired,
+            "skipped": listing.skipped,
+            "skipped_examples": listing.skipped_examples,
             "backend": opts.backend,
             "model": opts.model or f"{opts.backend}:default",
             "device": device,

@@ -35,10 +35,10 @@ import pyarrow as pa
 
 from jobs import ledger, pipeline, sizing, storage
 from jobs.errors import ModelNotFound
-from jobs.manifest import committed_ids, list_items, manifest_table
+from jobs.manifest import Selection, committed_ids, manifest_table, select_items
 from jobs.spec import JobSpec, TranscribeOptions
 from schemas import MANIFEST, TRANSCRIPTS
-from workers.audio import AudioChunker, AudioOptions
+from workers.audio import MEDIA_EXTENSIONS, AudioChunker, AudioOptions
 from workers.whisper import (
     ModelLoadError,
     WhisperOptions,
@@ -261,7 +261,9 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
     output = storage.resolve(spec.job.output)
     feature_size = _check_model(opts.model)
 
-    records = list_items(spec.job.input)
+    selection = Selection.of(MEDIA_EXTENSIONS, "media", spec.job.include, spec.job.exclude)
+    listing = select_items(spec.job.input, selection)
+    records = listing.items
     transcripts = output.join("transcripts")
     token = pipeline.claim(transcripts, run_id)  # before listing: see pipeline.claim
     done = committed_ids(transcripts)
@@ -371,6 +373,8 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
             "speech_seconds": round(sum(r["speech_s"] or 0.0 for r in rows), 3),
             "no_speech": sum(1 for r in rows if r["status"] == "ok" and not (r["speech_s"] or 0)),
             "duplicates_removed": repaired,
+            "skipped": listing.skipped,
+            "skipped_examples": listing.skipped_examples,
             "startup": startup.report(outcome),
             "options": {
                 **opts.model_dump(),
