@@ -7,6 +7,7 @@ one clear message and an exit status; per-item failures are in the output, exit 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -43,6 +44,9 @@ def _common_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-id")
     p.add_argument("--max-items", type=int)
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument(
+        "--verbose", action="store_true", help="also show Ray's own log lines (start-up, workers)"
+    )
     p.add_argument(
         "--include",
         action="append",
@@ -99,6 +103,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--address")
     r.add_argument("--run-id")
     r.add_argument("--quiet", action="store_true")
+    r.add_argument("--verbose", action="store_true", help="also show Ray's own log lines")
 
     sub.add_parser("config", help="print the job spec reference")
 
@@ -132,6 +137,7 @@ def _overrides(args: argparse.Namespace, kind: str) -> dict[str, Any]:
         "run_id": getattr(args, "run_id", None),
         "max_items": getattr(args, "max_items", None),
         "progress": False if getattr(args, "quiet", False) else None,
+        "verbose": True if getattr(args, "verbose", False) else None,
         "include": getattr(args, "include", None),
         "exclude": getattr(args, "exclude", None),
     }
@@ -166,13 +172,16 @@ def _overrides(args: argparse.Namespace, kind: str) -> dict[str, Any]:
 
 
 def run_spec(spec: JobSpec) -> dict[str, Any]:
-    if spec.job.kind == "transcribe":
-        from jobs.transcribe import run_transcribe
+    from jobs.console import quiet_native_stderr
 
-        return run_transcribe(spec)
-    from jobs.process import run_chain, run_process
+    with contextlib.nullcontext() if spec.job.verbose else quiet_native_stderr():
+        if spec.job.kind == "transcribe":
+            from jobs.transcribe import run_transcribe
 
-    return run_process(spec) if spec.job.kind == "process" else run_chain(spec)
+            return run_transcribe(spec)
+        from jobs.process import run_chain, run_process
+
+        return run_process(spec) if spec.job.kind == "process" else run_chain(spec)
 
 
 def print_summary(summary: dict[str, Any], out=None) -> None:
@@ -301,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                     "ray_address": args.address,
                     "run_id": args.run_id,
                     "progress": False if args.quiet else None,
+                    "verbose": True if args.verbose else None,
                 }
             }
             summary = run_spec(build_spec(file_data, over))

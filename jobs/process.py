@@ -367,7 +367,7 @@ def _run_task(spec: JobSpec, input_url: str, task_name: str) -> dict[str, Any]:
     pending = todo[: spec.job.max_items] if spec.job.max_items is not None else todo
     startup.mark("list")
 
-    pipeline.ensure_ray(spec.job.ray_address)
+    pipeline.ensure_ray(spec.job.ray_address, verbose=spec.job.verbose)
     startup.mark("ray")
     device = (
         opts.device if opts.device != "auto" else ("cuda" if pipeline.cluster_has_gpu() else "cpu")

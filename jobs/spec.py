@@ -344,6 +344,11 @@ class RunOptions(_Model):
         None, ge=1, description="process at most this many pending items (samples, tests)"
     )
     progress: bool = Field(True, description="print progress lines while running")
+    verbose: bool = Field(
+        False,
+        description="also show Ray's own log lines on the terminal (they are always in Ray's "
+        "session logs under /tmp/ray)",
+    )
     include: list[str] | None = Field(
         None,
         description="folder/prefix inputs: take the files these globs match (path under the "

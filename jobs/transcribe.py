@@ -271,7 +271,7 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
     pending = todo[: spec.job.max_items] if spec.job.max_items is not None else todo
     startup.mark("list")
 
-    pipeline.ensure_ray(spec.job.ray_address)
+    pipeline.ensure_ray(spec.job.ray_address, verbose=spec.job.verbose)
     startup.mark("ray")
     device = opts.device
     if device == "auto":

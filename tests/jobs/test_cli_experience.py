@@ -5,14 +5,30 @@ under its output and shows every turn of every call beside its script."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
 
+import numpy as np
+import pytest
+
+from jobs.demo import DIALOGUE, espeak_available, silence, speak, write_wav
 from jobs.errors import InputNotFound
 from jobs.manifest import Selection, select_items
 from tests.conftest import REPO
 from workers.audio import MEDIA_EXTENSIONS
+
+needs_espeak = pytest.mark.skipif(not espeak_available(), reason="espeak-ng is not installed")
+
+# What every run printed before and a user read as failures.
+RAY_NOISE = ("token authentication", "core_worker.cc", "Progress bars disabled")
 
 
 def overnight(*args: str, env: dict[str, str] | None = None, timeout: float = 600):
@@ -23,6 +39,44 @@ def overnight(*args: str, env: dict[str, str] | None = None, timeout: float = 60
         text=True,
         timeout=timeout,
     )
+
+
+def summary_of(output: Path) -> dict:
+    latest = max((output / "runs").glob("*.json"), key=lambda p: p.stat().st_mtime)
+    return json.loads(latest.read_text())
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory):
+    """Two synthesized calls and a transcript file beside them, as in a LibriSpeech folder."""
+    if not espeak_available():
+        pytest.skip("espeak-ng is not installed")
+    calls = tmp_path_factory.mktemp("calls")
+    for name, text in (
+        ("call_one.wav", "Please call me back tomorrow morning."),
+        ("call_two.wav", "My order number is four five six."),
+    ):
+        write_wav(calls / name, np.concatenate([silence(0.3), speak(text), silence(0.3)]))
+    (calls / "librispeech_trans.txt").write_text("call_one Please call me back tomorrow morning\n")
+    output = tmp_path_factory.mktemp("out")
+    done = overnight("transcribe", str(calls), str(output))
+    return calls, output, done
+
+
+def test_a_run_prints_no_ray_notices_and_reports_the_file_it_did_not_take(first_run):
+    _, output, done = first_run
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    for noise in RAY_NOISE:
+        assert noise.lower() not in done.stderr.lower(), done.stderr
+    assert "2 processed, 2 ok, 0 failed" in done.stdout
+    assert re.search(
+        r"skipped +1 file of the listing \(1 not_media_extension\): librispeech_trans\.txt",
+        done.stdout,
+    ), done.stdout
+    summary = summary_of(output)
+    assert summary["skipped"] == {"not_media_extension": 1}
+    assert summary["items"] == 2 and summary["failed"] == 0  # no not_audio row any more
 
 
 def test_include_and_exclude_globs_choose_the_files_of_a_folder(tmp_path):
@@ -71,3 +125,74 @@ def test_a_folder_with_no_recording_left_is_exit_4_saying_what_was_skipped(tmp_p
         done.stderr
     )
     assert "--include GLOB" in done.stderr
+
+
+@needs_espeak
+def test_a_long_run_prints_a_progress_line_at_least_every_10_s(tmp_path):
+    """A real run of about a minute (interrupted after 60 s of work in flight) prints at
+    least 5 progress lines; with --verbose, Ray's own log lines are back on the terminal."""
+    clip = np.concatenate(
+        [
+            np.concatenate([speak(text), silence(0.8)])
+            for _, text in DIALOGUE * 3  # about 30 s of speech
+        ]
+    )
+    write_wav(tmp_path / "long_call.wav", clip)
+    # 200 items of one recording (distinct external ids): far more than a minute of work
+    manifest = tmp_path / "calls.jsonl"
+    manifest.write_text(
+        "".join(
+            json.dumps({"uri": "long_call.wav", "external_id": f"call-{i}"}) + "\n"
+            for i in range(200)
+        )
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jobs.cli",
+            "transcribe",
+            str(manifest),
+            str(tmp_path / "out"),
+            "--verbose",
+        ],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    progress: list[tuple[float, str]] = []
+    stderr: list[str] = []
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            stderr.append(line)
+            if re.match(r"\[overnight\] \d+/200 items", line):
+                progress.append((time.monotonic(), line))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 180
+        while not progress and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert progress, "".join(stderr[-20:])
+        # The first line comes 10 s into the work: 50 s more make a minute in flight.
+        while time.monotonic() < progress[0][0] + 52 and proc.poll() is None:
+            time.sleep(0.2)
+        still_running = proc.poll() is None
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    reader.join(timeout=10)
+    assert still_running, "the run ended within a minute; give it more work"
+    assert proc.returncode == 130, "".join(stderr[-20:])
+    assert len(progress) >= 5, [line for _, line in progress]
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(progress)]
+    assert max(gaps) < 13, gaps  # every 10 s, with a little slack for a loaded machine
+    text = "".join(stderr)
+    assert "core_worker.cc" in text  # --verbose: Ray's own lines are not filtered
+    assert "interrupted; finished items are committed, rerun to resume" in text
