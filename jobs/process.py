@@ -367,12 +367,18 @@ def _run_task(spec: JobSpec, input_url: str, task_name: str) -> dict[str, Any]:
     pending = todo[: spec.job.max_items] if spec.job.max_items is not None else todo
     startup.mark("list")
 
-    pipeline.ensure_ray(spec.job.ray_address, verbose=spec.job.verbose)
-    startup.mark("ray")
-    device = (
-        opts.device if opts.device != "auto" else ("cuda" if pipeline.cluster_has_gpu() else "cpu")
-    )
-    pool = llm_pool(opts, device, sizing.nodes_of_cluster())
+    if pending:
+        pipeline.ensure_ray(spec.job.ray_address, verbose=spec.job.verbose)
+        startup.mark("ray")
+        device = (
+            opts.device
+            if opts.device != "auto"
+            else ("cuda" if pipeline.cluster_has_gpu() else "cpu")
+        )
+        pool = llm_pool(opts, device, sizing.nodes_of_cluster())
+    else:  # nothing to do: no Ray at all (it would take most of a no-op rerun's time)
+        device = "cpu" if opts.device == "auto" else opts.device
+        pool = llm_pool(opts, device, [])
     if spec.job.progress and pending:
         print(
             f"[overnight] {task_name}: {pool.describe('LLM', 'text extraction')}",

@@ -271,12 +271,16 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
     pending = todo[: spec.job.max_items] if spec.job.max_items is not None else todo
     startup.mark("list")
 
-    pipeline.ensure_ray(spec.job.ray_address, verbose=spec.job.verbose)
-    startup.mark("ray")
-    device = opts.device
-    if device == "auto":
-        device = "cuda" if pipeline.cluster_has_gpu() else "cpu"
-    pool = whisper_pool(opts, device, sizing.nodes_of_cluster())
+    if pending:
+        pipeline.ensure_ray(spec.job.ray_address, verbose=spec.job.verbose)
+        startup.mark("ray")
+        device = opts.device
+        if device == "auto":
+            device = "cuda" if pipeline.cluster_has_gpu() else "cpu"
+        pool = whisper_pool(opts, device, sizing.nodes_of_cluster())
+    else:  # nothing to do: no Ray at all (it would take most of a no-op rerun's time)
+        device = "cpu" if opts.device == "auto" else opts.device
+        pool = whisper_pool(opts, device, [])
     if spec.job.progress and pending:
         print(f"[overnight] {pool.describe('Whisper', 'decode')}", file=sys.stderr, flush=True)
     w_opts = whisper_options(opts, device, pool)

@@ -79,6 +79,21 @@ def test_a_run_prints_no_ray_notices_and_reports_the_file_it_did_not_take(first_
     assert summary["items"] == 2 and summary["failed"] == 0  # no not_audio row any more
 
 
+def test_a_no_op_rerun_starts_no_ray_and_takes_under_9_s(first_run):
+    """Under 3 s on an idle machine; 9 s allows for a loaded one. RAY_ADDRESS points at a
+    port where nothing listens: starting or joining Ray would fail the run."""
+    calls, output, first = first_run
+    assert first.returncode == 0, first.stderr
+    t0 = time.monotonic()
+    done = overnight("transcribe", str(calls), str(output), env={"RAY_ADDRESS": "127.0.0.1:9"})
+    elapsed = time.monotonic() - t0
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    assert "0 processed, 0 ok, 0 failed (2 already done of 2 listed)" in done.stdout
+    assert "ray_s" not in summary_of(output)["startup"]
+    assert elapsed < 9.0, f"a no-op rerun took {elapsed:.1f} s"
+
+
 def test_include_and_exclude_globs_choose_the_files_of_a_folder(tmp_path):
     for name in ("a.wav", "b.WAV", "sub/c.flac", "notes.txt", "sub/video.mkv", "x_trans.txt"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
