@@ -10,9 +10,7 @@ import argparse
 import contextlib
 import importlib
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +108,7 @@ def parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="synthesize a few calls and transcribe them (no input needed)")
     d.add_argument("--output", default="demo-output")
     d.add_argument("--address")
+    d.add_argument("--verbose", action="store_true", help="also show Ray's own log lines")
 
     for name in COMMAND_MODULES:
         importlib.import_module(name).add_parser(sub)
@@ -255,37 +254,43 @@ def print_summary(summary: dict[str, Any], out=None) -> None:
 
 
 def _demo(args: argparse.Namespace) -> dict[str, Any]:
-    from jobs.demo import make_demo_calls
+    from jobs.demo import comparison_table, demo_scripts, make_demo_calls
+    from jobs.show import COLUMNS, width
 
-    work = Path(tempfile.mkdtemp(prefix="overnight-demo-"))
-    refs = make_demo_calls(work / "calls")
-    manifest = work / "calls" / "manifest.jsonl"
+    # The calls live with the results they explain (OUTPUT/calls/), not in a temporary
+    # folder that outlives the run and that every row's source_uri would point into.
+    output = Path(args.output).resolve()
+    calls = output / "calls"
+    refs = make_demo_calls(calls)
+    manifest = calls / "manifest.jsonl"
     with open(manifest, "w") as f:
         for name in refs:
             row = {"uri": name, "tenant": "demo", "external_id": name.removesuffix(".wav")}
             if name == "call_stereo.wav":
                 row["channel_labels"] = "agent,customer"
             f.write(json.dumps(row) + "\n")
-    print(f"[overnight] synthesized {len(refs)} calls in {work / 'calls'}", file=sys.stderr)
+    print(f"[overnight] synthesized {len(refs)} calls in {calls}", file=sys.stderr)
     spec = build_spec(
         overrides={
             "job": {
                 "input": str(manifest),
-                "output": os.path.abspath(args.output),
+                "output": str(output),
                 "ray_address": args.address,
+                "verbose": True if args.verbose else None,
             }
         }
     )
     summary = run_spec(spec)
-    import pyarrow.dataset as pads
+    from jobs import ledger, storage
 
-    table = pads.dataset(summary["transcripts"], format="parquet").to_table(
-        columns=["source_uri", "status", "error_code", "text"]
-    )
-    print("\ntranscripts:")
-    for row in sorted(table.to_pylist(), key=lambda r: r["source_uri"]):
-        shown = row["text"] if row["status"] == "ok" else f"<{row['error_code']}>"
-        print(f"  {Path(row['source_uri']).name:<22} {shown!s:.110}")
+    table = ledger.read_results(storage.resolve(summary["transcripts"]), COLUMNS["transcripts"])
+    rows = [
+        r
+        for r in (table.to_pylist() if table is not None else [])
+        if Path(r["source_uri"]).parent == calls and Path(r["source_uri"]).name in refs
+    ]
+    print("\nthe calls' scripts and their transcripts:\n")
+    print(comparison_table(rows, demo_scripts(), width()))
     print()
     return summary
 

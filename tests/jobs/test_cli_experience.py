@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -140,6 +141,37 @@ def test_a_folder_with_no_recording_left_is_exit_4_saying_what_was_skipped(tmp_p
         done.stderr
     )
     assert "--include GLOB" in done.stderr
+
+
+@needs_espeak
+def test_the_demo_keeps_its_calls_under_its_output_and_shows_every_turn_beside_its_script(
+    tmp_path,
+):
+    temp = Path(tempfile.gettempdir())
+    before = set(temp.glob("overnight*"))
+    output = tmp_path / "demo-output"
+    done = overnight("demo", "--output", str(output))
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    for noise in RAY_NOISE:
+        assert noise.lower() not in done.stderr.lower(), done.stderr
+    assert set(temp.glob("overnight*")) == before  # nothing left in the temporary folder
+    assert len(list((output / "calls").glob("*.wav"))) == 7
+    rows = json.loads(overnight("show", str(output), "--json", "--limit", "0").stdout)
+    assert {Path(r["source_uri"]).parent for r in rows} == {output / "calls"}
+
+    block = done.stdout.split("call_stereo.wav  ok  WER ")[1].split("\n\n")[0]
+    wer, _, table = block.partition("\n")
+    assert 0 <= float(wer.split()[0]) < 0.5
+    lines = table.splitlines()[1:]  # under the "script  transcript" header
+    half = (100 - 4) // 2
+    assert all(len(line) <= 100 for line in lines)
+    script = " ".join(" ".join(line[2 : 2 + half].split()) for line in lines)
+    heard = " ".join(" ".join(line[4 + half :].split()) for line in lines)
+    for speaker, text in DIALOGUE:  # every turn of the script, whole, none cut mid-word
+        assert f"{speaker}: {text}" in script, script
+    assert re.findall(r"(agent|customer):", heard) == ["agent", "customer", "agent"], heard
+    assert re.search(r"word error rate over the 5 spoken calls: 0\.\d+", done.stdout)
 
 
 @needs_espeak
