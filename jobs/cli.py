@@ -7,13 +7,13 @@ one clear message and an exit status; per-item failures are in the output, exit 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import importlib
 import json
 import os
 import signal
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,22 @@ def _common_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-id")
     p.add_argument("--max-items", type=int)
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument(
+        "--verbose", action="store_true", help="also show Ray's own log lines (start-up, workers)"
+    )
+    p.add_argument(
+        "--include",
+        action="append",
+        metavar="GLOB",
+        help="folder/prefix input: take the files this glob matches (repeatable; '*': every "
+        "file); default: the job's known extensions",
+    )
+    p.add_argument(
+        "--exclude",
+        action="append",
+        metavar="GLOB",
+        help="folder/prefix input: leave out the files this glob matches (repeatable)",
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -88,12 +104,14 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--address")
     r.add_argument("--run-id")
     r.add_argument("--quiet", action="store_true")
+    r.add_argument("--verbose", action="store_true", help="also show Ray's own log lines")
 
     sub.add_parser("config", help="print the job spec reference")
 
     d = sub.add_parser("demo", help="synthesize a few calls and transcribe them (no input needed)")
     d.add_argument("--output", default="demo-output")
     d.add_argument("--address")
+    d.add_argument("--verbose", action="store_true", help="also show Ray's own log lines")
 
     for name in COMMAND_MODULES:
         importlib.import_module(name).add_parser(sub)
@@ -108,6 +126,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "jobs.report",
     "jobs.plan",
     "jobs.tune",
+    "jobs.show",
 )
 
 
@@ -120,6 +139,9 @@ def _overrides(args: argparse.Namespace, kind: str) -> dict[str, Any]:
         "run_id": getattr(args, "run_id", None),
         "max_items": getattr(args, "max_items", None),
         "progress": False if getattr(args, "quiet", False) else None,
+        "verbose": True if getattr(args, "verbose", False) else None,
+        "include": getattr(args, "include", None),
+        "exclude": getattr(args, "exclude", None),
     }
     transcribe = {
         key: getattr(args, key, None)
@@ -152,13 +174,16 @@ def _overrides(args: argparse.Namespace, kind: str) -> dict[str, Any]:
 
 
 def run_spec(spec: JobSpec) -> dict[str, Any]:
-    if spec.job.kind == "transcribe":
-        from jobs.transcribe import run_transcribe
+    from jobs.console import quiet_native_stderr
 
-        return run_transcribe(spec)
-    from jobs.process import run_chain, run_process
+    with contextlib.nullcontext() if spec.job.verbose else quiet_native_stderr():
+        if spec.job.kind == "transcribe":
+            from jobs.transcribe import run_transcribe
 
-    return run_process(spec) if spec.job.kind == "process" else run_chain(spec)
+            return run_transcribe(spec)
+        from jobs.process import run_chain, run_process
+
+        return run_process(spec) if spec.job.kind == "process" else run_chain(spec)
 
 
 def print_summary(summary: dict[str, Any], out=None) -> None:
@@ -179,6 +204,15 @@ def print_summary(summary: dict[str, Any], out=None) -> None:
     if summary.get("errors_by_code"):
         lines.append(
             "  errors       " + ", ".join(f"{k}: {v}" for k, v in summary["errors_by_code"].items())
+        )
+    if summary.get("skipped"):
+        n = sum(summary["skipped"].values())
+        reasons = ", ".join(f"{v} {k}" for k, v in summary["skipped"].items())
+        shown = ", ".join(summary.get("skipped_examples") or [])
+        lines.append(
+            f"  skipped      {n} file{'s' if n != 1 else ''} of the listing ({reasons})"
+            f"{': ' + shown + (', ...' if n > 5 else '') if shown else ''}; "
+            "--include/--exclude GLOB choose the files"
         )
     if summary.get("duplicates_removed"):
         lines.append(
@@ -223,37 +257,43 @@ def print_summary(summary: dict[str, Any], out=None) -> None:
 
 
 def _demo(args: argparse.Namespace) -> dict[str, Any]:
-    from jobs.demo import make_demo_calls
+    from jobs.demo import comparison_table, demo_scripts, make_demo_calls
+    from jobs.show import COLUMNS, width
 
-    work = Path(tempfile.mkdtemp(prefix="overnight-demo-"))
-    refs = make_demo_calls(work / "calls")
-    manifest = work / "calls" / "manifest.jsonl"
+    # The calls live with the results they explain (OUTPUT/calls/), not in a temporary
+    # folder that outlives the run and that every row's source_uri would point into.
+    output = Path(args.output).resolve()
+    calls = output / "calls"
+    refs = make_demo_calls(calls)
+    manifest = calls / "manifest.jsonl"
     with open(manifest, "w") as f:
         for name in refs:
             row = {"uri": name, "tenant": "demo", "external_id": name.removesuffix(".wav")}
             if name == "call_stereo.wav":
                 row["channel_labels"] = "agent,customer"
             f.write(json.dumps(row) + "\n")
-    print(f"[overnight] synthesized {len(refs)} calls in {work / 'calls'}", file=sys.stderr)
+    print(f"[overnight] synthesized {len(refs)} calls in {calls}", file=sys.stderr)
     spec = build_spec(
         overrides={
             "job": {
                 "input": str(manifest),
-                "output": os.path.abspath(args.output),
+                "output": str(output),
                 "ray_address": args.address,
+                "verbose": True if args.verbose else None,
             }
         }
     )
     summary = run_spec(spec)
-    import pyarrow.dataset as pads
+    from jobs import ledger, storage
 
-    table = pads.dataset(summary["transcripts"], format="parquet").to_table(
-        columns=["source_uri", "status", "error_code", "text"]
-    )
-    print("\ntranscripts:")
-    for row in sorted(table.to_pylist(), key=lambda r: r["source_uri"]):
-        shown = row["text"] if row["status"] == "ok" else f"<{row['error_code']}>"
-        print(f"  {Path(row['source_uri']).name:<22} {shown!s:.110}")
+    table = ledger.read_results(storage.resolve(summary["transcripts"]), COLUMNS["transcripts"])
+    rows = [
+        r
+        for r in (table.to_pylist() if table is not None else [])
+        if Path(r["source_uri"]).parent == calls and Path(r["source_uri"]).name in refs
+    ]
+    print("\nthe calls' scripts and their transcripts:\n")
+    print(comparison_table(rows, demo_scripts(), width()))
     print()
     return summary
 
@@ -324,6 +364,7 @@ def _main(argv: list[str] | None) -> int:
                     "ray_address": args.address,
                     "run_id": args.run_id,
                     "progress": False if args.quiet else None,
+                    "verbose": True if args.verbose else None,
                 }
             }
             summary = run_spec(build_spec(file_data, over))

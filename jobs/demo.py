@@ -9,11 +9,15 @@ from __future__ import annotations
 import io
 import shutil
 import subprocess
+import textwrap
 import wave
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from jobs.show import Turn
 
 SAMPLE_RATE = 16_000
 
@@ -105,17 +109,108 @@ def stereo_dialogue(turns=DIALOGUE, gap_s: float = 0.6) -> tuple[np.ndarray, dic
 
 
 def make_demo_calls(folder: Path) -> dict[str, str]:
-    """Write a few synthesized calls plus one bad file; returns file name → reference text."""
+    """Write a few synthesized calls plus one bad file; returns file name → reference text.
+
+    A file that already holds the same bytes is left alone: it keeps its mtime, hence its
+    item id, and a second demo into the same output finds its calls already done.
+    """
     folder.mkdir(parents=True, exist_ok=True)
     refs: dict[str, str] = {}
     for name, text in CALLS:
-        write_wav(folder / f"{name}.wav", np.concatenate([silence(0.5), speak(text), silence(0.5)]))
+        _keep(
+            folder / f"{name}.wav",
+            _wav(np.concatenate([silence(0.5), speak(text), silence(0.5)])),
+        )
         refs[f"{name}.wav"] = text
     audio, said = stereo_dialogue()
-    write_wav(folder / "call_stereo.wav", audio)
+    _keep(folder / "call_stereo.wav", _wav(audio))
     refs["call_stereo.wav"] = " ".join(said.values())
-    write_wav(folder / "call_silent.wav", noise(4.0))
+    _keep(folder / "call_silent.wav", _wav(noise(4.0)))
     refs["call_silent.wav"] = ""
-    (folder / "call_corrupt.wav").write_bytes(b"RIFF\x00\x00\x00\x00WAVEfmt garbage")
+    _keep(folder / "call_corrupt.wav", b"RIFF\x00\x00\x00\x00WAVEfmt garbage")
     refs["call_corrupt.wav"] = ""
     return refs
+
+
+def _wav(audio: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    write_wav(buf, audio)
+    return buf.getvalue()
+
+
+def _keep(path: Path, data: bytes) -> None:
+    if not (path.is_file() and path.read_bytes() == data):
+        path.write_bytes(data)
+
+
+def demo_scripts() -> dict[str, list[tuple[str | None, str]]]:
+    """What each demo call says, turn by turn (speaker None: a one-voice call)."""
+    scripts: dict[str, list[tuple[str | None, str]]] = {
+        f"{name}.wav": [(None, text)] for name, text in CALLS
+    }
+    scripts["call_stereo.wav"] = list(DIALOGUE)
+    scripts["call_silent.wav"] = []
+    scripts["call_corrupt.wav"] = []
+    return scripts
+
+
+# What the two calls without speech are for, in the quick start's table.
+PURPOSE = {
+    "call_silent.wav": "noise only, on purpose: no speech, no text",
+    "call_corrupt.wav": "a broken file, on purpose: it becomes an error row",
+}
+
+
+def comparison_table(
+    rows: list[dict[str, Any]], scripts: dict[str, list[tuple[str | None, str]]], cols: int
+) -> str:
+    """Each demo call's script beside its transcript, turn by turn, wrapped at word
+    boundaries, with the word error rate per call and over all of them (jobs.tune's WER:
+    word edits over reference words, case and punctuation ignored)."""
+    from jobs.show import Turn, spoken_text, turns
+    from jobs.tune import corpus_wer
+
+    latest: dict[str, dict[str, Any]] = {}
+    for row in sorted(rows, key=lambda r: str(r.get("processed_at"))):
+        latest[str(row["source_uri"]).rsplit("/", 1)[-1]] = row
+    half = max(30, (cols - 4) // 2)
+    blocks, references, hypotheses = [], {}, {}
+    order = list(scripts)  # the scripts' order: the spoken calls first
+    for name in sorted(latest, key=lambda n: (order.index(n) if n in order else len(order), n)):
+        row = latest[name]
+        script = [Turn(speaker, None, text) for speaker, text in scripts.get(name, [])]
+        heard = turns(row) if row["status"] == "ok" else []
+        head = f"{name}  {row['status']}"
+        if row["status"] != "ok":
+            head += f"  {row['error_code']}"
+        reference = " ".join(t.text for t in script)
+        if reference and row["status"] == "ok":
+            references[name], hypotheses[name] = reference, spoken_text(row)
+            wer, _ = corpus_wer({name: reference}, {name: hypotheses[name]})
+            head += f"  WER {wer:.2f}"
+        elif row["status"] == "ok" and not heard:
+            head += "  no speech"
+        if name in PURPOSE:
+            head += f"  ({PURPOSE[name]})"
+        lines = [head]
+        if script or heard:
+            lines.append(f"  {'script':<{half}}  transcript")
+            for i in range(max(len(script), len(heard))):
+                left = _cell(script[i] if i < len(script) else None, half)
+                right = _cell(heard[i] if i < len(heard) else None, half)
+                for j in range(max(len(left), len(right))):
+                    a = left[j] if j < len(left) else ""
+                    b = right[j] if j < len(right) else ""
+                    lines.append(f"  {a:<{half}}  {b}".rstrip())
+        blocks.append("\n".join(lines))
+    total, scored = corpus_wer(references, hypotheses)
+    if total is not None:
+        blocks.append(f"word error rate over the {scored} spoken calls: {total:.3f}")
+    return "\n\n".join(blocks)
+
+
+def _cell(turn: Turn | None, width: int) -> list[str]:
+    if turn is None:
+        return []
+    text = f"{turn.speaker}: {turn.text}" if turn.speaker else turn.text
+    return textwrap.wrap(text, width, subsequent_indent="  " if turn.speaker else "") or [""]

@@ -7,10 +7,14 @@ plus the submission/external ids, so a rerun recognises it and a replaced object
 from __future__ import annotations
 
 import csv
+import fnmatch
 import hashlib
 import io
 import json
-from collections.abc import Iterable
+import posixpath
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -123,25 +127,118 @@ def _record(row: dict[str, Any], uri: str, size: int | None, etag: str | None) -
     return record
 
 
-def list_items(input_url: str, defaults: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """All items of an input: a manifest's rows, or every file under a folder/prefix/file.
+@dataclass(frozen=True)
+class Selection:
+    """Which files of a folder or prefix listing are items; a manifest's rows always are,
+    and so is a single file named as the input.
 
-    Duplicate items (the same object listed twice with the same ids) are kept once.
+    Without ``include`` globs a file is taken when its extension is one of ``extensions``
+    (the job's known kinds: a transcript folder's ``librispeech_trans.txt`` is no
+    recording); with them, when one matches. ``exclude`` globs then leave files out. A glob
+    matches the path under the input or the file name, case-insensitively, and its ``*``
+    crosses folders.
     """
+
+    extensions: frozenset[str]
+    # Names the skip reason ``not_<kind>_extension``: "media" or "document".
+    kind: str
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+    @classmethod
+    def of(
+        cls,
+        extensions: Iterable[str],
+        kind: str,
+        include: Sequence[str] | None = None,
+        exclude: Sequence[str] | None = None,
+    ) -> Selection:
+        return cls(
+            frozenset(e.lower() for e in extensions),
+            kind,
+            tuple(g.lower() for g in include or ()),
+            tuple(g.lower() for g in exclude or ()),
+        )
+
+    def skip_reason(self, relative: str) -> str | None:
+        """Why the file at ``relative`` (its path under the input) is no item, or None."""
+        path = relative.lower()
+        name = posixpath.basename(path)
+
+        def matches(globs: tuple[str, ...]) -> bool:
+            return any(fnmatch.fnmatchcase(path, g) or fnmatch.fnmatchcase(name, g) for g in globs)
+
+        if self.include:
+            if not matches(self.include):
+                return "not_included"
+        elif posixpath.splitext(name)[1] not in self.extensions:
+            return f"not_{self.kind}_extension"
+        if matches(self.exclude):
+            return "excluded"
+        return None
+
+
+@dataclass
+class Listing:
+    """The items of an input, and the files of a folder listing that are not items."""
+
+    items: list[dict[str, Any]]
+    # reason -> how many files; see Selection.skip_reason.
+    skipped: dict[str, int] = field(default_factory=dict)
+    # A few of the skipped paths (under the input), for the message that names them.
+    skipped_examples: list[str] = field(default_factory=list)
+
+
+def list_items(input_url: str, defaults: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """All items of an input: a manifest's rows, or every file under a folder/prefix/file."""
+    return select_items(input_url, None, defaults).items
+
+
+def select_items(
+    input_url: str, selection: Selection | None, defaults: dict[str, Any] | None = None
+) -> Listing:
+    """The items of an input: a manifest's rows, or the files under a folder or prefix that
+    ``selection`` takes (None: every file), or the one file ``input_url`` names.
+
+    Duplicate items (the same object listed twice with the same ids) are kept once. A
+    listing that leaves no item but skipped files is an ``InputNotFound`` that says why.
+    """
+    skipped: Counter[str] = Counter()
+    examples: list[str] = []
     if is_manifest(input_url):
         records = records_from_manifest(input_url)
     else:
-        records = [
-            _record(dict(defaults or {}), o.uri, o.size, o.etag)
-            for o in storage.list_objects(input_url)
-        ]
+        root = storage.resolve(input_url).url().rstrip("/")
+        records = []
+        for o in storage.list_objects(input_url):
+            relative = o.uri[len(root) :].lstrip("/") if o.uri.startswith(root) else o.uri
+            reason = selection.skip_reason(relative) if selection and relative else None
+            if reason is not None:
+                skipped[reason] += 1
+                if len(examples) < 5:
+                    examples.append(relative)
+                continue
+            records.append(_record(dict(defaults or {}), o.uri, o.size, o.etag))
+        if not records and skipped and selection is not None:
+            raise InputNotFound(
+                f"input {storage.redact(input_url)!r} holds no {_KINDS.get(selection.kind, selection.kind)}: "
+                f"{sum(skipped.values())} skipped ({_reasons(skipped)}), e.g. "
+                f"{', '.join(examples[:3])}. --include GLOB takes other files ('*': every file)"
+            )
     seen: set[str] = set()
     unique = []
     for r in records:
         if r["item_id"] not in seen:
             seen.add(r["item_id"])
             unique.append(r)
-    return unique
+    return Listing(unique, dict(sorted(skipped.items())), examples)
+
+
+_KINDS = {"media": "audio or video files", "document": "documents"}
+
+
+def _reasons(skipped: Counter[str]) -> str:
+    return ", ".join(f"{n} {reason}" for reason, n in sorted(skipped.items()))
 
 
 def manifest_table(records: Iterable[dict[str, Any]]) -> pa.Table:

@@ -36,15 +36,32 @@ def _below_error(record: logging.LogRecord) -> bool:
     return record.levelno < logging.ERROR
 
 
-def ensure_ray(address: str | None) -> None:
-    """Join ``address`` (or RAY_ADDRESS, as Ray Jobs sets it), else start Ray locally."""
+# Loggers of Ray's start-up and Ray Data notices that every run printed and a user read as
+# failures: a new local cluster's token authentication (on by default; the notice says how
+# to turn it off), and "Progress bars disabled" (ours replace them).
+_RAY_NOTICES = (
+    "ray._private.authentication.authentication_token_setup",
+    "ray.data._internal.progress",
+)
+
+
+def ensure_ray(address: str | None, verbose: bool = False) -> None:
+    """Join ``address`` (or RAY_ADDRESS, as Ray Jobs sets it), else start Ray locally.
+
+    Quiet unless ``verbose``: Ray's notices (token authentication, disabled progress bars)
+    are not printed, its workers' output and Ray Data's plan stay in the session's log files
+    (/tmp/ray/session_latest/logs); ``jobs.console`` handles the lines Ray's C++ core
+    writes to stderr. ``verbose`` shows all of it on the terminal.
+    """
     import ray
 
+    for name in _RAY_NOTICES:
+        logging.getLogger(name).setLevel(logging.NOTSET if verbose else logging.ERROR)
     if not ray.is_initialized():
         if address:
-            ray.init(address=address, log_to_driver=False)
+            ray.init(address=address, log_to_driver=verbose)
         else:
-            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+            ray.init(include_dashboard=False, log_to_driver=verbose, configure_logging=verbose)
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False
     # Ray Data stops a job in which no block moved for 30 minutes. One item may take longer
@@ -58,6 +75,8 @@ def ensure_ray(address: str | None) -> None:
     # (exit 6). Raised as it is, it reaches the driver as RayTaskError(<our class>) with the
     # original in ``cause``, and the CLI exits with that error's documented code.
     context.raise_original_map_exception = True
+    if verbose:
+        return
     # Our own progress lines replace Ray Data's per-operator log dumps.
     data_logger = logging.getLogger("ray.data")
     data_logger.setLevel(logging.WARNING)

@@ -33,13 +33,13 @@ import pyarrow as pa
 
 from jobs import ledger, pipeline, preflight, sizing, storage
 from jobs.errors import ConfigError
-from jobs.manifest import committed_ids, list_items
+from jobs.manifest import Listing, Selection, committed_ids, select_items
 from jobs.spec import JobSpec, ProcessOptions
 from schemas import DOCUMENT_RESULTS, MANIFEST, ErrorCode
 from workers.llm.adapter import EngineUnavailable
 from workers.llm.tasks import READY_TASKS, TaskSpec, TaskSpecError
 from workers.llm.worker import LLMWorker, LLMWorkerConfig
-from workers.text import TextOptions, extract_text
+from workers.text import DOCUMENT_EXTENSIONS, TextOptions, extract_text
 
 # In flight from the manifest to the LLM stage: the manifest plus the document's text and
 # state. For transcript inputs the text is already there and extraction is skipped.
@@ -215,9 +215,9 @@ def _transcript_records(dataset: storage.Location, task: str) -> list[dict[str, 
     return records
 
 
-def _document_records(url: str, task: str) -> list[dict[str, Any]]:
+def _document_records(listing: Listing, task: str) -> list[dict[str, Any]]:
     records = []
-    for r in list_items(url):
+    for r in listing.items:
         records.append(
             {
                 **r,
@@ -379,10 +379,16 @@ def _run_task(
     results = output.join("results")
 
     transcripts = _is_transcripts(input_url)
+    listing = Listing([])
+    if not transcripts:
+        selection = Selection.of(
+            DOCUMENT_EXTENSIONS, "document", spec.job.include, spec.job.exclude
+        )
+        listing = select_items(input_url, selection)
     records = (
         _transcript_records(transcripts, task_name)
         if transcripts
-        else _document_records(input_url, task_name)
+        else _document_records(listing, task_name)
     )
     token = pipeline.claim(results, run_id)  # before listing: see pipeline.claim
     done = committed_ids(results)
@@ -390,12 +396,18 @@ def _run_task(
     pending = todo[: spec.job.max_items] if spec.job.max_items is not None else todo
     startup.mark("list")
 
-    pipeline.ensure_ray(spec.job.ray_address)
-    startup.mark("ray")
-    device = (
-        opts.device if opts.device != "auto" else ("cuda" if pipeline.cluster_has_gpu() else "cpu")
-    )
-    pool = llm_pool(opts, device, sizing.nodes_of_cluster())
+    if pending:
+        pipeline.ensure_ray(spec.job.ray_address, verbose=spec.job.verbose)
+        startup.mark("ray")
+        device = (
+            opts.device
+            if opts.device != "auto"
+            else ("cuda" if pipeline.cluster_has_gpu() else "cpu")
+        )
+        pool = llm_pool(opts, device, sizing.nodes_of_cluster())
+    else:  # nothing to do: no Ray at all (it would take most of a no-op rerun's time)
+        device = "cpu" if opts.device == "auto" else opts.device
+        pool = llm_pool(opts, device, [])
     if spec.job.progress and pending:
         print(
             f"[overnight] {task_name} on {opts.backend}: {pool.describe('LLM', 'text extraction')}",
@@ -490,6 +502,8 @@ def _run_task(
             "output": storage.redact(spec.job.output),
             "input_kind": "transcripts" if transcripts else "documents",
             "duplicates_removed": repaired,
+            "skipped": listing.skipped,
+            "skipped_examples": listing.skipped_examples,
             "backend": opts.backend,
             "model": opts.model or f"{opts.backend}:default",
             "device": device,

@@ -362,6 +362,21 @@ class RunOptions(_Model):
         None, ge=1, description="process at most this many pending items (samples, tests)"
     )
     progress: bool = Field(True, description="print progress lines while running")
+    verbose: bool = Field(
+        False,
+        description="also show Ray's own log lines on the terminal (they are always in Ray's "
+        "session logs under /tmp/ray)",
+    )
+    include: list[str] | None = Field(
+        None,
+        description="folder/prefix inputs: take the files these globs match (path under the "
+        "input or file name, case-insensitive; '*': every file); default: the job's known "
+        "extensions (transcribe: audio and video, process: documents). Manifest rows are "
+        "always items",
+    )
+    exclude: list[str] | None = Field(
+        None, description="folder/prefix inputs: leave out the files these globs match"
+    )
     allowed_input_prefixes: list[str] | None = Field(
         None,
         description="read no local file whose real path, checked on the opened file, lies "

@@ -33,10 +33,10 @@ from typing import Any
 import pyarrow as pa
 
 from jobs import ledger, pipeline, preflight, sizing, storage
-from jobs.manifest import committed_ids, list_items, manifest_table
+from jobs.manifest import Selection, committed_ids, manifest_table, select_items
 from jobs.spec import JobSpec, TranscribeOptions
 from schemas import MANIFEST, TRANSCRIPTS
-from workers.audio import AudioChunker, AudioOptions
+from workers.audio import MEDIA_EXTENSIONS, AudioChunker, AudioOptions
 from workers.whisper import (
     ModelLoadError,
     WhisperOptions,
@@ -251,7 +251,9 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
     )
     feature_size = model_ref.feature_size
 
-    records = list_items(spec.job.input)
+    selection = Selection.of(MEDIA_EXTENSIONS, "media", spec.job.include, spec.job.exclude)
+    listing = select_items(spec.job.input, selection)
+    records = listing.items
     transcripts = output.join("transcripts")
     token = pipeline.claim(transcripts, run_id)  # before listing: see pipeline.claim
     done = committed_ids(transcripts)
@@ -259,12 +261,16 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
     pending = todo[: spec.job.max_items] if spec.job.max_items is not None else todo
     startup.mark("list")
 
-    pipeline.ensure_ray(spec.job.ray_address)
-    startup.mark("ray")
-    device = opts.device
-    if device == "auto":
-        device = "cuda" if pipeline.cluster_has_gpu() else "cpu"
-    pool = whisper_pool(opts, device, sizing.nodes_of_cluster())
+    if pending:
+        pipeline.ensure_ray(spec.job.ray_address, verbose=spec.job.verbose)
+        startup.mark("ray")
+        device = opts.device
+        if device == "auto":
+            device = "cuda" if pipeline.cluster_has_gpu() else "cpu"
+        pool = whisper_pool(opts, device, sizing.nodes_of_cluster())
+    else:  # nothing to do: no Ray at all (it would take most of a no-op rerun's time)
+        device = "cpu" if opts.device == "auto" else opts.device
+        pool = whisper_pool(opts, device, [])
     if spec.job.progress and pending:
         print(f"[overnight] {pool.describe('Whisper', 'decode')}", file=sys.stderr, flush=True)
     w_opts = whisper_options(opts, device, pool)
@@ -363,6 +369,8 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
             "speech_seconds": round(sum(r["speech_s"] or 0.0 for r in rows), 3),
             "no_speech": sum(1 for r in rows if r["status"] == "ok" and not (r["speech_s"] or 0)),
             "duplicates_removed": repaired,
+            "skipped": listing.skipped,
+            "skipped_examples": listing.skipped_examples,
             "startup": startup.report(outcome),
             "options": {
                 **opts.model_dump(),

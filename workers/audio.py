@@ -44,6 +44,16 @@ _AUDIO_MAGIC: tuple[tuple[int, bytes], ...] = (
     (0, b".snd"),  # AU
 )
 
+# File extensions of the audio and video containers FFmpeg reads: a folder or prefix listing
+# takes these as recordings by default (jobs.manifest.Selection); a manifest row or a file
+# named as the input is a recording whatever its name, and is judged by its bytes.
+_MEDIA = (
+    ".wav .wave .flac .mp3 .mpga .mp2 .m4a .aac .ogg .oga .opus .spx .wma .amr .awb .aif .aiff "
+    ".aifc .au .snd .caf .ac3 .eac3 .wv .ape .gsm .vox .mka .mkv .mp4 .m4v .m4b .mov .qt .webm "
+    ".avi .wmv .asf .3gp .3g2 .flv .ts .mts .m2ts .mpg .mpeg .vob .ogv"
+)
+MEDIA_EXTENSIONS = frozenset(_MEDIA.split())
+
 
 @dataclass(frozen=True)
 class AudioOptions:

@@ -1,0 +1,120 @@
+"""What of Ray's native output reaches the terminal during a run.
+
+Ray's C++ core writes its error-level log lines straight to the driver's file descriptor 2,
+out of reach of Python's logging. Most of them matter (a lost connection to the cluster) and
+pass through unchanged; the few in ``NOISE`` are notices about Ray's own internals that every
+run printed and a user read as failures. Each line is also in the session's log file
+(/tmp/ray/session_latest/logs/python-core-driver-*.log), and ``--verbose`` leaves the
+terminal alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import select
+import struct
+import sys
+import termios
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+NOISE: tuple[re.Pattern[bytes], ...] = (
+    # Ray Data hands every actor of a pool its DataContext and map function as object refs,
+    # and Ray core warns about any restartable actor with refs among its constructor
+    # arguments (ray-project/ray#57733), whatever the map function's own arguments: ours are
+    # about 3 KB (CommittingActor's worker factory, dataset location, schema and token),
+    # far below the 100 KB at which Ray would put them in the object store itself.
+    re.compile(rb"core_worker\.cc:\d+: Actor with class name: .* has constructor arguments"),
+)
+
+
+@contextlib.contextmanager
+def quiet_native_stderr(noise: Sequence[re.Pattern[bytes]] = NOISE) -> Iterator[None]:
+    """Drop the lines matching ``noise`` that native code writes to stderr in this block.
+
+    File descriptor 2 becomes a pipe read by a thread that forwards every other line to the
+    real stderr. Python's own writes (``sys.stderr``: progress, messages, tracebacks) go to
+    the real stderr directly, so they keep their order and a terminal stays a terminal.
+    """
+    try:
+        sys.stderr.flush()
+        real = os.dup(2)
+    except (OSError, ValueError, AttributeError):  # no usable fd 2: nothing to filter
+        yield
+        return
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    python_stderr = sys.stderr
+    if _fileno(python_stderr) == 2:  # not when a test captures sys.stderr in Python
+        # Not closed afterwards: a logging handler created inside the block may hold it.
+        sys.stderr = open(  # noqa: SIM115
+            os.dup(real),
+            "w",
+            buffering=1,
+            encoding=getattr(python_stderr, "encoding", None) or "utf-8",
+            errors="backslashreplace",
+        )
+    threading.Thread(
+        target=_forward, args=(read_end, real, tuple(noise)), name="overnight-stderr", daemon=True
+    ).start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        sys.stderr = python_stderr
+        # Native writers see the real stderr again. A child process may still hold the
+        # pipe; the thread forwards what it writes until the pipe closes.
+        os.dup2(real, 2)
+        _drain(read_end)
+
+
+def _fileno(stream: object) -> int | None:
+    try:
+        return stream.fileno()  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _forward(read_end: int, real: int, noise: tuple[re.Pattern[bytes], ...]) -> None:
+    pending = b""
+    while True:
+        # A partial line is forwarded after a short wait (a prompt, a progress bar); a
+        # native log line arrives whole, in one write.
+        ready, _, _ = select.select([read_end], [], [], 0.1 if pending else None)
+        if not ready:
+            _write(real, pending)
+            pending = b""
+            continue
+        chunk = os.read(read_end, 65536)
+        if not chunk:
+            break
+        *lines, pending = (pending + chunk).split(b"\n")
+        kept = [line + b"\n" for line in lines if not any(p.search(line) for p in noise)]
+        _write(real, b"".join(kept))
+    _write(real, pending)
+    os.close(read_end)
+
+
+def _drain(read_end: int, timeout_s: float = 0.5) -> None:
+    """Wait until the thread has taken what is in the pipe (the block's last lines)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            waiting = struct.unpack("i", fcntl.ioctl(read_end, termios.FIONREAD, b"\0" * 4))[0]
+        except OSError:  # closed: the thread is done
+            return
+        if not waiting:
+            time.sleep(0.15)  # and the partial-line wait
+            return
+        time.sleep(0.01)
+
+
+def _write(fd: int, data: bytes) -> None:
+    with contextlib.suppress(OSError):  # the terminal went away: nothing to tell it
+        while data:
+            data = data[os.write(fd, data) :]

@@ -1,0 +1,245 @@
+"""The first hour of a user, through the `overnight` command as a subprocess: a run prints
+no Ray notices, a folder listing takes only recordings and says what it left out, a no-op
+rerun starts no Ray, a long run keeps printing progress, and the quick start keeps its calls
+under its output and shows every turn of every call beside its script."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jobs.demo import DIALOGUE, espeak_available, silence, speak, write_wav
+from jobs.errors import InputNotFound
+from jobs.manifest import Selection, select_items
+from tests.conftest import REPO
+from workers.audio import MEDIA_EXTENSIONS
+
+needs_espeak = pytest.mark.skipif(not espeak_available(), reason="espeak-ng is not installed")
+
+# What every run printed before and a user read as failures.
+RAY_NOISE = ("token authentication", "core_worker.cc", "Progress bars disabled")
+
+
+def overnight(*args: str, env: dict[str, str] | None = None, timeout: float = 600):
+    return subprocess.run(
+        [sys.executable, "-m", "jobs.cli", *args],
+        env={**os.environ, **(env or {}), "PYTHONPATH": str(REPO), "COLUMNS": "100"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def summary_of(output: Path) -> dict:
+    latest = max((output / "runs").glob("*.json"), key=lambda p: p.stat().st_mtime)
+    return json.loads(latest.read_text())
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory):
+    """Two synthesized calls and a transcript file beside them, as in a LibriSpeech folder."""
+    if not espeak_available():
+        pytest.skip("espeak-ng is not installed")
+    calls = tmp_path_factory.mktemp("calls")
+    for name, text in (
+        ("call_one.wav", "Please call me back tomorrow morning."),
+        ("call_two.wav", "My order number is four five six."),
+    ):
+        write_wav(calls / name, np.concatenate([silence(0.3), speak(text), silence(0.3)]))
+    (calls / "librispeech_trans.txt").write_text("call_one Please call me back tomorrow morning\n")
+    output = tmp_path_factory.mktemp("out")
+    done = overnight("transcribe", str(calls), str(output))
+    return calls, output, done
+
+
+def test_a_run_prints_no_ray_notices_and_reports_the_file_it_did_not_take(first_run):
+    _, output, done = first_run
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    for noise in RAY_NOISE:
+        assert noise.lower() not in done.stderr.lower(), done.stderr
+    assert "2 processed, 2 ok, 0 failed" in done.stdout
+    assert re.search(
+        r"skipped +1 file of the listing \(1 not_media_extension\): librispeech_trans\.txt",
+        done.stdout,
+    ), done.stdout
+    summary = summary_of(output)
+    assert summary["skipped"] == {"not_media_extension": 1}
+    assert summary["items"] == 2 and summary["failed"] == 0  # no not_audio row any more
+
+
+def test_a_no_op_rerun_starts_no_ray_and_takes_under_9_s(first_run):
+    """Under 3 s on an idle machine; 9 s allows for a loaded one. RAY_ADDRESS points at a
+    port where nothing listens: starting or joining Ray would fail the run."""
+    calls, output, first = first_run
+    assert first.returncode == 0, first.stderr
+    t0 = time.monotonic()
+    done = overnight("transcribe", str(calls), str(output), env={"RAY_ADDRESS": "127.0.0.1:9"})
+    elapsed = time.monotonic() - t0
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    assert "0 processed, 0 ok, 0 failed (2 already done of 2 listed)" in done.stdout
+    assert "ray_s" not in summary_of(output)["startup"]
+    assert elapsed < 9.0, f"a no-op rerun took {elapsed:.1f} s"
+
+
+def test_include_and_exclude_globs_choose_the_files_of_a_folder(tmp_path):
+    for name in ("a.wav", "b.WAV", "sub/c.flac", "notes.txt", "sub/video.mkv", "x_trans.txt"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"x")
+
+    def names(include=None, exclude=None):
+        listing = select_items(
+            str(tmp_path), Selection.of(MEDIA_EXTENSIONS, "media", include, exclude)
+        )
+        return sorted(os.path.relpath(i["uri"], tmp_path) for i in listing.items), listing
+
+    taken, listing = names()
+    assert taken == ["a.wav", "b.WAV", "sub/c.flac", "sub/video.mkv"]
+    assert listing.skipped == {"not_media_extension": 2}
+    taken, listing = names(include=["*.txt"], exclude=["*_trans.txt"])
+    assert taken == ["notes.txt"]
+    assert listing.skipped == {"excluded": 1, "not_included": 4}
+    taken, _ = names(exclude=["sub/*"])  # the path under the input, or the file name
+    assert taken == ["a.wav", "b.WAV"]
+    taken, _ = names(include=["*"])
+    assert len(taken) == 6
+
+
+def test_a_manifest_row_and_a_named_file_are_items_whatever_their_extension(tmp_path):
+    (tmp_path / "notes.txt").write_text("not audio")
+    manifest = tmp_path / "m.csv"
+    manifest.write_text(f"uri\n{tmp_path / 'notes.txt'}\n")
+    media = Selection.of(MEDIA_EXTENSIONS, "media")
+    assert len(select_items(str(manifest), media).items) == 1
+    assert len(select_items(str(tmp_path / "notes.txt"), media).items) == 1
+
+
+def test_a_folder_with_no_recording_left_is_exit_4_saying_what_was_skipped(tmp_path):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "call.wav").write_bytes(b"RIFF")
+    (tmp_path / "in" / "librispeech_trans.txt").write_text("x\n")
+    done = overnight(
+        "transcribe", str(tmp_path / "in"), str(tmp_path / "out"), "--exclude", "*.wav"
+    )
+    assert done.returncode == InputNotFound.exit_code
+    assert "Traceback" not in done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1
+    assert "holds no audio or video files: 2 skipped (1 excluded, 1 not_media_extension)" in (
+        done.stderr
+    )
+    assert "--include GLOB" in done.stderr
+
+
+@needs_espeak
+def test_the_demo_keeps_its_calls_under_its_output_and_shows_every_turn_beside_its_script(
+    tmp_path,
+):
+    temp = Path(tempfile.gettempdir())
+    before = set(temp.glob("overnight*"))
+    output = tmp_path / "demo-output"
+    done = overnight("demo", "--output", str(output))
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    for noise in RAY_NOISE:
+        assert noise.lower() not in done.stderr.lower(), done.stderr
+    assert set(temp.glob("overnight*")) == before  # nothing left in the temporary folder
+    assert len(list((output / "calls").glob("*.wav"))) == 7
+    rows = json.loads(overnight("show", str(output), "--json", "--limit", "0").stdout)
+    assert {Path(r["source_uri"]).parent for r in rows} == {output / "calls"}
+
+    block = done.stdout.split("call_stereo.wav  ok  WER ")[1].split("\n\n")[0]
+    wer, _, table = block.partition("\n")
+    assert 0 <= float(wer.split()[0]) < 0.5
+    lines = table.splitlines()[1:]  # under the "script  transcript" header
+    half = (100 - 4) // 2
+    assert all(len(line) <= 100 for line in lines)
+    script = " ".join(" ".join(line[2 : 2 + half].split()) for line in lines)
+    heard = " ".join(" ".join(line[4 + half :].split()) for line in lines)
+    for speaker, text in DIALOGUE:  # every turn of the script, whole, none cut mid-word
+        assert f"{speaker}: {text}" in script, script
+    assert re.findall(r"(agent|customer):", heard) == ["agent", "customer", "agent"], heard
+    assert re.search(r"word error rate over the 5 spoken calls: 0\.\d+", done.stdout)
+
+
+@needs_espeak
+def test_a_long_run_prints_a_progress_line_at_least_every_10_s(tmp_path):
+    """A real run of about a minute (interrupted after 60 s of work in flight) prints at
+    least 5 progress lines; with --verbose, Ray's own log lines are back on the terminal."""
+    clip = np.concatenate(
+        [
+            np.concatenate([speak(text), silence(0.8)])
+            for _, text in DIALOGUE * 3  # about 30 s of speech
+        ]
+    )
+    write_wav(tmp_path / "long_call.wav", clip)
+    # 200 items of one recording (distinct external ids): far more than a minute of work
+    manifest = tmp_path / "calls.jsonl"
+    manifest.write_text(
+        "".join(
+            json.dumps({"uri": "long_call.wav", "external_id": f"call-{i}"}) + "\n"
+            for i in range(200)
+        )
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jobs.cli",
+            "transcribe",
+            str(manifest),
+            str(tmp_path / "out"),
+            "--verbose",
+        ],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    progress: list[tuple[float, str]] = []
+    stderr: list[str] = []
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            stderr.append(line)
+            if re.match(r"\[overnight\] \d+/200 items", line):
+                progress.append((time.monotonic(), line))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 180
+        while not progress and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert progress, "".join(stderr[-20:])
+        # The first line comes 10 s into the work: 50 s more make a minute in flight.
+        while time.monotonic() < progress[0][0] + 52 and proc.poll() is None:
+            time.sleep(0.2)
+        still_running = proc.poll() is None
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    reader.join(timeout=10)
+    assert still_running, "the run ended within a minute; give it more work"
+    assert proc.returncode == 130, "".join(stderr[-20:])
+    assert len(progress) >= 5, [line for _, line in progress]
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(progress)]
+    assert max(gaps) < 13, gaps  # every 10 s, with a little slack for a loaded machine
+    text = "".join(stderr)
+    assert "core_worker.cc" in text  # --verbose: Ray's own lines are not filtered
+    assert "interrupted; finished items are committed, rerun to resume" in text
