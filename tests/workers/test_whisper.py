@@ -129,9 +129,15 @@ def test_a_restarted_utterance_is_told_apart_from_ordinary_speech():
     assert not repeats_itself("")
 
 
-def test_no_transcript_repeats_a_sentence_that_the_audio_says_once(worker):
+def test_no_transcript_repeats_a_sentence_that_the_audio_says_once():
     # With 0.5 s and 1.0 s of leading silence, the 10 s encoder window made tiny.en say the
     # third sentence twice (its chunks now go again at the full 30 s window).
+    worker = WhisperWorker(
+        WhisperWorkerConfig(
+            whisper=WhisperOptions(batch_size=4, beam_size=5, cpu_threads=2, window_step_s=10),
+            run_id="t",
+        )
+    )
     for lead in (0.0, 0.5, 1.0):
         audios = [np.concatenate([silence(lead), speak(t)]) for t in TEXTS]
         got = [row["text"] for row in worker(decoded_rows(audios)).to_pylist()]
