@@ -14,6 +14,8 @@ import json
 import os
 import signal
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -328,9 +330,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+# After Ctrl-C, the longest the command waits for Ray to wind down before it exits anyway.
+INTERRUPT_GRACE_S = 30.0
+
+
+def _interrupt_within_grace() -> None:
+    """Ctrl-C raises KeyboardInterrupt as usual, and also arms an exit after
+    INTERRUPT_GRACE_S: seen under load, an interrupted run stayed alive for minutes (the
+    interrupt met Ray Data's consumer or Ray's shutdown at exit). Every finished batch is
+    committed atomically, so exiting loses nothing a rerun does not resume."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return  # someone else (a test runner, an embedding program) owns Ctrl-C
+
+    def on_interrupt(signum: int, frame: object) -> None:
+        def force_exit() -> None:
+            time.sleep(INTERRUPT_GRACE_S)
+            print(
+                f"overnight: still winding down {INTERRUPT_GRACE_S:.0f} s after the interrupt; "
+                "exiting now (finished items are committed, rerun to resume)",
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(130)
+
+        threading.Thread(target=force_exit, name="overnight-interrupt", daemon=True).start()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_interrupt)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The ``overnight`` command. A reader that stops early (``overnight config | head``)
     ends it quietly, with the shell's status for a closed pipe (141), and no traceback."""
+    _interrupt_within_grace()
     try:
         try:
             return _main(argv)
