@@ -289,16 +289,9 @@ POOL_NAMES = {"task_cpus": "extract_cpus", "threads": "cpu_threads"}
 
 
 def llm_pool(opts: ProcessOptions, device: str, nodes: list[sizing.Node]) -> sizing.Pool:
-    return sizing.size_pool(
-        nodes,
-        "cuda" if device == "cuda" else "cpu",
-        actors=opts.actors,
-        cpus_per_actor=opts.cpus_per_actor,
-        gpus_per_actor=opts.gpus_per_actor,
-        task_cpus=opts.extract_cpus,
-        model_workers=1,  # one engine per actor; it batches on its own
-        threads=opts.cpu_threads,
-        names=POOL_NAMES,
+    # One engine per actor: it batches on its own.
+    return sizing.size_job_pool(
+        opts, device, nodes, task_cpus=opts.extract_cpus, model_workers=1, names=POOL_NAMES
     )
 
 

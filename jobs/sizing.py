@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 # CPU-stage task reservations (Ray logical CPUs). Small on CPU nodes, where the model is the
 # bottleneck; larger on GPU nodes, where the CPU stage must keep the GPU fed and has the
@@ -155,6 +155,42 @@ def size_pool(
         auto=tuple(auto),
         basis=basis,
         names=names or {},
+    )
+
+
+class PoolOptions(Protocol):
+    """The pool fields every job section has (``[transcribe]``, ``[process]``)."""
+
+    @property
+    def actors(self) -> int | None: ...
+    @property
+    def cpus_per_actor(self) -> float | None: ...
+    @property
+    def gpus_per_actor(self) -> float | None: ...
+    @property
+    def cpu_threads(self) -> int: ...
+
+
+def size_job_pool(
+    opts: PoolOptions,
+    device: str,
+    nodes: list[Node],
+    *,
+    task_cpus: float | None,
+    model_workers: int,
+    names: dict[str, str],
+) -> Pool:
+    """``size_pool`` for a job section: its own pool fields, its CPU stage's share."""
+    return size_pool(
+        nodes,
+        "cuda" if device == "cuda" else "cpu",
+        actors=opts.actors,
+        cpus_per_actor=opts.cpus_per_actor,
+        gpus_per_actor=opts.gpus_per_actor,
+        task_cpus=task_cpus,
+        model_workers=model_workers,
+        threads=opts.cpu_threads,
+        names=names,
     )
 
 

@@ -103,15 +103,12 @@ POOL_NAMES = {"task_cpus": "decode_cpus", "threads": "cpu_threads"}
 
 
 def whisper_pool(opts: TranscribeOptions, device: str, nodes: list[sizing.Node]) -> sizing.Pool:
-    return sizing.size_pool(
+    return sizing.size_job_pool(
+        opts,
+        device,
         nodes,
-        "cuda" if device == "cuda" else "cpu",
-        actors=opts.actors,
-        cpus_per_actor=opts.cpus_per_actor,
-        gpus_per_actor=opts.gpus_per_actor,
         task_cpus=opts.decode_cpus,
         model_workers=opts.model_workers,
-        threads=opts.cpu_threads,
         names=POOL_NAMES,
     )
 
