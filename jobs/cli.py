@@ -335,36 +335,45 @@ INTERRUPT_GRACE_S = 30.0
 
 
 def _interrupt_within_grace() -> None:
-    """Ctrl-C raises KeyboardInterrupt as usual, and also arms an exit after
-    INTERRUPT_GRACE_S: seen under load, an interrupted run stayed alive for minutes (the
-    interrupt met Ray Data's consumer or Ray's shutdown at exit). Every finished batch is
-    committed atomically, so exiting loses nothing a rerun does not resume."""
+    """Ctrl-C raises KeyboardInterrupt as usual, and also arms an exit INTERRUPT_GRACE_S
+    later: under CI load an interrupted run stayed alive for minutes. Python runs its own
+    signal handler only when the main thread is back in the interpreter, and a driver waiting
+    inside Ray's C++ core may not come back; the wakeup fd is written by the C-level handler
+    at once, so a watcher thread sees the interrupt whatever the main thread does. Every
+    finished batch is committed atomically: exiting loses nothing a rerun does not resume."""
     if threading.current_thread() is not threading.main_thread():
         return
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        return  # someone else (a test runner, an embedding program) owns Ctrl-C
+        return  # someone else (an embedding program) owns Ctrl-C
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    try:
+        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    except ValueError:
+        os.close(read_fd)
+        os.close(write_fd)
+        return
 
-    def on_interrupt(signum: int, frame: object) -> None:
-        def force_exit() -> None:
-            time.sleep(INTERRUPT_GRACE_S)
-            print(
-                f"overnight: still winding down {INTERRUPT_GRACE_S:.0f} s after the interrupt; "
-                "exiting now (finished items are committed, rerun to resume)",
-                file=sys.stderr,
-                flush=True,
-            )
-            os._exit(130)
+    def watch() -> None:
+        while data := os.read(read_fd, 64):
+            if signal.SIGINT in data:
+                time.sleep(INTERRUPT_GRACE_S)
+                print(
+                    f"overnight: still winding down {INTERRUPT_GRACE_S:.0f} s after the "
+                    "interrupt; exiting now (finished items are committed, rerun to resume)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                os._exit(130)
 
-        threading.Thread(target=force_exit, name="overnight-interrupt", daemon=True).start()
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, on_interrupt)
+    threading.Thread(target=watch, name="overnight-interrupt", daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> int:
     """The ``overnight`` command. A reader that stops early (``overnight config | head``)
     ends it quietly, with the shell's status for a closed pipe (141), and no traceback."""
-    _interrupt_within_grace()
+    if argv is None:  # the command line itself, not a caller (tests, an embedding program)
+        _interrupt_within_grace()
     try:
         try:
             return _main(argv)
