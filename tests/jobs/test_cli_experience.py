@@ -193,11 +193,17 @@ def test_a_long_run_prints_a_progress_line_at_least_every_10_s(tmp_path):
             for i in range(200)
         )
     )
+    # Ctrl-C as at a terminal: a CI runner started in the background hands its children
+    # SIGINT ignored (a shell's rule for background jobs), and Python keeps it so.
+    restore_ctrl_c = (
+        "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "sys.argv[0] = 'overnight'; runpy.run_module('jobs.cli', run_name='__main__')"
+    )
     proc = subprocess.Popen(
         [
             sys.executable,
-            "-m",
-            "jobs.cli",
+            "-c",
+            restore_ctrl_c,
             "transcribe",
             str(manifest),
             str(tmp_path / "out"),
