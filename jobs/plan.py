@@ -41,7 +41,6 @@ long enough run (a tuning sample); the plan then assumes ``DEFAULT_UTILIZATION``
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
@@ -50,12 +49,11 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from jobs import storage
+from jobs.choices import DEFAULT_HEADROOM, DEFAULT_UTILIZATION
 from jobs.errors import ConfigError, InputNotFound
 from jobs.ledger import price as price_of
 
 PROFILE_VERSION = 1
-DEFAULT_UTILIZATION = 0.9
-DEFAULT_HEADROOM = 0.2
 UNITS = ("audio_s", "documents")
 # A ratio like 30.000000000004 from float division must not become 31 workers.
 _CEIL_SLACK = 1e-9
@@ -542,128 +540,51 @@ def render(plan: Plan, unit: str) -> str:
     return "\n".join(lines)
 
 
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser(
-        "plan",
-        help="how many GPUs/CPU workers finish a backlog by a deadline, at what cost",
-        description="Size a backlog from measured throughput profiles; shows the arithmetic.",
-    )
-    what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--audio-hours", type=float, help="hours of audio in the backlog")
-    what.add_argument("--documents", type=float, help="documents in the backlog")
-    p.add_argument("--deadline", required=True, help="e.g. 6h, 90m, 1h30m")
-    p.add_argument(
-        "--profile",
-        action="append",
-        default=[],
-        help="profile.json from `overnight tune`, or an OUTPUT folder whose runs/ to learn from (repeatable)",
-    )
-    p.add_argument(
-        "--gpu", help="plan GPU workers of this kind (a price-table key: h100, a100, l4, ...)"
-    )
-    p.add_argument(
-        "--price",
-        type=float,
-        help="USD per hour per GPU of --gpu (or per unit of every non-CPU option)",
-    )
-    p.add_argument("--cpu-price", type=float, help="USD per CPU core-hour")
-    p.add_argument(
-        "--throughput",
-        type=float,
-        help="state --gpu's per-worker throughput (x real time, or documents/s) when no profile measured it",
-    )
-    p.add_argument(
-        "--headroom",
-        type=float,
-        default=DEFAULT_HEADROOM,
-        help="share of the deadline kept free (default 0.2)",
-    )
-    p.add_argument(
-        "--utilization",
-        type=float,
-        help=f"expected busy share of reserved time (default: measured, else {DEFAULT_UTILIZATION})",
-    )
-    p.add_argument(
-        "--startup",
-        default="0s",
-        help="start-up time of a worker (node, image, model load), e.g. 5m",
-    )
-    p.add_argument("--max-workers", type=int, help="at most this many workers are available")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    p.set_defaults(handler=handle)
-
-
-def _adjust(
-    profiles: list[WorkerProfile], args: argparse.Namespace, unit: str
+def adjust_profiles(
+    profiles: list[WorkerProfile],
+    unit: str,
+    *,
+    gpu: str | None = None,
+    price: float | None = None,
+    cpu_price: float | None = None,
+    throughput: float | None = None,
 ) -> tuple[list[WorkerProfile], list[str]]:
+    """Apply stated prices, keep only the asked GPU kind, and add a GPU kind stated without
+    a measurement; returns the profiles and notes for the plan."""
     notes: list[str] = []
     out = []
     for p in profiles:
-        if args.cpu_price is not None and p.resource == "cpu":
-            p = replace(p, price_per_unit_hour_usd=args.cpu_price)
-        if (
-            args.price is not None
-            and p.resource != "cpu"
-            and (args.gpu is None or p.resource == args.gpu)
-        ):
-            p = replace(p, price_per_unit_hour_usd=args.price)
-        if args.gpu is not None and p.resource not in ("cpu", args.gpu):
+        if cpu_price is not None and p.resource == "cpu":
+            p = replace(p, price_per_unit_hour_usd=cpu_price)
+        if price is not None and p.resource != "cpu" and (gpu is None or p.resource == gpu):
+            p = replace(p, price_per_unit_hour_usd=price)
+        if gpu is not None and p.resource not in ("cpu", gpu):
             continue  # another GPU kind: not asked for
         out.append(p)
-    if args.gpu is not None and not any(p.resource == args.gpu for p in out):
-        if args.throughput is None:
+    if gpu is not None and not any(p.resource == gpu for p in out):
+        if throughput is None:
             notes.append(
-                f"note: no profile was measured on {args.gpu}; tune there, or state its throughput "
+                f"note: no profile was measured on {gpu}; tune there, or state its throughput "
                 f"with --throughput to include it"
             )
         else:
             from jobs.spec import DEFAULT_PRICES
 
-            hourly = args.price if args.price is not None else price_of(DEFAULT_PRICES, args.gpu)
+            hourly = price if price is not None else price_of(DEFAULT_PRICES, gpu)
             out.append(
                 WorkerProfile(
-                    name=f"{args.gpu} (stated {args.throughput:g}{'x' if unit == 'audio_s' else '/s'})",
+                    name=f"{gpu} (stated {throughput:g}{'x' if unit == 'audio_s' else '/s'})",
                     task="transcribe" if unit == "audio_s" else "process",
                     unit=unit,
-                    resource=args.gpu,
+                    resource=gpu,
                     units_per_worker=1.0,
-                    throughput=args.throughput,
+                    throughput=throughput,
                     price_per_unit_hour_usd=hourly,
                     source="stated on the command line, not measured",
                 )
             )
-    elif args.throughput is not None:
+    elif throughput is not None:
         raise ConfigError(
             "--throughput states the throughput of a GPU kind no profile measured: give --gpu too"
         )
     return out, notes
-
-
-def handle(args: argparse.Namespace) -> int:
-    if not args.profile and args.throughput is None:
-        raise ConfigError(
-            "give --profile (a profile.json from `overnight tune`, or an OUTPUT folder of past "
-            "runs), or state a GPU's throughput without measuring it: --gpu h100 --throughput N "
-            "(N: x real time for --audio-hours, documents per second for --documents)"
-        )
-    unit = "audio_s" if args.audio_hours is not None else "documents"
-    backlog = args.audio_hours * 3600.0 if unit == "audio_s" else args.documents
-    deadline = parse_duration(args.deadline, "--deadline")
-    startup = 0.0 if args.startup in ("0", "0s") else parse_duration(args.startup, "--startup")
-    profiles, notes = _adjust(load_profiles(args.profile), args, unit)
-    plan = make_plan(
-        profiles,
-        backlog,
-        unit,
-        deadline,
-        headroom=args.headroom,
-        utilization=args.utilization,
-        startup_s=startup,
-        max_workers=args.max_workers,
-    )
-    plan = replace(plan, notes=tuple(notes))
-    if args.json:
-        print(json.dumps(plan.to_dict(), indent=2))
-    else:
-        print(render(plan, unit))
-    return 0 if plan.cheapest is not None else 1

@@ -9,13 +9,10 @@ reads like a folder.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fnmatch
 import json
-import os
 import shutil
-import sys
 import textwrap
 from dataclasses import dataclass
 from typing import Any
@@ -51,7 +48,6 @@ COLUMNS = {
         "output_json",
     ],
 }
-DEFAULT_LIMIT = 20
 
 
 @dataclass(frozen=True)
@@ -292,60 +288,3 @@ def render(found: dict[str, tuple[list[dict[str, Any]], int]], limit: int, cols:
         render_row = render_transcript if name == "transcripts" else render_result
         blocks += ["\n".join(render_row(row, cols)) for row in shown]
     return "\n\n".join(blocks)
-
-
-# -- command line ----------------------------------------------------------------------------
-
-
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser(
-        "show",
-        help="print transcripts (as dialogue) or document results of an output",
-        description="Print what a run wrote: transcripts as dialogue with speaker labels, "
-        "document results with their label, text or JSON, errors with their code and message. "
-        "Exit status 4 when OUTPUT holds no results or nothing matches.",
-    )
-    p.add_argument("output", metavar="OUTPUT", help="output folder or prefix (local, s3://, gs://)")
-    p.add_argument(
-        "--source",
-        metavar="NAME",
-        help="the recording or document: its file name, with or without extension, its URI, "
-        "its external_id, or a glob ('call_*')",
-    )
-    p.add_argument("--item", metavar="ID", help="an item id (or its first characters)")
-    p.add_argument("--status", choices=["ok", "error"])
-    p.add_argument("--task", help="document results of this task only")
-    p.add_argument(
-        "--limit",
-        type=int,
-        default=DEFAULT_LIMIT,
-        metavar="N",
-        help=f"at most N rows per dataset (default {DEFAULT_LIMIT}; 0: all)",
-    )
-    p.add_argument("--json", action="store_true", help="one JSON list of the rows, for machines")
-    p.set_defaults(handler=handle)
-
-
-def handle(args: argparse.Namespace) -> int:
-    selection = Selection(args.source, args.item, args.status, args.task)
-    found = read(args.output, selection)
-    limit = max(0, args.limit)
-    if args.json:
-        text = json.dumps(
-            [
-                as_json(name, row)
-                for name, (rows, _) in found.items()
-                for row in (rows[:limit] if limit else rows)
-            ],
-            indent=2,
-            ensure_ascii=False,
-            default=str,
-        )
-    else:
-        text = render(found, limit, width())
-    try:
-        print(text)
-        sys.stdout.flush()
-    except BrokenPipeError:  # `overnight show OUT | head`: the reader has all it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return 0

@@ -564,8 +564,8 @@ def test_a_bad_tenant_row_or_a_failing_submission_never_stops_another_tenants(tm
 def test_a_folder_swapped_for_a_link_after_the_check_does_not_lead_to_another_tenants_file(
     tmp_path, capsys, monkeypatch
 ):
-    from jobs import submissions
     from jobs.demo import noise, write_wav
+    from jobs.submissions import run as submissions
 
     for tenant, seconds in (("acme", 1.0), ("globex", 3.0)):
         (tmp_path / "calls" / tenant / "batch").mkdir(parents=True)

@@ -1,27 +1,22 @@
-"""The ``overnight`` command: parse flags, merge them over the job file, call a job.
+"""The job commands: ``transcribe``, ``process``, ``probe``, ``run``, ``config``, ``demo``.
 
-No business logic here. Systemic failures arrive as ``OvernightError`` and are turned into
-one clear message and an exit status; per-item failures are in the output, exit status 0.
+Flags are merged over the job file into one validated spec (``jobs.spec``); the job runs and
+its summary is printed. The libraries are imported when a command runs, not to print help.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import difflib
-import importlib
 import json
-import os
-import signal
 import sys
-import threading
-import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jobs.errors import ConfigError, OvernightError
-from jobs.spec import JobSpec, build_spec, read_job_file, reference
-from jobs.storage import redact
+from jobs.money import money
+
+if TYPE_CHECKING:
+    from jobs.spec import JobSpec
 
 
 def _transcribe_flags(p: argparse.ArgumentParser) -> None:
@@ -65,12 +60,7 @@ def _common_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="overnight", description="Batch transcription and document processing on Ray."
-    )
-    sub = ap.add_subparsers(dest="command", required=True)
-
+def add_parser(sub) -> None:
     t = sub.add_parser(
         "transcribe", help="transcribe recordings: INPUT → OUTPUT/transcripts, costs, runs"
     )
@@ -78,6 +68,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("output", help="folder or URL prefix")
     _transcribe_flags(t)
     _common_flags(t)
+    t.set_defaults(handler=_cmd_job)
 
     pr = sub.add_parser(
         "process", help="run an LLM task over documents or transcripts: INPUT → OUTPUT/results"
@@ -100,6 +91,16 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--device", choices=["auto", "cpu", "cuda"])
     pr.add_argument("--summary-words", type=int)
     _common_flags(pr)
+    pr.set_defaults(handler=_cmd_job)
+
+    pb = sub.add_parser(
+        "probe",
+        help="read recordings' headers only: INPUT → OUTPUT/probes, and the audio hours for plan",
+    )
+    pb.add_argument("input", help="folder, file, URL prefix or manifest (.csv/.jsonl/.parquet)")
+    pb.add_argument("output", help="folder or URL prefix")
+    _common_flags(pb)
+    pb.set_defaults(handler=_cmd_job)
 
     r = sub.add_parser("run", help="run a job spec file (scheduled runs)")
     r.add_argument("job_file")
@@ -107,29 +108,52 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--run-id")
     r.add_argument("--quiet", action="store_true")
     r.add_argument("--verbose", action="store_true", help="also show Ray's own log lines")
+    r.set_defaults(handler=_cmd_run)
 
-    sub.add_parser("config", help="print the job spec reference")
+    c = sub.add_parser("config", help="print the job spec reference")
+    c.set_defaults(handler=_cmd_config)
 
     d = sub.add_parser("demo", help="synthesize a few calls and transcribe them (no input needed)")
     d.add_argument("--output", default="demo-output")
     d.add_argument("--address")
     d.add_argument("--verbose", action="store_true", help="also show Ray's own log lines")
-
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).add_parser(sub)
-    return ap
+    d.set_defaults(handler=_cmd_demo)
 
 
-# Modules that add their own subcommands: each has add_parser(subparsers) and sets
-# `handler=` on its parser; a handler takes the parsed args and returns an exit status.
-COMMAND_MODULES: tuple[str, ...] = (
-    "jobs.submit",
-    "jobs.submissions",
-    "jobs.report",
-    "jobs.plan",
-    "jobs.tune",
-    "jobs.show",
-)
+def _cmd_job(args: argparse.Namespace) -> int:
+    from jobs.spec import build_spec, read_job_file
+
+    file_data = read_job_file(args.config) if args.config else {}
+    print_summary(run_spec(build_spec(file_data, _overrides(args, args.command))))
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from jobs.spec import build_spec, read_job_file
+
+    file_data = read_job_file(args.job_file)
+    over = {
+        "job": {
+            "ray_address": args.address,
+            "run_id": args.run_id,
+            "progress": False if args.quiet else None,
+            "verbose": True if args.verbose else None,
+        }
+    }
+    print_summary(run_spec(build_spec(file_data, over)))
+    return 0
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    from jobs.spec import reference
+
+    print(reference())
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    print_summary(_demo(args))
+    return 0
 
 
 def _overrides(args: argparse.Namespace, kind: str) -> dict[str, Any]:
@@ -159,6 +183,8 @@ def _overrides(args: argparse.Namespace, kind: str) -> dict[str, Any]:
             "vad",
         )
     }
+    if kind == "probe":
+        return {"job": job}
     if kind == "process":
         labels = getattr(args, "labels", None)
         process = {
@@ -183,9 +209,36 @@ def run_spec(spec: JobSpec) -> dict[str, Any]:
             from jobs.transcribe import run_transcribe
 
             return run_transcribe(spec)
+        if spec.job.kind == "probe":
+            from jobs.probe import run_probe  # type: ignore[import-not-found,unused-ignore]
+
+            return run_probe(spec)
         from jobs.process import run_chain, run_process
 
         return run_process(spec) if spec.job.kind == "process" else run_chain(spec)
+
+
+def print_probe_summary(summary: dict[str, Any], out=None) -> None:
+    """A probe's run: how many items, and the audio hours that ``overnight plan`` sizes."""
+    out = out or sys.stdout
+    hours = summary.get("audio_hours")
+    if hours is None and summary.get("audio_seconds") is not None:
+        hours = summary["audio_seconds"] / 3600.0
+    lines = [f"run {summary.get('run_id')} (probe)"]
+    if "items" in summary:
+        lines.append(
+            f"  items        {summary['items']} probed, {summary.get('succeeded', 0)} ok, "
+            f"{summary.get('failed', 0)} failed"
+        )
+    if hours is not None:
+        lines.append(
+            f"  audio        {hours:.4f} h; size the backlog with "
+            f"`overnight plan --audio-hours {hours:.4f} --deadline ...`"
+        )
+    for key in ("probes", "summary_path"):
+        if key in summary:
+            lines.append(f"  {key:<12} {summary[key]}")
+    print("\n".join(lines), file=out)
 
 
 def print_summary(summary: dict[str, Any], out=None) -> None:
@@ -194,10 +247,9 @@ def print_summary(summary: dict[str, Any], out=None) -> None:
         print_summary(stage, out)
     if "stages" in summary:
         return
-
-    def money(value):
-        return "n/a" if value is None else f"${value:.6f}"
-
+    if summary.get("kind") == "probe":
+        print_probe_summary(summary, out)
+        return
     lines = [
         f"run {summary['run_id']} ({summary['kind']})",
         f"  items        {summary['items']} processed, {summary['succeeded']} ok, {summary['failed']} failed"
@@ -229,18 +281,18 @@ def print_summary(summary: dict[str, Any], out=None) -> None:
         f"  time         {summary['wall_seconds']:.1f} s wall, {summary['accelerator_seconds']:.1f} s busy on "
         f"{summary['accelerator']} of {summary['accelerator_reserved_seconds']:.1f} s reserved"
         f" (utilization {summary['utilization']})",
-        f"  cost         {money(summary['cost_usd'])} busy, {money(summary['reserved_cost_usd'])} reserved",
+        f"  cost         {money(summary['cost_usd'], 'n/a')} busy, {money(summary['reserved_cost_usd'], 'n/a')} reserved",
     ]
     if summary.get("cost_per_document_usd") is not None:
         lines.append(
             f"  tokens       {summary['input_tokens']} in, {summary['output_tokens']} out; "
-            f"{money(summary['cost_per_document_usd'])} per document, "
-            f"{money(summary['cost_per_million_tokens_usd'])} per million tokens (busy)"
+            f"{money(summary['cost_per_document_usd'], 'n/a')} per document, "
+            f"{money(summary['cost_per_million_tokens_usd'], 'n/a')} per million tokens (busy)"
         )
     if summary.get("cost_per_audio_minute_usd") is not None:
         lines.append(
-            f"  per minute   {money(summary['cost_per_audio_minute_usd'])} busy, "
-            f"{money(summary['reserved_cost_per_audio_minute_usd'])} reserved"
+            f"  per minute   {money(summary['cost_per_audio_minute_usd'], 'n/a')} busy, "
+            f"{money(summary['reserved_cost_per_audio_minute_usd'], 'n/a')} reserved"
         )
     startup = summary.get("startup") or {}
     if startup.get("first_result_s") is not None:
@@ -261,6 +313,7 @@ def print_summary(summary: dict[str, Any], out=None) -> None:
 def _demo(args: argparse.Namespace) -> dict[str, Any]:
     from jobs.demo import comparison_table, demo_scripts, make_demo_calls
     from jobs.show import COLUMNS, width
+    from jobs.spec import build_spec
 
     # The calls live with the results they explain (OUTPUT/calls/), not in a temporary
     # folder that outlives the run and that every row's source_uri would point into.
@@ -298,132 +351,3 @@ def _demo(args: argparse.Namespace) -> dict[str, Any]:
     print(comparison_table(rows, demo_scripts(), width()))
     print()
     return summary
-
-
-def _innermost_parser(
-    ap: argparse.ArgumentParser, args: argparse.Namespace
-) -> argparse.ArgumentParser:
-    """The (sub)command parser the arguments reached: ``overnight submissions add`` → add's."""
-    current = ap
-    while True:
-        subs = [a for a in current._actions if isinstance(a, argparse._SubParsersAction)]
-        name = getattr(args, subs[0].dest, None) if subs else None
-        if name is None or name not in subs[0].choices:
-            return current
-        current = subs[0].choices[name]
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse like ``parse_args``, but an unknown option is the subcommand's own error: its
-    usage, not the top-level one, and the option it most likely meant."""
-    ap = parser()
-    args, extra = ap.parse_known_args(argv)
-    if extra:
-        command = _innermost_parser(ap, args)
-        options = [o for a in command._actions for o in a.option_strings]
-        message = f"unrecognized arguments: {' '.join(extra)}"
-        for token in extra:
-            if token.startswith("-"):
-                close = difflib.get_close_matches(token.split("=", 1)[0], options, n=1)
-                message += "".join(f"; did you mean {c}?" for c in close)
-        command.error(message)
-    return args
-
-
-# After Ctrl-C, the longest the command waits for Ray to wind down before it exits anyway.
-INTERRUPT_GRACE_S = 30.0
-
-
-def _interrupt_within_grace() -> None:
-    """Ctrl-C raises KeyboardInterrupt as usual, and also arms an exit INTERRUPT_GRACE_S
-    later: under CI load an interrupted run stayed alive for minutes. Python runs its own
-    signal handler only when the main thread is back in the interpreter, and a driver waiting
-    inside Ray's C++ core may not come back; the wakeup fd is written by the C-level handler
-    at once, so a watcher thread sees the interrupt whatever the main thread does. Every
-    finished batch is committed atomically: exiting loses nothing a rerun does not resume."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        return  # someone else (an embedding program) owns Ctrl-C
-    read_fd, write_fd = os.pipe()
-    os.set_blocking(write_fd, False)
-    try:
-        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-    except ValueError:
-        os.close(read_fd)
-        os.close(write_fd)
-        return
-
-    def watch() -> None:
-        while data := os.read(read_fd, 64):
-            if signal.SIGINT in data:
-                time.sleep(INTERRUPT_GRACE_S)
-                print(
-                    f"overnight: still winding down {INTERRUPT_GRACE_S:.0f} s after the "
-                    "interrupt; exiting now (finished items are committed, rerun to resume)",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                os._exit(130)
-
-    threading.Thread(target=watch, name="overnight-interrupt", daemon=True).start()
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The ``overnight`` command. A reader that stops early (``overnight config | head``)
-    ends it quietly, with the shell's status for a closed pipe (141), and no traceback."""
-    if argv is None:  # the command line itself, not a caller (tests, an embedding program)
-        _interrupt_within_grace()
-    try:
-        try:
-            return _main(argv)
-        finally:  # also after argparse's exit (--help): the buffered lines may meet a closed pipe
-            sys.stdout.flush()
-    except BrokenPipeError:
-        # Python would flush stdout again at exit and print the same error: point it at
-        # /dev/null first.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 128 + signal.SIGPIPE
-
-
-def _main(argv: list[str] | None) -> int:
-    args = parse_args(argv)
-    try:
-        if args.command == "config":
-            print(reference())
-            return 0
-        if args.command == "demo":
-            summary = _demo(args)
-        elif args.command in ("transcribe", "process"):
-            file_data = read_job_file(args.config) if args.config else {}
-            summary = run_spec(build_spec(file_data, _overrides(args, args.command)))
-        elif getattr(args, "handler", None) is not None:
-            return int(args.handler(args))
-        elif args.command == "run":
-            file_data = read_job_file(args.job_file)
-            over = {
-                "job": {
-                    "ray_address": args.address,
-                    "run_id": args.run_id,
-                    "progress": False if args.quiet else None,
-                    "verbose": True if args.verbose else None,
-                }
-            }
-            summary = run_spec(build_spec(file_data, over))
-        else:  # pragma: no cover - argparse enforces the choices
-            raise ConfigError(f"unknown command {args.command}")
-    except OvernightError as exc:
-        print(f"overnight: error: {redact(str(exc))}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print(
-            "overnight: interrupted; finished items are committed, rerun to resume", file=sys.stderr
-        )
-        return 130
-    print_summary(summary)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

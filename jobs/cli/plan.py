@@ -1,0 +1,101 @@
+"""``overnight plan``: size a backlog for a deadline from measured profiles."""
+
+from __future__ import annotations
+
+import argparse
+
+from jobs.choices import DEFAULT_HEADROOM, DEFAULT_UTILIZATION
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "plan",
+        help="how many GPUs/CPU workers finish a backlog by a deadline, at what cost",
+        description="Size a backlog from measured throughput profiles; shows the arithmetic.",
+    )
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--audio-hours", type=float, help="hours of audio in the backlog")
+    what.add_argument("--documents", type=float, help="documents in the backlog")
+    p.add_argument("--deadline", required=True, help="e.g. 6h, 90m, 1h30m")
+    p.add_argument(
+        "--profile",
+        action="append",
+        default=[],
+        help="profile.json from `overnight tune`, or an OUTPUT folder whose runs/ to learn from (repeatable)",
+    )
+    p.add_argument(
+        "--gpu", help="plan GPU workers of this kind (a price-table key: h100, a100, l4, ...)"
+    )
+    p.add_argument(
+        "--price",
+        type=float,
+        help="USD per hour per GPU of --gpu (or per unit of every non-CPU option)",
+    )
+    p.add_argument("--cpu-price", type=float, help="USD per CPU core-hour")
+    p.add_argument(
+        "--throughput",
+        type=float,
+        help="state --gpu's per-worker throughput (x real time, or documents/s) when no profile measured it",
+    )
+    p.add_argument(
+        "--headroom",
+        type=float,
+        default=DEFAULT_HEADROOM,
+        help="share of the deadline kept free (default 0.2)",
+    )
+    p.add_argument(
+        "--utilization",
+        type=float,
+        help=f"expected busy share of reserved time (default: measured, else {DEFAULT_UTILIZATION})",
+    )
+    p.add_argument(
+        "--startup",
+        default="0s",
+        help="start-up time of a worker (node, image, model load), e.g. 5m",
+    )
+    p.add_argument("--max-workers", type=int, help="at most this many workers are available")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    import json
+    from dataclasses import replace
+
+    from jobs.errors import ConfigError
+    from jobs.plan import adjust_profiles, load_profiles, make_plan, parse_duration, render
+
+    if not args.profile and args.throughput is None:
+        raise ConfigError(
+            "give --profile (a profile.json from `overnight tune`, or an OUTPUT folder of past "
+            "runs), or state a GPU's throughput without measuring it: --gpu h100 --throughput N "
+            "(N: x real time for --audio-hours, documents per second for --documents)"
+        )
+    unit = "audio_s" if args.audio_hours is not None else "documents"
+    backlog = args.audio_hours * 3600.0 if unit == "audio_s" else args.documents
+    deadline = parse_duration(args.deadline, "--deadline")
+    startup = 0.0 if args.startup in ("0", "0s") else parse_duration(args.startup, "--startup")
+    profiles, notes = adjust_profiles(
+        load_profiles(args.profile),
+        unit,
+        gpu=args.gpu,
+        price=args.price,
+        cpu_price=args.cpu_price,
+        throughput=args.throughput,
+    )
+    plan = make_plan(
+        profiles,
+        backlog,
+        unit,
+        deadline,
+        headroom=args.headroom,
+        utilization=args.utilization,
+        startup_s=startup,
+        max_workers=args.max_workers,
+    )
+    plan = replace(plan, notes=tuple(notes))
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2))
+    else:
+        print(render(plan, unit))
+    return 0 if plan.cheapest is not None else 1

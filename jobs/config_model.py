@@ -1,0 +1,30 @@
+"""The base of every validated config model (the job spec, the tenants config), and the one
+way their validation errors become a message that names the field, the value and the fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from jobs.errors import ConfigError
+
+
+class ConfigModel(BaseModel):
+    """Unknown keys are errors (a typo must not be ignored); a validated config is frozen."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+def config_error(
+    exc: ValidationError, title: str, root: str, show_input: bool = True
+) -> ConfigError:
+    """One line per problem: ``  where: message (got value)``; ``root`` names the top level.
+    ``show_input=False`` leaves the values out (the tenants config's are URLs)."""
+    problems = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or root
+        value: Any = err.get("input")
+        shown = "" if isinstance(value, dict) or not show_input else f" (got {value!r})"
+        problems.append(f"  {where}: {err['msg']}{shown}")
+    return ConfigError(f"{title}:\n" + "\n".join(problems))
