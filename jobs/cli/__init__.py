@@ -38,7 +38,8 @@ class _Version(argparse.Action):
         super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        parser.exit(message=f"overnight {_version()}\n")
+        print(f"overnight {_version()}")
+        parser.exit()
 
 
 def parser() -> argparse.ArgumentParser:
