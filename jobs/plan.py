@@ -229,8 +229,10 @@ def size_option(
     ]
     window = deadline_s * (1 - headroom) - startup_s
     other = backlog * p.other_cost_per_unit_usd
-    if window <= 0:
-        lines.append("workers   none: start-up alone takes the whole window")
+
+    def sized(*outcome: Any) -> Option:
+        """The Option: these inputs, then the outcome (workers ... reason) and its lines."""
+        *figures, steps = outcome
         return Option(
             p,
             backlog,
@@ -241,14 +243,14 @@ def size_option(
             startup_s,
             max_workers,
             window,
-            None,
-            None,
-            None,
-            other,
-            None,
-            False,
-            "start-up exceeds the deadline window",
-            tuple(lines),
+            *figures,
+            tuple(steps),
+        )
+
+    if window <= 0:
+        lines.append("workers   none: start-up alone takes the whole window")
+        return sized(
+            None, None, None, other, None, False, "start-up exceeds the deadline window", lines
         )
     per_worker = p.throughput * u * window
     workers = max(1, math.ceil(backlog / per_worker - _CEIL_SLACK))
@@ -283,25 +285,7 @@ def size_option(
             f"{max_workers} would finish in {fmt_duration(best)}"
         )
         lines.append(f"limit     {reason}")
-    return Option(
-        p,
-        backlog,
-        deadline_s,
-        headroom,
-        u,
-        assumed,
-        startup_s,
-        max_workers,
-        window,
-        workers,
-        finish,
-        compute,
-        other,
-        total,
-        not reason,
-        reason,
-        tuple(lines),
-    )
+    return sized(workers, finish, compute, other, total, not reason, reason, lines)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import contextlib
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -136,6 +137,31 @@ def unsupported_compute_type(options: dict[str, Any], device: str) -> str | None
     return None
 
 
+def _run_job(
+    m: Measurement, run: Callable[[Any], dict[str, Any]], spec: Any
+) -> dict[str, Any] | None:
+    """Run one configuration's job and record its time and counts on ``m``; None (with
+    ``m.status`` failed and the reason) when the job failed or every item did."""
+    t0 = time.monotonic()
+    try:
+        summary = run(spec)
+    except OvernightError as exc:
+        m.status, m.reason, m.elapsed_s = "failed", _reason(exc), time.monotonic() - t0
+        return None
+    m.elapsed_s = time.monotonic() - t0
+    m.run_id = summary["run_id"]
+    m.items, m.failed_items, m.pipeline_s = (
+        summary["items"],
+        summary["failed"],
+        summary["pipeline_seconds"],
+    )
+    if summary["succeeded"] == 0:
+        m.status = "failed"
+        m.reason = f"every item failed ({', '.join(f'{k}: {v}' for k, v in summary['errors_by_code'].items())})"
+        return None
+    return summary
+
+
 def measure_transcribe(candidate: Candidate, index: int, ctx: Context) -> Measurement:
     """Run the transcription job on the sample with one configuration and measure it."""
     from jobs.ledger import read_results
@@ -163,21 +189,8 @@ def measure_transcribe(candidate: Candidate, index: int, ctx: Context) -> Measur
             "transcribe": candidate.options,
         },
     )
-    t0 = time.monotonic()
-    try:
-        summary = run_transcribe(spec)
-    except OvernightError as exc:
-        m.status, m.reason, m.elapsed_s = "failed", _reason(exc), time.monotonic() - t0
-        return m
-    m.elapsed_s = time.monotonic() - t0
-    m.items, m.failed_items, m.pipeline_s = (
-        summary["items"],
-        summary["failed"],
-        summary["pipeline_seconds"],
-    )
-    if summary["succeeded"] == 0:
-        m.status = "failed"
-        m.reason = f"every item failed ({', '.join(f'{k}: {v}' for k, v in summary['errors_by_code'].items())})"
+    summary = _run_job(m, run_transcribe, spec)
+    if summary is None:
         return m
     rows = read_results(
         out.join("transcripts"),
@@ -194,6 +207,20 @@ def measure_transcribe(candidate: Candidate, index: int, ctx: Context) -> Measur
     m.sample_cost_usd = sum(r["cost_usd"] for r in ledger_rows)
     other = sum(r["cost_usd"] for r in ledger_rows if r["stage"] != "transcribe")
     m.other_cost_per_unit_usd = other / m.work if m.work else 0.0
+    _record_worker(m, model_rows, ok_rows)
+    m.effective.update(_pool_as_run(summary, ("decode_cpus", "model_workers", "cpu_threads")))
+    for r in ok_rows:
+        m.texts[_item_key(r["source_uri"])] = r["text"] or ""
+    if m.busy_s <= 0:
+        m.status, m.reason = "failed", "no busy time was measured (nothing reached the model)"
+    return m
+
+
+def _record_worker(
+    m: Measurement, model_rows: list[dict[str, Any]], ok_rows: list[dict[str, Any]]
+) -> None:
+    """The model worker's resource and price (from its ledger rows) and the device and
+    compute type it really ran with (from a result row's effective options)."""
     if model_rows:
         m.resource = model_rows[0]["resource"]
         m.units_per_worker = float(model_rows[0]["units"] or 1.0)
@@ -201,12 +228,6 @@ def measure_transcribe(candidate: Candidate, index: int, ctx: Context) -> Measur
     with contextlib.suppress(ValueError, TypeError, IndexError):
         effective = json.loads(ok_rows[0]["options"])
         m.effective = {k: effective[k] for k in ("device", "compute_type") if k in effective}
-    m.effective.update(_pool_as_run(summary, ("decode_cpus", "model_workers", "cpu_threads")))
-    for r in ok_rows:
-        m.texts[_item_key(r["source_uri"])] = r["text"] or ""
-    if m.busy_s <= 0:
-        m.status, m.reason = "failed", "no busy time was measured (nothing reached the model)"
-    return m
 
 
 def _pool_as_run(summary: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
@@ -248,22 +269,8 @@ def measure_process(candidate: Candidate, index: int, ctx: Context) -> Measureme
     # One task per measurement: the job file's first (run_process runs every configured task).
     first = build_spec(ctx.base, {"job": job, "process": candidate.options}).process.tasks[0]
     spec = build_spec(ctx.base, {"job": job, "process": {**candidate.options, "task": first}})
-    t0 = time.monotonic()
-    try:
-        summary = run_process(spec)
-    except OvernightError as exc:
-        m.status, m.reason, m.elapsed_s = "failed", _reason(exc), time.monotonic() - t0
-        return m
-    m.elapsed_s = time.monotonic() - t0
-    m.run_id = summary["run_id"]
-    m.items, m.failed_items, m.pipeline_s = (
-        summary["items"],
-        summary["failed"],
-        summary["pipeline_seconds"],
-    )
-    if summary["succeeded"] == 0:
-        m.status = "failed"
-        m.reason = f"every item failed ({', '.join(f'{k}: {v}' for k, v in summary['errors_by_code'].items())})"
+    summary = _run_job(m, run_process, spec)
+    if summary is None:
         return m
     rows = read_results(
         out.join("results"),
@@ -289,13 +296,7 @@ def measure_process(candidate: Candidate, index: int, ctx: Context) -> Measureme
     m.other_cost_per_unit_usd = (
         sum(r["cost_usd"] for r in ledger_rows if r["stage"] != "generate") / m.work
     )
-    if model_rows:
-        m.resource = model_rows[0]["resource"]
-        m.units_per_worker = float(model_rows[0]["units"] or 1.0)
-        m.price_per_unit_hour_usd = float(model_rows[0]["price_per_hour_usd"] or 0.0)
-    with contextlib.suppress(ValueError, TypeError, IndexError):
-        effective = json.loads(ok_rows[0]["options"])
-        m.effective = {k: effective[k] for k in ("device", "compute_type") if k in effective}
+    _record_worker(m, model_rows, ok_rows)
     m.effective.update(_pool_as_run(summary, ("extract_cpus", "cpu_threads")))
     m.labels = bool(ok_rows) and all(r["label"] is not None for r in ok_rows)
     for r in ok_rows:
