@@ -49,7 +49,11 @@ def _cmd_process(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     records = process(
-        config, tenants=args.tenant, ray_address=args.address, progress=not args.quiet
+        config,
+        tenants=args.tenant,
+        ray_address=args.address,
+        progress=not args.quiet,
+        echo=lambda line: print(line, file=sys.stderr, flush=True),
     )
     for r in records:
         print(json.dumps({k: r.get(k) for k in (*_COLUMNS, "reason", "output")}, sort_keys=True))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import sys
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow.compute as pc
@@ -21,8 +21,8 @@ from jobs.submissions.urls import shown
 _SUBMISSION = re.compile(r"^sub-[0-9a-f]{24}$")
 
 
-def _say(text: str) -> None:
-    print(f"[submissions] {storage.redact(text)}", file=sys.stderr, flush=True)
+def _silent(line: str) -> None:
+    pass
 
 
 def output_for(tenant: Tenant, sid: str) -> storage.Location:
@@ -106,8 +106,14 @@ def process_one(
     *,
     ray_address: str | None = None,
     progress: bool = True,
+    echo: Callable[[str], None] = _silent,
 ) -> dict | None:
-    """Handle one manifest of the inbox; returns its submission record, or None if nothing to do."""
+    """Handle one manifest of the inbox; returns its submission record, or None if nothing to do.
+    ``echo`` gets a line (credentials redacted) when a submission starts, fails or is rejected."""
+
+    def say(text: str) -> None:
+        echo(f"[submissions] {storage.redact(text)}")
+
     tenant = config.tenants[name]
     try:
         data = storage.read_bytes(obj.uri)
@@ -142,7 +148,7 @@ def process_one(
             parse_manifest(obj.uri, data), name, tenant, sid, config.submissions.max_recordings
         )
     except Rejected as exc:
-        _say(f"{name}/{sid}: rejected: {exc}")
+        say(f"{name}/{sid}: rejected: {exc}")
         return store.put(
             {**base, "status": REJECTED, "reason": storage.redact(str(exc)), "recordings": 0}
         )
@@ -159,7 +165,7 @@ def process_one(
             "recordings_listed": len(rows),
         }
     )
-    _say(f"{name}/{sid}: {len(rows)} recordings, attempt {attempt} -> {shown(out.url(), 300)}")
+    say(f"{name}/{sid}: {len(rows)} recordings, attempt {attempt} -> {shown(out.url(), 300)}")
     try:
         manifest_url = _write_trusted_manifest(out, rows)
         summary = _run(config, tenant, manifest_url, out, f"{sid}-{attempt}", ray_address, progress)
@@ -172,7 +178,7 @@ def process_one(
         # Whatever one submission raises is its own failure, recorded with its cause; the
         # other tenants' submissions still run. Only storage that is down stops them all.
         reason = str(exc) if isinstance(exc, OvernightError) else f"{type(exc).__name__}: {exc}"
-        _say(f"{name}/{sid}: failed: {reason}")
+        say(f"{name}/{sid}: failed: {reason}")
         return store.put({**record, "status": FAILED, "reason": storage.redact(reason)[:2000]})
     return store.put(
         {
@@ -191,6 +197,7 @@ def process(
     tenants: list[str] | None = None,
     ray_address: str | None = None,
     progress: bool = True,
+    echo: Callable[[str], None] = _silent,
 ) -> list[dict]:
     """Every new (or unfinished) submission of every tenant; returns the records written."""
     unknown = sorted(set(tenants or ()) - set(config.tenants))
@@ -209,7 +216,9 @@ def process(
         for obj in inbox:
             if _manifest_key(obj) in finished:
                 continue
-            record = process_one(config, store, name, obj, ray_address=address, progress=progress)
+            record = process_one(
+                config, store, name, obj, ray_address=address, progress=progress, echo=echo
+            )
             if record is not None:
                 touched.append(record)
     return touched
