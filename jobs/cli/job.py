@@ -169,21 +169,7 @@ def _overrides(args: argparse.Namespace, kind: str) -> dict[str, Any]:
         "include": getattr(args, "include", None),
         "exclude": getattr(args, "exclude", None),
     }
-    transcribe = {
-        key: getattr(args, key, None)
-        for key in (
-            "model",
-            "device",
-            "compute_type",
-            "batch_size",
-            "beam_size",
-            "language",
-            "actors",
-            "split_channels",
-            "vad",
-        )
-    }
-    if kind == "probe":
+    if kind == "probe":  # a probe reads headers only: it has no options of its own
         return {"job": job}
     if kind == "process":
         labels = getattr(args, "labels", None)
@@ -198,6 +184,20 @@ def _overrides(args: argparse.Namespace, kind: str) -> dict[str, Any]:
             "labels": [x.strip() for x in labels.split(",") if x.strip()] if labels else None,
         }
         return {"job": job, "process": process}
+    transcribe = {
+        key: getattr(args, key, None)
+        for key in (
+            "model",
+            "device",
+            "compute_type",
+            "batch_size",
+            "beam_size",
+            "language",
+            "actors",
+            "split_channels",
+            "vad",
+        )
+    }
     return {"job": job, "transcribe": transcribe}
 
 
