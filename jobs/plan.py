@@ -230,9 +230,14 @@ def size_option(
     window = deadline_s * (1 - headroom) - startup_s
     other = backlog * p.other_cost_per_unit_usd
 
-    def sized(*outcome: Any) -> Option:
-        """The Option: these inputs, then the outcome (workers ... reason) and its lines."""
-        *figures, steps = outcome
+    def sized(
+        workers: int | None,
+        finish: float | None,
+        compute: float | None,
+        total: float | None,
+        reason: str,
+    ) -> Option:
+        """The Option: these inputs, the outcome, and the arithmetic's lines so far."""
         return Option(
             p,
             backlog,
@@ -243,15 +248,19 @@ def size_option(
             startup_s,
             max_workers,
             window,
-            *figures,
-            tuple(steps),
+            workers,
+            finish,
+            compute,
+            other,
+            total,
+            not reason,
+            reason,
+            tuple(lines),
         )
 
     if window <= 0:
         lines.append("workers   none: start-up alone takes the whole window")
-        return sized(
-            None, None, None, other, None, False, "start-up exceeds the deadline window", lines
-        )
+        return sized(None, None, None, None, "start-up exceeds the deadline window")
     per_worker = p.throughput * u * window
     workers = max(1, math.ceil(backlog / per_worker - _CEIL_SLACK))
     finish = startup_s + backlog / (workers * p.throughput * u)
@@ -285,7 +294,7 @@ def size_option(
             f"{max_workers} would finish in {fmt_duration(best)}"
         )
         lines.append(f"limit     {reason}")
-    return sized(workers, finish, compute, other, total, not reason, reason, lines)
+    return sized(workers, finish, compute, total, reason)
 
 
 @dataclass(frozen=True)
