@@ -18,6 +18,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import tomli_w
+from pydantic import ValidationError
 
 from jobs import storage
 from jobs.cli import main
@@ -153,6 +154,27 @@ def test_tenants_config_refuses_overlapping_inboxes_and_credentials_in_prefixes(
     with pytest.raises(ConfigError, match="user-info") as err:
         load(base)
     assert "secret" not in str(err.value)
+
+
+def test_tenants_config_names_a_misspelt_key_and_cannot_be_changed_once_loaded(tmp_path):
+    data = {
+        "submissions": {"state": "s3://state/subs", "max_attempt": 3},
+        "tenants": {
+            "acme": {
+                "allowed_input_prefixes": ["s3://acme-calls/"],
+                "inbox": "s3://inbox/acme",
+                "output": "s3://acme-out/",
+            }
+        },
+    }
+    with pytest.raises(
+        ConfigError, match=r"invalid tenants config .*\n  submissions\.max_attempt: "
+    ):
+        _load_tenants(tmp_path, data)
+    del data["submissions"]["max_attempt"]
+    config = _load_tenants(tmp_path, data)
+    with pytest.raises(ValidationError):
+        config.tenants["acme"].inbox = "s3://inbox/globex"  # type: ignore[misc]
 
 
 # --- end to end on the S3 endpoint -----------------------------------------------------------
