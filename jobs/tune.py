@@ -74,6 +74,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs import storage
+from jobs import wer as one_wer
 from jobs.errors import ConfigError, OvernightError
 from jobs.plan import (
     DEFAULT_HEADROOM,
@@ -635,12 +636,8 @@ def corpus_wer(references: dict[str, str], hypotheses: dict[str, str]) -> tuple[
     An item with a reference but no transcript (it failed in this configuration) counts as
     all words deleted.
     """
-    edits = words = 0
-    for key, ref in references.items():
-        ref_words = _words(ref)
-        edits += edit_distance(ref_words, _words(hypotheses.get(key, "")))
-        words += len(ref_words)
-    return (edits / words if words else None), len(references)
+    # One metric for tune, the tests and the benchmarks: jobs.wer (Whisper's normaliser, jiwer).
+    return one_wer.corpus_wer(references, hypotheses)
 
 
 def label_disagreement(
