@@ -14,22 +14,17 @@ from workers.llm.contract import (
     BACKENDS,
     DEFAULT_VLLM_MODEL,
     FINISH_CONTEXT_EXCEEDED,
-    FINISH_LENGTH,
-    FINISH_STOP,
     BackendConfigError,
     EngineUnavailable,
     Generation,
     GenerationParams,
     LLMBackend,
-    split_on_offsets,
 )
 
+# The contract's names that tasks, the worker and jobs import from here, with load_backend.
 __all__ = [
     "BACKENDS",
-    "DEFAULT_VLLM_MODEL",
     "FINISH_CONTEXT_EXCEEDED",
-    "FINISH_LENGTH",
-    "FINISH_STOP",
     "BackendConfigError",
     "EngineUnavailable",
     "Generation",
@@ -37,7 +32,6 @@ __all__ = [
     "LLMBackend",
     "load_backend",
     "resolve_device",
-    "split_on_offsets",
 ]
 
 

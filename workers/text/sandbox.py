@@ -7,6 +7,7 @@ timeout or crash; the child side parses with :mod:`workers.text.formats` under a
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import pickle
@@ -67,6 +68,16 @@ class _Outcome:
     error_message: str | None = None
 
 
+def _unseen(request: _Request, code: ErrorCode, message: str) -> _Outcome:
+    """The outcome of a document the child did not answer for (empty, timed out, crashed)."""
+    return _Outcome(
+        text=None,
+        kind=guess_kind(request.data, request.name),
+        error_code=code.value,
+        error_message=message,
+    )
+
+
 _STARTUP_TIMEOUT_S = 60.0
 _READY = b"ready"
 
@@ -94,14 +105,11 @@ class _Sandbox:
                 outcome = pickle.loads(recv.recv_bytes())
             except (EOFError, OSError):
                 code = self._stop()
-                return _Outcome(
-                    text=None,
-                    kind=guess_kind(request.data, request.name),
-                    error_code=ErrorCode.CORRUPT_DOCUMENT.value,
-                    error_message=(
-                        f"the extractor process died (exit code {code}) while parsing this "
-                        "document, most likely out of memory or a parser crash"
-                    ),
+                return _unseen(
+                    request,
+                    ErrorCode.CORRUPT_DOCUMENT,
+                    f"the extractor process died (exit code {code}) while parsing this "
+                    "document, most likely out of memory or a parser crash",
                 )
             except BaseException:
                 # Interrupted mid-document (KeyboardInterrupt, a test timeout): the child's
@@ -205,12 +213,7 @@ def _run(request: _Request) -> TextResult:
     start = time.perf_counter()
     options = request.options
     if not request.data:
-        outcome = _Outcome(
-            text=None,
-            kind=guess_kind(request.data, request.name),
-            error_code=ErrorCode.EMPTY_FILE.value,
-            error_message="the object has zero bytes",
-        )
+        outcome = _unseen(request, ErrorCode.EMPTY_FILE, "the object has zero bytes")
     else:
         maybe = _SANDBOX.run(request, options.timeout_s)
         if maybe is None:
@@ -219,24 +222,14 @@ def _run(request: _Request) -> TextResult:
                 request.name,
                 options.timeout_s,
             )
-            maybe = _Outcome(
-                text=None,
-                kind=guess_kind(request.data, request.name),
-                error_code=ErrorCode.EXTRACT_TIMEOUT.value,
-                error_message=(
-                    f"text extraction took longer than timeout_s={options.timeout_s:g} s "
-                    "and was stopped"
-                ),
+            maybe = _unseen(
+                request,
+                ErrorCode.EXTRACT_TIMEOUT,
+                f"text extraction took longer than timeout_s={options.timeout_s:g} s "
+                "and was stopped",
             )
         outcome = maybe
-    return TextResult(
-        text=outcome.text,
-        kind=outcome.kind,
-        pages=outcome.pages,
-        error_code=outcome.error_code,
-        error_message=outcome.error_message,
-        seconds=time.perf_counter() - start,
-    )
+    return TextResult(**dataclasses.asdict(outcome), seconds=time.perf_counter() - start)
 
 
 # --------------------------------------------------------------------------------------------
