@@ -168,7 +168,7 @@ def comparison_table(
     boundaries, with the word error rate per call and over all of them (jobs.tune's WER:
     word edits over reference words, case and punctuation ignored)."""
     from jobs.show import Turn, spoken_text, turns
-    from jobs.tune import corpus_wer
+    from jobs.wer import corpus_wer
 
     latest: dict[str, dict[str, Any]] = {}
     for row in sorted(rows, key=lambda r: str(r.get("processed_at"))):

@@ -61,7 +61,6 @@ import os
 import random
 import re
 import shutil
-import string
 import subprocess
 import sys
 import tempfile
@@ -79,7 +78,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from jobs.tune import edit_distance  # noqa: E402
+from jobs.wer import word_errors, words  # noqa: E402
 
 DEFAULT_REAL_AUDIO = Path(__file__).resolve().parents[2] / "shared" / "data" / "audio"
 SAMPLE_RATE = 16_000
@@ -89,64 +88,12 @@ TELEPHONE_RATE = 8_000
 # Word error rate
 # ---------------------------------------------------------------------------------------------
 
-# jobs.tune._words lower-cases, turns hyphens into spaces and strips punctuation. That is not
-# enough here: LibriSpeech references are upper-case British English of the 19th century
-# ("DISHONOURED", "FOR EVER") where Whisper writes "dishonored", "forever", and the synthesized
-# references spell numbers out ("two hundred dollars", "seven four two nine") where Whisper
-# writes "$200", "7-4-2-9". Without these mappings those would count as errors of every
-# variant alike and hide the differences between them. Both sides go through the same mapping.
-# fmt: off
-_ONES = [
-    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
-    "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
-    "nineteen",
-]
-# fmt: on
-_TENS = ["_", "_", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
-_BRITISH_OUR = re.compile(
-    r"^(ardo|armo|behavio|cando|clamo|colo|endeavo|favo|fervo|flavo|harbo|hono|dishono|humo|"
-    r"labo|neighbo|odo|rigo|rumo|savo|splendo|valo|vapo|vigo)ur(.*)$"
-)
-_COMPOUNDS = {("for", "ever"): "forever"}
-
-
-def _number_words(n: int) -> list[str]:
-    if n < 20:
-        return [_ONES[n]]
-    if n < 100:
-        return [_TENS[n // 10]] + ([_ONES[n % 10]] if n % 10 else [])
-    if n < 1000:
-        return [_ONES[n // 100], "hundred"] + (_number_words(n % 100) if n % 100 else [])
-    if n < 1_000_000:
-        rest = _number_words(n % 1000) if n % 1000 else []
-        return [*_number_words(n // 1000), "thousand", *rest]
-    return [str(n)]
-
-
-def normalise(text: str) -> list[str]:
-    """Words for the WER: jobs.tune._words plus dollar amounts, digits, British -our spellings
-    and a few old compounds (see the comment above)."""
-    text = text.lower().replace("-", " ")
-    text = re.sub(r"(?<=\d),(?=\d{3})", "", text)  # 2,000 -> 2000
-    text = re.sub(r"\$(\d+)", r"\1 dollars", text)
-    words: list[str] = []
-    for w in text.translate(str.maketrans("", "", string.punctuation)).split():
-        if w.isdigit():
-            words += _number_words(int(w))
-        else:
-            words.append(_BRITISH_OUR.sub(r"\1r\2", w))
-    out: list[str] = []
-    for w in words:
-        if out and (out[-1], w) in _COMPOUNDS:
-            out[-1] = _COMPOUNDS[(out[-1], w)]
-        else:
-            out.append(w)
-    return out
+# jobs.wer: Whisper's English normaliser (British spellings, numbers and currency written as
+# digits either way) and jiwer's word edits, the same metric as the tests' and `overnight tune`'s.
 
 
 def errors_and_words(ref: str, hyp: str) -> tuple[int, int]:
-    r, h = normalise(ref), normalise(hyp)
-    return edit_distance(r, h), len(r)
+    return word_errors([ref], [hyp])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -260,7 +207,7 @@ def real_sources(audio_dir: Path) -> dict[str, tuple[Path, str]]:
 
 
 def _key(word: str) -> str:
-    return "".join(normalise(word))
+    return "".join(words(word))
 
 
 def align(ref: list[str], hyp: list[str]) -> list[int | None]:
@@ -394,16 +341,16 @@ def word_gap_cuts(
 def _heard_edges(model, audio: np.ndarray, at: int) -> tuple[str, str]:
     """The last word recognised before sample ``at`` and the first after it."""
 
-    def words(part: np.ndarray) -> list[str]:
+    def heard(part: np.ndarray) -> list[str]:
         segments, _ = model.transcribe(
             part, beam_size=1, language="en", condition_on_previous_text=False, vad_filter=False
         )
-        return normalise(" ".join(s.text for s in segments))
+        return words(" ".join(s.text for s in segments))
 
     # 4 s either side, greedy: the words at the cut are what counts, and this runs twice
     # per candidate cut.
     context = 4 * SAMPLE_RATE
-    left, right = words(audio[max(0, at - context) : at]), words(audio[at : at + context])
+    left, right = heard(audio[max(0, at - context) : at]), heard(audio[at : at + context])
     return (left[-1] if left else "", right[0] if right else "")
 
 

@@ -65,7 +65,6 @@ from jobs.choices import TUNE_TASKS as TASKS
 from jobs.tune.accuracy import (
     accuracy_rank,
     corpus_wer,
-    edit_distance,
     error_rate,
     label_disagreement,
     read_references,
@@ -113,7 +112,6 @@ __all__ = [
     "corpus_wer",
     "decide",
     "default_grid",
-    "edit_distance",
     "error_rate",
     "label_disagreement",
     "measure_process",

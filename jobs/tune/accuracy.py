@@ -3,29 +3,13 @@
 from __future__ import annotations
 
 import json
-import string
 from typing import Any
 
-from jobs import storage
+from jobs import storage, wer
 from jobs.spec import TranscribeOptions
 from jobs.tune.measure import Measurement, _item_key, _stem
 
 _REFERENCE_FILES = ("references.tsv", "references.jsonl", "references.txt")
-
-
-def _words(text: str) -> list[str]:
-    text = text.lower().replace("-", " ")
-    return text.translate(str.maketrans("", "", string.punctuation)).split()
-
-
-def edit_distance(ref: list[str], hyp: list[str]) -> int:
-    d = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        prev, d[0] = d[0], i
-        for j, h in enumerate(hyp, 1):
-            cur = min(d[j] + 1, d[j - 1] + 1, prev + (r != h))
-            prev, d[j] = d[j], cur
-    return d[len(hyp)]
 
 
 def corpus_wer(references: dict[str, str], hypotheses: dict[str, str]) -> tuple[float | None, int]:
@@ -34,12 +18,8 @@ def corpus_wer(references: dict[str, str], hypotheses: dict[str, str]) -> tuple[
     An item with a reference but no transcript (it failed in this configuration) counts as
     all words deleted.
     """
-    edits = words = 0
-    for key, ref in references.items():
-        ref_words = _words(ref)
-        edits += edit_distance(ref_words, _words(hypotheses.get(key, "")))
-        words += len(ref_words)
-    return (edits / words if words else None), len(references)
+    # One metric for tune, the tests and the benchmarks: jobs.wer (Whisper's normaliser, jiwer).
+    return wer.corpus_wer(references, hypotheses)
 
 
 def label_disagreement(

@@ -275,8 +275,9 @@ def test_without_references_the_most_accurate_configuration_is_the_reference():
 
 
 def test_word_error_rate_is_corpus_level_and_a_missing_transcript_counts_as_deletions():
-    refs = {"a": "Hello, World!", "b": "one two three four"}
-    assert corpus_wer(refs, {"a": "hello world", "b": "one two three four"}) == (0.0, 2)
+    # Not number words: Whisper's normaliser (jobs.wer) writes "one two three four" as "1234".
+    refs = {"a": "Hello, World!", "b": "the cat sat down"}
+    assert corpus_wer(refs, {"a": "hello world", "b": "the cat sat down"}) == (0.0, 2)
     assert corpus_wer(refs, {"a": "hello world"}) == (4 / 6, 2)
 
 

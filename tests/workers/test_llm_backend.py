@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from workers.llm.adapter import (
+from workers.llm.adapter import load_backend
+from workers.llm.contract import (
     FINISH_CONTEXT_EXCEEDED,
     FINISH_LENGTH,
     FINISH_STOP,
@@ -20,7 +21,6 @@ from workers.llm.adapter import (
     EngineUnavailable,
     GenerationParams,
     LLMBackend,
-    load_backend,
 )
 from workers.llm.prepare import (
     METADATA_FILE,

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from schemas.errors import ERROR_CODES
-from workers import text as text_module
 from workers.text import KINDS, InvalidTextOptions, TextOptions, TextResult, extract_text
+from workers.text import sandbox as text_module
 
 DOCS = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "docs"
 

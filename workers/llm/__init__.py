@@ -5,13 +5,8 @@ Importing this package loads neither engine: CTranslate2 loads in ``load_backend
 vLLM (with torch) only for ``backend="vllm"``.
 """
 
-from workers.llm.adapter import (
-    EngineUnavailable,
-    Generation,
-    GenerationParams,
-    LLMBackend,
-    load_backend,
-)
+from workers.llm.adapter import load_backend
+from workers.llm.contract import EngineUnavailable, Generation, GenerationParams, LLMBackend
 from workers.llm.tasks import TaskInput, TaskOutput, TaskSpec, run_task
 from workers.llm.worker import LLMWorker, LLMWorkerConfig
 
