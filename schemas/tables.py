@@ -173,3 +173,40 @@ COSTS = with_version(
     ),
     "costs",
 )
+
+# Call analytics of a split-channel call (workers.analytics defines each measure).
+SPEAKER_ANALYTICS = pa.struct(
+    [
+        pa.field("speaker", pa.string()),
+        pa.field("talk_s", pa.float64()),
+        pa.field("talk_ratio", pa.float64()),
+        pa.field("turns", pa.int32()),
+        pa.field("words", pa.int32()),
+        pa.field("words_per_minute", pa.float64()),
+        pa.field("longest_monologue_s", pa.float64()),
+        pa.field("interruptions_made", pa.int32()),
+        pa.field("interrupted", pa.int32()),
+    ]
+)
+CALL_ANALYTICS = pa.struct(
+    [
+        pa.field("duration_s", pa.float64()),
+        pa.field("talk_s", pa.float64()),
+        pa.field("non_talk_s", pa.float64()),
+        pa.field("longest_silence_s", pa.float64()),
+        pa.field("overtalk_s", pa.float64()),
+        pa.field(
+            "interruptions",
+            pa.list_(
+                pa.struct(
+                    [
+                        pa.field("by", pa.string()),
+                        pa.field("of", pa.string()),
+                        pa.field("count", pa.int32()),
+                    ]
+                )
+            ),
+        ),
+        pa.field("speakers", pa.list_(SPEAKER_ANALYTICS)),
+    ]
+)

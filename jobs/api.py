@@ -1,0 +1,141 @@
+"""The Python API: what the command line runs, for schedulers (Airflow, Dagster, Prefect) and
+notebooks. ``overnight.transcribe``, ``overnight.process`` and ``overnight.run`` are these.
+
+Options are the job spec's fields (``overnight config`` lists them), given as keyword
+arguments: a field of ``[job]`` (``run_id``, ``max_items``, ``include`` ...) goes there, any
+other to the kind's section (``[transcribe]`` or ``[process]``); ``prices`` to ``[prices]``.
+An unknown name is a ``ConfigError`` that suggests the closest field. Failures raise the
+``jobs.errors.OvernightError`` subclasses whose ``exit_code`` the command line exits with; a run
+that finishes returns its summary, also when some items failed (see ``RunSummary.failed``).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from jobs.errors import ConfigError
+
+if TYPE_CHECKING:
+    from jobs.spec import JobSpec
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """A finished run: the figures schedulers branch on, and the whole summary in ``raw``
+    (the same object the run writes to ``OUTPUT/runs/<run_id>.json``)."""
+
+    run_id: str
+    kind: str
+    items: int
+    succeeded: int
+    failed: int
+    items_already_done: int
+    cost_usd: float | None
+    wall_seconds: float | None
+    errors_by_code: dict[str, int] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def error_rate(self) -> float:
+        """Failed items over the items this run processed (0.0 when it processed none)."""
+        return self.failed / self.items if self.items else 0.0
+
+    @classmethod
+    def from_dict(cls, summary: Mapping[str, Any]) -> RunSummary:
+        return cls(
+            run_id=str(summary.get("run_id")),
+            kind=str(summary.get("kind")),
+            items=int(summary.get("items") or 0),
+            succeeded=int(summary.get("succeeded") or 0),
+            failed=int(summary.get("failed") or 0),
+            items_already_done=int(summary.get("items_already_done") or 0),
+            cost_usd=summary.get("cost_usd"),
+            wall_seconds=summary.get("wall_seconds"),
+            errors_by_code=dict(summary.get("errors_by_code") or {}),
+            raw=dict(summary),
+        )
+
+
+def execute(spec: JobSpec) -> dict[str, Any]:
+    """Run a validated spec; its summary as a dict (the command line prints this one)."""
+    if spec.job.kind == "transcribe":
+        from jobs.transcribe import run_transcribe
+
+        return run_transcribe(spec)
+    if spec.job.kind == "probe":
+        from jobs.probe import run_probe  # type: ignore[import-not-found,unused-ignore]
+
+        return run_probe(spec)
+    from jobs.process import run_chain, run_process
+
+    return run_process(spec) if spec.job.kind == "process" else run_chain(spec)
+
+
+def _overrides(kind: str, input: str, output: str, options: Mapping[str, Any]) -> dict:
+    from jobs.spec import JobSpec, RunOptions
+
+    section = "process" if kind in ("process", "chain") else kind
+    sections: dict[str, dict[str, Any]] = {"job": {"kind": kind, "input": input, "output": output}}
+    model = JobSpec.model_fields[section].annotation if section in JobSpec.model_fields else None
+    fields = getattr(model, "model_fields", {})
+    known = {**{n: "job" for n in RunOptions.model_fields}, **{n: section for n in fields}}
+    for name, value in options.items():
+        if name == "prices":
+            sections["prices"] = dict(value)
+            continue
+        where = known.get(name)
+        if where is None or name in ("kind", "input", "output"):
+            close = difflib.get_close_matches(name, list(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"overnight.{kind}() has no option {name!r}{hint}")
+        sections.setdefault(where, {})[name] = value
+    return sections
+
+
+def _spec(
+    kind: str, input: str, output: str, config: str | Path | None, options: Mapping[str, Any]
+) -> JobSpec:
+    from jobs.spec import build_spec, read_job_file
+
+    file_data = read_job_file(config) if config is not None else None
+    return build_spec(file_data, overrides=_overrides(kind, str(input), str(output), options))
+
+
+def transcribe(
+    input: str | Path, output: str | Path, *, config: str | Path | None = None, **options: Any
+) -> RunSummary:
+    """Transcribe INPUT (folder, file, URL prefix or manifest) into OUTPUT.
+
+    ``overnight.transcribe("s3://calls/2026-12-01/", "s3://out/nightly", run_id="nightly-1201",
+    batch_size=32)`` is ``overnight transcribe ... --run-id nightly-1201 --batch-size 32``.
+    """
+    return run(_spec("transcribe", str(input), str(output), config, options))
+
+
+def process(
+    input: str | Path,
+    output: str | Path,
+    *,
+    task: str = "summarize",
+    config: str | Path | None = None,
+    **options: Any,
+) -> RunSummary:
+    """Run an LLM task over documents, or over a transcripts dataset (a chained job reads
+    OUTPUT/transcripts as its input)."""
+    return run(_spec("process", str(input), str(output), config, {"task": task, **options}))
+
+
+def run(spec: JobSpec | str | Path | Mapping[str, Any]) -> RunSummary:
+    """Run a job spec: a ``JobSpec``, a spec file's path (TOML or YAML), or its sections as a
+    mapping (``{"job": {...}, "transcribe": {...}}``)."""
+    from jobs.spec import JobSpec, build_spec, read_job_file
+
+    if isinstance(spec, (str, Path)):
+        spec = build_spec(read_job_file(spec))
+    elif not isinstance(spec, JobSpec):
+        spec = build_spec(overrides=dict(spec))
+    return RunSummary.from_dict(execute(spec))

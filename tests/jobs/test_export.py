@@ -1,0 +1,111 @@
+"""Specifications for `overnight export`: one file a recording, read back by maintained parsers."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import srt
+import webvtt
+
+from jobs.errors import ConfigError, InputNotFound
+from jobs.export import export
+from schemas.tables import TRANSCRIPTS
+
+T0 = datetime(2026, 12, 1, tzinfo=UTC)
+SEGMENTS = [
+    {"start": 0.0, "end": 2.5, "text": " Thank you for calling, how can I help?", "channel": 0,
+     "speaker": "agent"},
+    {"start": 2.8, "end": 5.25, "text": " I'd like to check my order status please.",
+     "channel": 1, "speaker": "customer"},
+    {"start": 3605.5, "end": 3607.0, "text": " Of course.", "channel": 0, "speaker": "agent"},
+]
+
+
+def _row(item: str, uri: str, status: str = "ok", when: int = 0, **kw) -> dict:
+    return {
+        "item_id": item, "source_uri": uri, "status": status, "run_id": f"r{when}",
+        "processed_at": T0 + timedelta(minutes=when),
+        "text": " ".join(s["text"].strip() for s in SEGMENTS) if status == "ok" else None,
+        "segments": SEGMENTS if status == "ok" else None,
+        "duration_s": 3607.0, "channel_labels": ["agent", "customer"],
+        "error_code": None if status == "ok" else "decode_failed", **kw,
+    }
+
+
+@pytest.fixture
+def output(tmp_path: Path) -> Path:
+    out = tmp_path / "out"
+    (out / "transcripts").mkdir(parents=True)
+    rows = [
+        _row("a1", "s3://calls/2026/call-1.wav"),
+        _row("b2", "s3://calls/2026/call-2.wav", status="error"),  # never succeeded
+        _row("c3", "s3://calls/other/call-3.flac", status="error"),
+        _row("c3", "s3://calls/other/call-3.flac", when=5),  # a rerun's newer ok row
+    ]
+    for n, row in enumerate(rows):  # one commit file a row, as actor calls write them
+        pq.write_table(pa.Table.from_pylist([row], schema=TRANSCRIPTS),
+                       out / "transcripts" / f"part-{n}.parquet")
+    return out
+
+
+def test_srt_reads_back_with_the_same_cues_and_speaker_labels(output: Path, tmp_path: Path):
+    summary = export(str(output), str(tmp_path / "srt"), "srt")
+    assert summary["files"] == 2 and summary["items_without_transcript"] == 1
+    subs = list(srt.parse((tmp_path / "srt" / "call-1.srt").read_text()))
+    assert [(s.start.total_seconds(), s.end.total_seconds()) for s in subs] == [
+        (seg["start"], seg["end"]) for seg in SEGMENTS
+    ]
+    assert [s.content.replace("\n", " ") for s in subs] == [
+        f"{seg['speaker']}: {seg['text'].strip()}" for seg in SEGMENTS
+    ]
+
+
+def test_vtt_reads_back_with_the_same_cues_and_voice_labels(output: Path, tmp_path: Path):
+    export(str(output), str(tmp_path / "vtt"), "vtt")
+    captions = webvtt.read(str(tmp_path / "vtt" / "call-3.vtt"))
+    assert [(c.start, c.end) for c in captions] == [
+        ("00:00:00.000", "00:00:02.500"),
+        ("00:00:02.800", "00:00:05.250"),
+        ("01:00:05.500", "01:00:07.000"),
+    ]
+    assert [c.raw_text.replace("\n", " ") for c in captions] == [
+        f"<v {seg['speaker']}>{seg['text'].strip()}</v>" for seg in SEGMENTS
+    ]
+    assert [c.voice for c in captions] == [seg["speaker"] for seg in SEGMENTS]
+
+
+def test_txt_and_json_carry_the_dialogue(output: Path, tmp_path: Path):
+    export(str(output), str(tmp_path / "txt"), "txt")
+    lines = (tmp_path / "txt" / "call-1.txt").read_text().splitlines()
+    assert lines[0] == "[00:00:00] agent: Thank you for calling, how can I help?"
+    assert lines[2].startswith("[01:00:05] agent: Of course.")
+    export(str(output), str(tmp_path / "json"), "json")
+    doc = json.loads((tmp_path / "json" / "call-3.json").read_text())
+    assert [s["speaker"] for s in doc["segments"]] == ["agent", "customer", "agent"]
+    assert doc["run_id"] == "r5"  # the newest ok row
+
+
+def test_a_rerun_overwrites_instead_of_adding_files(output: Path, tmp_path: Path):
+    export(str(output), str(tmp_path / "e"), "srt")
+    export(str(output), str(tmp_path / "e"), "srt")
+    assert sorted(p.name for p in (tmp_path / "e").iterdir()) == ["call-1.srt", "call-3.srt"]
+
+
+def test_a_large_export_runs_as_ray_tasks_with_the_same_files(output: Path, tmp_path: Path):
+    summary = export(str(output), str(tmp_path / "ray"), "srt", ray_threshold=1)
+    assert summary["written_by"] == "ray" and summary["files"] == 2
+    export(str(output), str(tmp_path / "local"), "srt")
+    for name in ("call-1.srt", "call-3.srt"):
+        assert (tmp_path / "ray" / name).read_text() == (tmp_path / "local" / name).read_text()
+
+
+def test_bad_format_and_missing_transcripts_are_clear_errors(output: Path, tmp_path: Path):
+    with pytest.raises(ConfigError, match="srt, vtt, txt, json"):
+        export(str(output), str(tmp_path / "x"), "docx")
+    with pytest.raises(InputNotFound, match="no transcripts/"):
+        export(str(tmp_path / "empty"), str(tmp_path / "x"), "srt")
