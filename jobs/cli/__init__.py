@@ -64,6 +64,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "jobs.cli.plan",
     "jobs.cli.tune",
     "jobs.cli.show",
+    "jobs.cli.export",
 )
 
 

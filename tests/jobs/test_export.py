@@ -109,3 +109,23 @@ def test_bad_format_and_missing_transcripts_are_clear_errors(output: Path, tmp_p
         export(str(output), str(tmp_path / "x"), "docx")
     with pytest.raises(InputNotFound, match="no transcripts/"):
         export(str(tmp_path / "empty"), str(tmp_path / "x"), "srt")
+
+
+def test_the_export_command_writes_the_files_and_says_what_it_left_out(output: Path, tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "jobs.cli", "export", str(output), str(tmp_path / "d"),
+         "--format", "vtt"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "wrote 2 vtt file(s)" in done.stdout and "1 recording(s) have only error rows" in done.stdout
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["call-1.vtt", "call-3.vtt"]
+    missing = subprocess.run(
+        [sys.executable, "-m", "jobs.cli", "export", str(tmp_path / "nothing"), str(tmp_path / "e")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert missing.returncode == 4 and "Traceback" not in missing.stderr
+    assert "no transcripts/ dataset" in missing.stderr

@@ -1,0 +1,37 @@
+"""``overnight export``: transcripts as SRT, WebVTT, text or JSON files, one a recording."""
+
+from __future__ import annotations
+
+import argparse
+
+FORMATS = ("srt", "vtt", "txt", "json")  # jobs.export.FORMATS, spelled here to keep help light
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "export",
+        help="write transcripts as SRT, WebVTT, text or JSON files, one a recording",
+        description="Read OUTPUT/transcripts (the newest ok row of each recording) and write "
+        "DEST/<recording>.<format> with speaker labels, to a local folder or object storage. "
+        "A rerun overwrites the same files. Large outputs are written by Ray tasks.",
+    )
+    p.add_argument("output", metavar="OUTPUT", help="a transcription run's output (local, s3://, gs://)")
+    p.add_argument("dest", metavar="DEST", help="folder or prefix for the files")
+    p.add_argument("--format", choices=FORMATS, default="srt", help="default: srt")
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from jobs.export import export
+
+    done = export(args.output, args.dest, args.format)
+    print(
+        f"wrote {done['files']} {done['format']} file(s) to {done['destination']}"
+        + (
+            f"; {done['items_without_transcript']} recording(s) have only error rows "
+            "(see `overnight show OUTPUT --status error`)"
+            if done["items_without_transcript"]
+            else ""
+        )
+    )
+    return 0
