@@ -77,3 +77,14 @@ class OutputNotWritable(OvernightError):
     """The output location cannot be written (read-only, a file in the way, no permission)."""
 
     exit_code = 11
+
+
+class ErrorRateExceeded(OvernightError):
+    """The run finished, but more of its items failed than ``max_error_rate`` allows (a night
+    where every object answers 403 must not look like success to a scheduler)."""
+
+    exit_code = 12
+
+    def __init__(self, message: str = "", summary: dict | None = None):
+        super().__init__(message)
+        self.summary = summary or {}
