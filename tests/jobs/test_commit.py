@@ -139,3 +139,30 @@ def test_progress_lines_keep_coming_while_nothing_is_committed_and_count_tokens(
     progress.update([{"status": "error"}, {"status": "ok"}])
     last = capsys.readouterr().err.splitlines()[-1]
     assert "3/3 items (100%)" in last and "1000 tokens" in last and "1 errors" in last
+
+
+def test_a_workers_own_columns_are_committed_with_the_source_metadata_and_run_provenance():
+    schema = pa.schema(
+        [
+            pa.field("item_id", pa.string()),
+            pa.field("source_uri", pa.string()),
+            pa.field("tenant", pa.string()),
+            pa.field("text", pa.string()),
+            pa.field("options", pa.string()),
+            pa.field("run_id", pa.string()),
+            pa.field("processed_at", pa.timestamp("us", tz="UTC")),
+        ]
+    )
+    inputs = pa.table({"item_id": ["a", "b"], "uri": ["/x/a", "/x/b"], "tenant": ["t1", None]})
+    produced = pa.table({"item_id": ["a", "b"], "text": ["hello", "world"]})
+    out = commits.with_provenance(inputs, produced, schema, commits.Provenance("r1", '{"k":1}'))
+    assert out.schema.names == schema.names
+    rows = out.to_pylist()
+    assert [(r["source_uri"], r["tenant"], r["text"]) for r in rows] == [
+        ("/x/a", "t1", "hello"),
+        ("/x/b", None, "world"),
+    ]
+    assert {(r["run_id"], r["options"]) for r in rows} == {("r1", '{"k":1}')}
+    assert all(r["processed_at"] is not None for r in rows)
+    with pytest.raises(RuntimeError, match="one to one"):
+        commits.with_provenance(inputs, produced.take([1, 0]), schema, commits.Provenance("r1"))
