@@ -1,4 +1,5 @@
-"""Prices, cost apportioning, the cost ledger and run summaries.
+"""Prices, cost apportioning, the cost ledger and run summaries (writing and reading the
+datasets is ``jobs.commits``; ``read_results`` is imported here for the ledger's readers).
 
 Workers measure; this module only prices what they measured. The ledger is a pure function
 of the result rows' timing columns and the price table, so it can be recomputed and audited.
@@ -6,19 +7,15 @@ of the result rows' timing columns and the price table, so it can be recomputed 
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from jobs import storage
-from jobs.manifest import committed_ids
+from jobs.commits import committed_ids, read_results, write_table
 from schemas import COSTS, SCHEMA_VERSION
 
 # (stage, seconds column, resource column, units column, what it bought)
@@ -27,6 +24,7 @@ TRANSCRIBE_STAGES = (
     ("decode", "decode_s", "decode_resource", "decode_units"),
     ("transcribe", "asr_s", "asr_resource", "asr_units"),
 )
+PROBE_STAGES = (("probe", "probe_s", "probe_resource", None),)
 DOCUMENT_STAGES = (
     ("fetch", "fetch_s", "extract_resource", None),
     ("extract", "extract_s", "extract_resource", None),
@@ -99,27 +97,9 @@ _LEDGER_COLUMNS = (
     "llm_s",
     "llm_resource",
     "llm_units",
+    "probe_s",
+    "probe_resource",
 )
-
-
-def read_results(
-    dataset: storage.Location, columns: list[str] | None = None, run_id: str | None = None
-) -> pa.Table | None:
-    """Read a result dataset (transcripts/ or results/) written by overnight."""
-    files = storage.list_files(dataset, ".parquet")
-    if not files:
-        return None
-
-    def read(path: str) -> pa.Table:
-        with dataset.fs.open(path, "rb") as f:
-            pf = pq.ParquetFile(f)
-            cols = None if columns is None else [c for c in columns if c in pf.schema_arrow.names]
-            return pf.read(columns=cols)
-
-    table = pa.concat_tables(storage.map_threads(read, files), promote_options="default")
-    if run_id is not None:
-        table = table.filter(pc.equal(table["run_id"], run_id))
-    return table
 
 
 def catch_up(
@@ -140,18 +120,6 @@ def catch_up(
     if ledger.num_rows:
         write_table(costs_loc, ledger)
     return ledger
-
-
-def write_table(dataset: storage.Location, table: pa.Table) -> str:
-    """Commit one Parquet file, named by its content's item ids, atomically."""
-    digest = hashlib.sha256(
-        "\n".join(sorted(set(table["item_id"].to_pylist()))).encode()
-    ).hexdigest()[:24]
-    loc = dataset.join(f"part-{digest}.parquet")
-    buf = io.BytesIO()
-    pq.write_table(table, buf, compression="zstd")
-    storage.write_bytes_atomic(loc, buf.getvalue())
-    return loc.url()
 
 
 def summarize_run(

@@ -252,23 +252,3 @@ def write_manifest(output: storage.Location, run_id: str, table: pa.Table) -> st
     pq.write_table(table, buf)
     storage.write_bytes_atomic(loc, buf.getvalue())
     return loc.url()
-
-
-def committed_files(dataset: storage.Location) -> dict[str, list[str]]:
-    """The complete Parquet files of a result dataset and the item ids each holds.
-
-    Files appear atomically (see ``storage.write_bytes_atomic``), so every file listed is a
-    commit; an unreadable one would be a bug and is reported, not skipped.
-    """
-    files = storage.list_files(dataset, ".parquet")
-
-    def read(path: str) -> list[str]:
-        with dataset.fs.open(path, "rb") as f:
-            return pq.read_table(f, columns=["item_id"]).column("item_id").to_pylist()
-
-    return dict(zip(files, storage.map_threads(read, files), strict=True)) if files else {}
-
-
-def committed_ids(dataset: storage.Location) -> set[str]:
-    """Item ids in the complete Parquet files of a result dataset."""
-    return {i for ids in committed_files(dataset).values() for i in ids}

@@ -1,34 +1,24 @@
-"""What every overnight Ray Data job shares: Ray start-up, the run's manifest, the commit
-protocol (claim, committing actor, duplicate repair), progress, the run loop and its
-invariant, and turning Ray's wrapped errors back into ours.
-
-Both jobs have the same shape: the driver claims the result dataset, lists the input,
-subtracts what is already committed, records the rest as the run's manifest, and Ray Data
-runs ``manifest blocks → CPU stage (tasks) → model stage (actor pool, commits each batch)``.
-The driver only iterates the slim rows the model stage returns, then repairs any item a
-dying earlier run committed twice.
+"""The Ray side of the runner (``jobs.runner``): Ray start-up, fetching an item's bytes, the
+run's manifest as Ray Data blocks, progress, the start-up timeline, the run loop with its
+one-row-per-item invariant, and turning Ray's wrapped errors back into ours. The commit
+protocol is ``jobs.commits``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import posixpath
-import secrets
 import sys
 import threading
 import time
-from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from jobs import ledger, manifest, storage
-from jobs.errors import EngineFailed, ModelNotFound, OvernightError, Superseded
+from jobs import storage
+from jobs.commits import ACTOR_STARTED, MODEL_READY
+from jobs.errors import EngineFailed, ModelNotFound, OvernightError
 from schemas import ErrorCode
 
 
@@ -160,146 +150,6 @@ def manifest_dataset(
     write_manifest(output, run_id, table)
     blocks = [table.slice(i, rows_per_block) for i in range(0, table.num_rows, rows_per_block)]
     return ray.data.from_arrow(blocks or [table.schema.empty_table()])
-
-
-# One writer per result dataset. A driver that dies (killed, node lost) leaves its Ray
-# actors running for a few seconds until they notice; one that finishes its batch meanwhile
-# would commit items the next run has already listed as missing: the same item twice.
-
-
-def claim_file(dataset: storage.Location) -> storage.Location:
-    """OUTPUT/_claims/<dataset>.json: beside the dataset, so its folder holds only Parquet."""
-    parent, name = posixpath.split(dataset.path.rstrip("/"))
-    return storage.Location(
-        dataset.fs, posixpath.join(parent, "_claims", f"{name}.json"), dataset.scheme
-    )
-
-
-def claim(dataset: storage.Location, run_id: str) -> str:
-    """Make this run the only writer of ``dataset``; returns the token its commits carry.
-
-    Call before listing what is committed: any writer of an earlier run that is still alive
-    fails its next commit (``check_claim``) instead of adding rows this run will also write.
-    """
-    token = f"{run_id}:{secrets.token_hex(8)}"  # fresh per attempt: a rerun may reuse run_id
-    body = json.dumps({"run_id": run_id, "token": token, "claimed_at": time.time()})
-    storage.write_bytes_atomic(claim_file(dataset), body.encode())
-    return token
-
-
-def check_claim(dataset: storage.Location, token: str) -> None:
-    """Raise ``Superseded`` unless the run holding ``token`` is still the dataset's writer."""
-    try:
-        current = json.loads(storage.read_location(claim_file(dataset)))
-    except FileNotFoundError:
-        current = {}
-    if current.get("token") != token:
-        raise Superseded(
-            f"a later run ({current.get('run_id', 'unknown')}) took over "
-            f"{storage.redact(dataset.url())}; this run stopped before writing an item twice. "
-            "Its finished items are kept. Run one job per output at a time."
-        )
-
-
-def drop_duplicates(dataset: storage.Location, schema: pa.Schema, keep_run: str) -> int:
-    """Leave one row per item in ``dataset``; returns how many rows were removed.
-
-    The claim closes the window in which a dying run's writer can commit late, but cannot
-    close it entirely (a writer may pass its check just before the new claim). Every run
-    ends with this repair: an item with rows in several files keeps the row of ``keep_run``
-    (the run whose summary counts it), else the one in the first file by name. A file that
-    loses rows is rewritten under its new content name before the old one is deleted, so a
-    crash in between leaves a duplicate for the next run to repair, never a loss.
-    """
-    files = manifest.committed_files(dataset)
-    where: dict[str, list[str]] = defaultdict(list)
-    for path, ids in files.items():
-        for item in ids:
-            where[item].append(path)
-    doubled = {item: paths for item, paths in where.items() if len(paths) > 1}
-    if not doubled:
-        return 0
-    tables = {
-        path: _read_part(dataset, path)
-        for path in sorted({p for ps in doubled.values() for p in ps})
-    }
-    runs = {
-        path: dict(zip(t["item_id"].to_pylist(), t["run_id"].to_pylist(), strict=True))
-        for path, t in tables.items()
-    }
-    drop: dict[str, set[str]] = defaultdict(set)  # path -> item ids to remove there
-    for item, paths in doubled.items():
-        mine = [p for p in sorted(paths) if runs[p][item] == keep_run]
-        keeper = (mine or sorted(paths))[0]
-        for p in paths:
-            if p != keeper:
-                drop[p].add(item)
-    removed = 0
-    for path, items in drop.items():
-        table = tables[path]
-        rest = table.filter(pc.invert(pc.is_in(table["item_id"], pa.array(sorted(items)))))
-        if rest.num_rows:
-            ledger.write_table(dataset, rest.select(schema.names).cast(schema))
-        storage.delete(storage.Location(dataset.fs, path, dataset.scheme))
-        removed += table.num_rows - rest.num_rows
-    return removed
-
-
-def _read_part(dataset: storage.Location, path: str) -> pa.Table:
-    with dataset.fs.open(path, "rb") as f:
-        return pq.read_table(f)
-
-
-def commit(
-    table: pa.Table, dataset: storage.Location, schema: pa.Schema, slim: Sequence[str]
-) -> pa.Table:
-    """Validate against the schema, write one file atomically, return the slim rows."""
-    table = table.select(schema.names).cast(schema)
-    ids = table["item_id"].to_pylist()
-    if len(set(ids)) != len(ids):
-        raise RuntimeError("a batch holds the same item twice: the manifest must have unique ids")
-    ledger.write_table(dataset, table)
-    return table.select(list(slim))
-
-
-class CommittingActor:
-    """A model worker plus the commit of each batch it finishes.
-
-    Committing inside the actor call, rather than in a later stage, makes every finished
-    batch durable at once: Ray Data coalesces small output rows into large blocks, so a
-    separate sink stage would only see (and write) them when the whole task ends, and a
-    killed run would lose all of it.
-    """
-
-    def __init__(
-        self,
-        make_worker: Callable[[], Callable[[pa.Table], pa.Table]],
-        dataset: storage.Location,
-        schema: pa.Schema,
-        slim: Sequence[str],
-        token: str,
-    ):
-        # Wall-clock times (epoch seconds, comparable across the cluster's processes) of
-        # the actor's start and of its model being ready: the start-up the first result
-        # waits for, reported in the run summary's ``startup``.
-        self.started_at = time.time()
-        self.worker = make_worker()
-        self.ready_at = time.time()
-        self.dataset, self.schema, self.slim, self.token = dataset, schema, tuple(slim), token
-
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        finished = self.worker(batch)
-        # Checked after the model, right before the write: the window a dying run's actor
-        # has to commit after a new run's claim is one small read long.
-        check_claim(self.dataset, self.token)
-        slim = commit(finished, self.dataset, self.schema, self.slim)
-        n = slim.num_rows
-        slim = slim.append_column(ACTOR_STARTED, pa.array([self.started_at] * n, pa.float64()))
-        return slim.append_column(MODEL_READY, pa.array([self.ready_at] * n, pa.float64()))
-
-
-# Driver-only columns of the rows an actor returns (never committed): see CommittingActor.
-ACTOR_STARTED, MODEL_READY = "_actor_started_at", "_model_ready_at"
 
 
 class Progress:

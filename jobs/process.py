@@ -1,16 +1,15 @@
-"""The document job: documents or transcripts → text → LLM actors → results, costs, summary.
+"""The document job, as a plan for the runner (``jobs.runner``): documents or transcripts →
+text → LLM actors → OUTPUT/results, costs, summary.
 
-Same shape and guarantees as the transcription job (``jobs.pipeline``):
-
-    manifest blocks (recorded in OUTPUT/_manifests/)           documents, or transcript rows
-      → map_batches(fetch_and_extract)                         CPU tasks: bytes → text
-      → map_batches(CommittingActor(LLMWorker), actor pool)    one model per actor; whole
-                                                               batches through the engine;
-                                                               each batch committed atomically
-      → driver: progress, one-row-per-item check, ledger, summary
+    manifest blocks (recorded in OUTPUT/_manifests/)    documents, or transcript rows
+      → fetch_and_extract                                CPU tasks: bytes → text
+                                                         (``schemas.stages.DOC_INPUT``)
+      → LLMWorker, actor pool                            one engine per actor; each call
+                                                         committed as one Parquet file
 
 Each result row is one (document, task); its ``item_id`` hashes the source item id and the
-task, so several tasks over the same documents, reruns and resumes never collide.
+task, so several tasks over the same documents, reruns and resumes never collide. Tasks are
+built by their registry (``workers.llm.tasks.TASKS``).
 
 A chained job (``kind = "chain"``) transcribes first, then runs each task over the
 transcripts just written: the dialogue of each call is the document.
@@ -18,45 +17,27 @@ transcripts just written: the dialogue of each call is the document.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
-import sys
-import time
 from dataclasses import replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from jobs import ledger, pipeline, preflight, sizing, storage
+from jobs import commits, ledger, pipeline, preflight, runner, sizing, storage
 from jobs.errors import ConfigError
-from jobs.manifest import Listing, Selection, committed_ids, select_items
+from jobs.manifest import Listing, Selection, select_items
 from jobs.spec import JobSpec, ProcessOptions
-from schemas import DOCUMENT_RESULTS, MANIFEST, ErrorCode
+from jobs.stage import Stage
+from schemas import DOCUMENT_RESULTS, ErrorCode
+from schemas.stages import DOC_INPUT, LLM_OUTPUT
 from workers.llm.adapter import EngineUnavailable
-from workers.llm.tasks import READY_TASKS, TaskSpec, TaskSpecError
+from workers.llm.tasks import TaskParams, TaskSpec, TaskSpecError, build_task
 from workers.llm.worker import LLMWorker, LLMWorkerConfig
 from workers.text import DOCUMENT_EXTENSIONS, TextOptions, extract_text
 
-# In flight from the manifest to the LLM stage: the manifest plus the document's text and
-# state. For transcript inputs the text is already there and extraction is skipped.
-DOC_INPUT = pa.schema(
-    [
-        *MANIFEST,
-        pa.field("source_item_id", pa.string()),
-        pa.field("text", pa.large_string()),
-        pa.field("status", pa.string()),
-        pa.field("error_code", pa.string()),
-        pa.field("error_message", pa.string()),
-        pa.field("fetch_s", pa.float64()),
-        pa.field("extract_s", pa.float64()),
-        pa.field("extract_resource", pa.string()),
-        pa.field("document_chars", pa.int64()),
-    ]
-)
 _SLIM = [
     "item_id",
     "status",
@@ -88,52 +69,23 @@ def _load_json_or_path(value: dict | str, what: str) -> dict:
 
 
 def task_spec(name: str, opts: ProcessOptions) -> TaskSpec:
-    """Build one validated task from the job's [process] section."""
-    common: dict[str, Any] = {"max_new_tokens": opts.max_new_tokens}
-    try:
-        if name in READY_TASKS:
-            if name == "compliance":
-                return READY_TASKS[name](opts.required_phrases, **common)
-            if name == "call_summary":
-                return READY_TASKS[name](opts.summary_words, **common)
-            return READY_TASKS[name](**common)
-        if name == "summarize":
-            return TaskSpec(
-                kind="summarize",
-                summary_words=opts.summary_words,
-                instructions=opts.instructions,
-                **common,
-            )
-        if name == "extract":
-            if opts.schema_ is None:
-                raise ConfigError(
-                    "process.schema: the extract task needs the fields as a JSON schema (--schema FILE)"
-                )
-            return TaskSpec(
-                kind="extract",
-                json_schema=_load_json_or_path(opts.schema_, "schema"),
-                instructions=opts.instructions,
-                **common,
-            )
-        if name == "classify":
-            return TaskSpec(
-                kind="classify", labels=tuple(opts.labels), instructions=opts.instructions, **common
-            )
-        if name == "prompt":
-            if not opts.prompt:
-                raise ConfigError(
-                    "process.prompt: the prompt task needs a template with {text} (--prompt FILE)"
-                )
-            template = Path(opts.prompt).read_text() if os.path.isfile(opts.prompt) else opts.prompt
-            return TaskSpec(
-                kind="prompt", template=template, instructions=opts.instructions, **common
-            )
-    except TaskSpecError as exc:
-        raise ConfigError(f"process: {exc}") from None
-    raise ConfigError(
-        f"process.task: unknown task {name!r}; use summarize, extract, classify, prompt or one of "
-        f"{', '.join(READY_TASKS)}"
+    """Build one validated task from the job's [process] section (files read here)."""
+    template = opts.prompt
+    if template and os.path.isfile(template):
+        template = Path(template).read_text()
+    params = TaskParams(
+        max_new_tokens=opts.max_new_tokens,
+        instructions=opts.instructions,
+        summary_words=opts.summary_words,
+        json_schema=None if opts.schema_ is None else _load_json_or_path(opts.schema_, "schema"),
+        labels=tuple(opts.labels),
+        template=template,
+        required_phrases=tuple(opts.required_phrases),
     )
+    try:
+        return build_task(name, params)
+    except TaskSpecError as exc:
+        raise ConfigError(f"process.{exc}") from None
 
 
 def result_id(source_item_id: str, task: str) -> str:
@@ -159,7 +111,7 @@ def _is_transcripts(url: str) -> storage.Location | None:
 
 
 def _transcript_records(dataset: storage.Location, task: str) -> list[dict[str, Any]]:
-    table = ledger.read_results(
+    table = commits.read_results(
         dataset,
         [
             "item_id",
@@ -262,26 +214,19 @@ def fetch_and_extract(
     return pa.Table.from_pylist(out, schema=DOC_INPUT)
 
 
-class _ResultRows:
-    """LLMWorker plus the provenance columns of a results row."""
+class _TaskRows:
+    """LLMWorker whose rows all name their task and model, also those failed upstream
+    (extraction, transcription): a results row always says what it was for."""
 
-    def __init__(self, config: LLMWorkerConfig, run_id: str, options_json: str):
+    def __init__(self, config: LLMWorkerConfig):
         self.worker = LLMWorker(config)
-        self.run_id, self.options_json = run_id, options_json
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         out = self.worker(batch)
-        n = out.num_rows
-        # Rows that failed before the model (extraction, transcription) still name their task.
         for name, value in (("task", self.worker.task.task_name), ("model", self.worker.model)):
-            column = out.column_names.index(name)
-            out = out.set_column(column, name, pa.array([value] * n, pa.string()))
-        out = out.append_column("source_uri", out["uri"]).append_column("source_size", out["size"])
-        out = out.append_column("source_etag", out["etag"])
-        out = out.append_column("run_id", pa.array([self.run_id] * n, pa.string()))
-        out = out.append_column("options", pa.array([self.options_json] * n, pa.string()))
-        now = pa.array([datetime.now(UTC)] * n, pa.timestamp("us", tz="UTC"))
-        return out.append_column("processed_at", now)
+            column = pa.array([value] * out.num_rows, pa.string())
+            out = out.set_column(out.column_names.index(name), name, column)
+        return out
 
 
 # The spec's names for the pool fields that jobs.sizing fills.
@@ -357,20 +302,15 @@ def _run_task(
     spec: JobSpec, input_url: str, task_name: str, model_path: str | None = None
 ) -> dict[str, Any]:
     """Run one task over every document of the input; returns the run summary."""
-    import ray
+    return runner.run(process_plan(spec, input_url, task_name, model_path))
 
-    started = time.monotonic()
-    startup = pipeline.Startup()
+
+def process_plan(
+    spec: JobSpec, input_url: str, task_name: str, model_path: str | None = None
+) -> runner.JobPlan:
     opts = spec.process
     task = task_spec(task_name, opts)
-    run_id = (
-        spec.run_id
-        if len(opts.tasks) == 1 and spec.job.kind == "process"
-        else f"{spec.run_id}-{task_name}"
-    )
-    output = storage.resolve(spec.job.output)
-    results = output.join("results")
-
+    single = len(opts.tasks) == 1 and spec.job.kind == "process"
     transcripts = _is_transcripts(input_url)
     listing = Listing([])
     if not transcripts:
@@ -383,136 +323,92 @@ def _run_task(
         if transcripts
         else _document_records(listing, task_name)
     )
-    token = pipeline.claim(results, run_id)  # before listing: see pipeline.claim
-    done = committed_ids(results)
-    todo = [r for r in records if r["item_id"] not in done]
-    pending = todo[: spec.job.max_items] if spec.job.max_items is not None else todo
-    startup.mark("list")
-
-    if pending:
-        pipeline.ensure_ray(spec.job.ray_address, verbose=spec.job.verbose)
-        startup.mark("ray")
-        device = (
-            opts.device
-            if opts.device != "auto"
-            else ("cuda" if pipeline.cluster_has_gpu() else "cpu")
-        )
-        pool = llm_pool(opts, device, sizing.nodes_of_cluster())
-    else:  # nothing to do: no Ray at all (it would take most of a no-op rerun's time)
-        device = "cpu" if opts.device == "auto" else opts.device
-        pool = llm_pool(opts, device, [])
-    if spec.job.progress and pending:
-        print(
-            f"[overnight] {task_name} on {opts.backend}: {pool.describe('LLM', 'text extraction')}",
-            file=sys.stderr,
-            flush=True,
-        )
-    config = replace(_worker_config(opts, task, device, pool), model_path=model_path)
+    input_kind = "transcripts" if transcripts else "documents"
     items_per_call, calls_per_actor = opts.call_shape
-    options_json = json.dumps(
-        {
-            **config.options(),
-            "device": device,
-            "input_kind": "transcripts" if transcripts else "documents",
-            "items_per_call": items_per_call,
-            "calls_per_actor": calls_per_actor,
-        },
-        sort_keys=True,
-        default=str,
-    )
 
-    outcome = pipeline.Outcome()
-    if pending:
-        actor_args: dict[str, Any] = {
-            "num_cpus": pool.cpus_per_actor,
-            "num_gpus": pool.gpus_per_actor,
-        }
-        if opts.accelerator_type:
-            actor_args["accelerator_type"] = opts.accelerator_type
-        ds = (
-            pipeline.manifest_dataset(
-                output, run_id, pa.Table.from_pylist(pending, schema=DOC_INPUT)
-            )
-            .map_batches(
-                fetch_and_extract,  # type: ignore[arg-type]  # Ray's stubs want one argument; fn_kwargs gives the rest
-                fn_kwargs={
-                    "options": text_options(opts),
-                    "max_bytes": int(opts.max_file_mb * 2**20),
-                    "storage_config": storage.StorageConfig.from_env(),
-                },
-                batch_format="pyarrow",
-                batch_size=None,
-                num_cpus=pool.task_cpus,
-            )
-            .map_batches(
-                pipeline.CommittingActor,
-                fn_constructor_kwargs={
-                    "make_worker": functools.partial(_ResultRows, config, run_id, options_json),
-                    "dataset": results,
-                    "schema": DOCUMENT_RESULTS,
-                    "slim": _SLIM,
-                    "token": token,
-                },
-                batch_format="pyarrow",
-                batch_size=items_per_call,
-                compute=ray.data.ActorPoolStrategy(
-                    size=pool.actors,
-                    max_concurrent_calls_per_actor=calls_per_actor,
-                    enable_true_multi_threading=calls_per_actor > 1,
-                    max_tasks_in_flight_per_actor=2 * calls_per_actor,
-                ),
-                **actor_args,
-            )
+    def build(at: runner.Placement) -> runner.Build:
+        pool = at.pool
+        config = replace(_worker_config(opts, task, at.device, pool), model_path=model_path)
+        options_json = json.dumps(
+            {
+                **config.options(),
+                "device": at.device,
+                "input_kind": input_kind,
+                "items_per_call": items_per_call,
+                "calls_per_actor": calls_per_actor,
+            },
+            sort_keys=True,
+            default=str,
         )
-        startup.mark("manifest")
-        outcome = pipeline.execute(
-            ds,
-            {r["item_id"] for r in pending},
-            pipeline.Progress(len(pending), spec.job.progress),
-            (EngineUnavailable,),
+        extract = Stage(
+            "extract",
+            fetch_and_extract,
+            consumes=DOC_INPUT,
+            produces=DOC_INPUT,
+            kwargs={
+                "options": text_options(opts),
+                "max_bytes": int(opts.max_file_mb * 2**20),
+                "storage_config": storage.StorageConfig.from_env(),
+            },
+            num_cpus=pool.task_cpus,
         )
-
-    rows = outcome.rows
-    repaired = pipeline.drop_duplicates(results, DOCUMENT_RESULTS, run_id)
-    costs = ledger.catch_up(output, "results", spec.prices, ledger.DOCUMENT_STAGES)
-    resource = next((r["llm_resource"] for r in rows if r["llm_resource"]), None)
-    summary = ledger.summarize_run(
-        run_id=run_id,
-        kind="process",
-        rows=rows,
-        ledger=costs,
-        listed=len(records),
-        already_done=len(records) - len(todo),
-        wall_s=time.monotonic() - started,
-        pipeline_wall_s=outcome.pipeline_s,
-        model_actors=pool.actors if pending else 0,
-        model_resource=resource or opts.resource or ("gpu" if device == "cuda" else "cpu"),
-        model_units=config.units or 1.0,
-        prices=spec.prices,
-        extra={
-            "task": task_name,
-            "input": storage.redact(input_url),
-            "output": storage.redact(spec.job.output),
-            "input_kind": "transcripts" if transcripts else "documents",
-            "duplicates_removed": repaired,
-            "skipped": listing.skipped,
-            "skipped_examples": listing.skipped_examples,
-            "backend": opts.backend,
-            "model": opts.model or f"{opts.backend}:default",
-            "device": device,
-            "startup": startup.report(outcome),
-            "options": {
+        llm = Stage(
+            "llm",
+            _TaskRows,
+            consumes=DOC_INPUT,
+            produces=pa.schema([*DOC_INPUT, *LLM_OUTPUT]),
+            kwargs={"config": config},
+            num_cpus=pool.cpus_per_actor,
+            num_gpus=pool.gpus_per_actor,
+            accelerator_type=opts.accelerator_type,
+            actors=pool.actors,
+            calls_per_actor=calls_per_actor,
+            batch_size=items_per_call,
+        )
+        return runner.Build(
+            stages=[extract, llm],
+            model_resource=opts.resource or ("gpu" if at.device == "cuda" else "cpu"),
+            model_units=config.units or 1.0,
+            options={
                 **opts.model_dump(mode="json", by_alias=True),
                 **sizing.record(pool),
                 "items_per_call": items_per_call,
                 "calls_per_actor": calls_per_actor,
             },
-            "results": results.url(),
-            "costs": output.join("costs").url(),
-        },
+            row_options=options_json,
+        )
+
+    def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "task": task_name,
+            "input": storage.redact(input_url),
+            "input_kind": input_kind,
+            "skipped": listing.skipped,
+            "skipped_examples": listing.skipped_examples,
+            "backend": opts.backend,
+            "model": opts.model or f"{opts.backend}:default",
+        }
+
+    return runner.JobPlan(
+        spec=spec,
+        kind="process",
+        run_id=spec.run_id if single else f"{spec.run_id}-{task_name}",
+        dataset="results",
+        schema=DOCUMENT_RESULTS,
+        slim=_SLIM,
+        records=records,
+        manifest_schema=DOC_INPUT,
+        device=opts.device,
+        size=lambda device, nodes: llm_pool(opts, device, nodes),
+        build=build,
+        ledger_stages=ledger.DOCUMENT_STAGES,
+        resource_column="llm_resource",
+        load_errors=(EngineUnavailable,),
+        describe=lambda pool: (
+            f"{task_name} on {opts.backend}: {pool.describe('LLM', 'text extraction')}"
+        ),
+        summary=summary,
     )
-    summary["summary_path"] = ledger.write_summary(output, summary)
-    return summary
 
 
 def run_chain(spec: JobSpec) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from jobs.errors import ConfigError
-from workers.whisper import BUNDLED_MODEL as BUNDLED_WHISPER
+from workers.whisper_options import DecodingOptions
 
 # USD per hour for one unit (one GPU, or one CPU core). Sources, December 2026:
 # H100: the price the product is sized against (GPU clouds list $2.7-4/h; AWS p5 ~$6.88/h);
@@ -45,33 +45,13 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
-class TranscribeOptions(_Model):
-    """``[transcribe]``: speech recognition."""
+class TranscribeOptions(DecodingOptions):
+    """``[transcribe]``: speech recognition. The model and decoding fields are
+    ``workers.whisper_options.DecodingOptions`` (declared there once, passed to the worker as
+    they are); the fields below shape decoding, the pool and the run."""
 
-    model: str = Field(
-        BUNDLED_WHISPER,
-        description="faster-whisper model: a size name (large-v3, large-v3-turbo, distil-large-v3), "
-        "a hub repository id, a local CTranslate2 folder, or 'bundled:tiny.en' (the embedded default)",
-    )
-    device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto", description="auto: cuda when a GPU is visible"
-    )
-    compute_type: str = Field(
-        "auto", description="CTranslate2 compute type; auto: float16 on cuda, int8 on cpu"
-    )
-    batch_size: int = Field(
-        16,
-        ge=1,
-        le=512,
-        description="30-second chunks per model forward pass, filled across recordings",
-    )
-    beam_size: int = Field(5, ge=1, le=16, description="beam width (1 = greedy)")
-    language: str | None = Field(
-        None, description="force a language code; default: the item's `language`, else detect"
-    )
-    timestamps: bool = Field(
-        False, description="segment timestamps inside a chunk (else one segment per VAD chunk)"
-    )
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
     chunk_length_s: int = Field(
         30, ge=5, le=30, description="longest chunk of speech fed to the model"
     )
@@ -119,12 +99,6 @@ class TranscribeOptions(_Model):
         description="decode, VAD and features of one recording longer fail with "
         "error_code=decode_timeout",
     )
-    no_speech_threshold: float = Field(
-        0.6, ge=0, le=1, description="drop a segment above this no-speech probability..."
-    )
-    log_prob_threshold: float = Field(
-        -1.0, description="...when its average log-probability is also below this"
-    )
     cpu_threads: int = Field(
         0,
         ge=0,
@@ -135,24 +109,6 @@ class TranscribeOptions(_Model):
         ge=0,
         description="model batches an actor runs at once (0: on CPU one per core it holds, "
         "on a GPU 1); on CPU several one-thread workers outrun one multi-thread worker",
-    )
-    window_step_s: int = Field(
-        30,
-        ge=0,
-        le=30,
-        description="encoder window: each chunk is padded to the next multiple of N s; 30 (or "
-        "0): Whisper's trained 30 s, as faster-whisper does. 10: less encoder work on short "
-        "calls (1.26x the job's throughput on 60 real-speech clips) at a cost in accuracy "
-        "(WER 8.4% against 5.5%; +0.08 points on synthesized calls): an SLA trade for "
-        "`overnight tune`, not a default (README Benchmarks)",
-    )
-    encoder_batch_size: int = Field(
-        0,
-        ge=0,
-        le=512,
-        description="CPU: chunks per encoder pass, the batch still decoded at once (0: 1; the "
-        "encoder's activations grow with batch x window and leave the caches: one at a time "
-        "encoded 1.9x faster than whole batches of 32). A GPU always encodes the whole batch",
     )
     actors: int | None = Field(
         None,
@@ -196,8 +152,8 @@ class ProcessOptions(_Model):
 
     task: str | list[str] = Field(
         "summarize",
-        description="summarize | extract | classify | prompt | call_summary | disposition | "
-        "promise_to_pay | compliance; a list runs each (one result row per document and task)",
+        description="a task of workers.llm.tasks.TASKS (listed below); a list runs each (one "
+        "result row per document and task)",
     )
     schema_: dict[str, Any] | str | None = Field(
         None,
@@ -324,6 +280,16 @@ class ProcessOptions(_Model):
     def tasks(self) -> list[str]:
         return [self.task] if isinstance(self.task, str) else list(self.task)
 
+    @field_validator("task")
+    @classmethod
+    def _known_tasks(cls, task: str | list[str]) -> str | list[str]:
+        from workers.llm.tasks import TASK_NAMES  # the registry; imported only to validate
+
+        for name in [task] if isinstance(task, str) else task:
+            if name not in TASK_NAMES:
+                raise ValueError(f"unknown task {name!r}; use one of {', '.join(TASK_NAMES)}")
+        return task
+
     @model_validator(mode="after")
     def _gpu_share_fits(self) -> ProcessOptions:
         # vLLM takes gpu_memory_utilization of the whole card whatever share Ray gave the
@@ -346,7 +312,10 @@ class ProcessOptions(_Model):
 class RunOptions(_Model):
     """``[job]``: where, and as what."""
 
-    kind: Literal["transcribe", "process", "chain"] = Field("transcribe", description="which job")
+    kind: Literal["transcribe", "process", "chain", "probe"] = Field(
+        "transcribe",
+        description="which job (probe: read each recording's container header into probes/)",
+    )
     input: str = Field(
         ...,
         description="folder, file, URL prefix (s3://, gs://, file://) or manifest (.csv, .jsonl, .parquet)",
@@ -493,6 +462,10 @@ def reference() -> str:
             )
             lines.append(f"  {field.alias or name} = {default}  # {field.description}")
         lines.append("")
+    from workers.llm.tasks import TASK_NAMES
+
+    lines.append(f"[process] tasks: {', '.join(TASK_NAMES)}")
+    lines.append("")
     lines.append("[prices]  # USD per hour per unit; defaults:")
     lines.extend(f"  {k} = {v}" for k, v in DEFAULT_PRICES.items())
     return "\n".join(lines)

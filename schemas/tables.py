@@ -1,4 +1,4 @@
-"""pyarrow schemas of the manifest, transcripts, document results and cost ledger."""
+"""pyarrow schemas of the manifest, transcripts, document results, probes and cost ledger."""
 
 import pyarrow as pa
 
@@ -57,7 +57,7 @@ SEGMENT = pa.struct(
     ]
 )
 
-_STATUS_FIELDS = [
+STATUS_FIELDS = [
     # "ok" | "error"
     pa.field("status", pa.string(), nullable=False),
     # one of schemas.errors.ERROR_CODES when status == "error", else null
@@ -65,7 +65,7 @@ _STATUS_FIELDS = [
     pa.field("error_message", pa.string()),
 ]
 
-_PROVENANCE_FIELDS = [
+PROVENANCE_FIELDS = [
     pa.field("model", pa.string()),
     # JSON object: every option that influenced the result (effective values, not defaults).
     pa.field("options", pa.string()),
@@ -84,7 +84,7 @@ TRANSCRIPTS = with_version(
             pa.field("source_etag", pa.string()),
             *_METADATA_FIELDS,
             pa.field("channel_labels", pa.list_(pa.string())),
-            *_STATUS_FIELDS,
+            *STATUS_FIELDS,
             pa.field("text", pa.string()),
             pa.field("language", pa.string()),
             pa.field("language_probability", pa.float32()),
@@ -93,7 +93,7 @@ TRANSCRIPTS = with_version(
             pa.field("speech_s", pa.float64()),
             pa.field("segments", pa.list_(SEGMENT)),
             pa.field("num_chunks", pa.int32()),
-            *_PROVENANCE_FIELDS,
+            *PROVENANCE_FIELDS,
             # Timings for accounting. *_s are wall seconds spent on this item alone, or its
             # share of a shared batch (apportioned by audio seconds).
             pa.field("fetch_s", pa.float64()),
@@ -123,7 +123,7 @@ DOCUMENT_RESULTS = with_version(
             pa.field("source_size", pa.int64()),
             pa.field("source_etag", pa.string()),
             *_METADATA_FIELDS,
-            *_STATUS_FIELDS,
+            *STATUS_FIELDS,
             # summarize | extract | classify | prompt | a named ready task
             pa.field("task", pa.string()),
             pa.field("output_text", pa.string()),
@@ -136,7 +136,7 @@ DOCUMENT_RESULTS = with_version(
             pa.field("output_tokens", pa.int64()),
             pa.field("document_chars", pa.int64()),
             pa.field("num_chunks", pa.int32()),
-            *_PROVENANCE_FIELDS,
+            *PROVENANCE_FIELDS,
             pa.field("fetch_s", pa.float64()),
             pa.field("extract_s", pa.float64()),
             pa.field("extract_resource", pa.string()),
@@ -146,6 +146,34 @@ DOCUMENT_RESULTS = with_version(
         ]
     ),
     "document_results",
+)
+
+# One row per recording: what its container header says, read without decoding
+# (``overnight probe``); the audio hours a sizing plan (``overnight plan --audio-hours``) needs.
+PROBES = with_version(
+    pa.schema(
+        [
+            pa.field("item_id", pa.string(), nullable=False),
+            pa.field("source_uri", pa.string(), nullable=False),
+            pa.field("source_size", pa.int64()),
+            pa.field("source_etag", pa.string()),
+            *_METADATA_FIELDS,
+            *STATUS_FIELDS,
+            # The first audio stream's duration as the container states it (else the
+            # container's), in seconds; null when the header does not say.
+            pa.field("duration_s", pa.float64()),
+            pa.field("channels", pa.int16()),
+            pa.field("sample_rate", pa.int32()),
+            pa.field("codec", pa.string()),
+            # The container format, e.g. "wav", "mov,mp4,m4a,3gp,3g2,mj2".
+            pa.field("container", pa.string()),
+            pa.field("size_bytes", pa.int64()),
+            *PROVENANCE_FIELDS,
+            pa.field("probe_s", pa.float64()),
+            pa.field("probe_resource", pa.string()),
+        ]
+    ),
+    "probes",
 )
 
 COSTS = with_version(

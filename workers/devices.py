@@ -1,10 +1,13 @@
-"""What accelerator a worker holds, as a short price-table key (h100, a100, ..., gpu)."""
+"""Where a worker runs: the accelerator it holds as a short price-table key (h100, a100,
+..., gpu), the one ``auto`` device rule, and the one worker id of every dataset's rows."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
+from collections.abc import Callable
 
 # GPU product names as they appear in nvidia-smi, longest first ("a100" before "a10").
 _GPU_KINDS = (
@@ -55,3 +58,35 @@ def detect_gpu_kind() -> str:
     if first.isdigit() and int(first) < len(lines):
         lines = [lines[int(first)]]
     return gpu_kind(lines[0]) if lines else "gpu"
+
+
+def local_cuda() -> bool:
+    """Whether CTranslate2 (both engines' CPU/CUDA runtime here) sees a CUDA device."""
+    import ctranslate2
+
+    return ctranslate2.get_cuda_device_count() > 0
+
+
+def resolve_device(wanted: str, has_gpu: Callable[[], bool] = local_cuda) -> str:
+    """The one ``auto`` rule: ``cuda`` when ``has_gpu()``, else ``cpu``; any other value is
+    kept. On the driver ``has_gpu`` asks the Ray cluster, in an actor this process."""
+    if wanted != "auto":
+        return wanted
+    return "cuda" if has_gpu() else "cpu"
+
+
+def worker_id() -> str:
+    """Where a row was made, for the ``worker`` column of every dataset: the Ray node and
+    actor (or task), ``<node>/actor=<actor>``; ``host=<name> pid=<pid>`` outside Ray."""
+    fallback = f"host={socket.gethostname()} pid={os.getpid()}"
+    try:
+        import ray
+
+        if not ray.is_initialized():  # get_runtime_context() would start a local Ray
+            return fallback
+        ctx = ray.get_runtime_context()
+        actor = ctx.get_actor_id()
+        who = f"actor={actor[:12]}" if actor else f"task={ctx.get_worker_id()[:12]}"
+        return f"{ctx.get_node_id()[:12]}/{who}"
+    except Exception:
+        return fallback

@@ -21,22 +21,22 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from schemas import TRANSCRIPTS, ErrorCode
+from schemas import ErrorCode
+from schemas.stages import WHISPER_OUTPUT
 from workers.audio import FRAMES_PER_SECOND, to_original_time
-from workers.devices import detect_gpu_kind
+from workers.devices import detect_gpu_kind, resolve_device, worker_id
+from workers.whisper_options import BUNDLED_MODEL, WhisperOptions
 
 # faster-whisper names whose feature extractor uses 128 mel bins (large-v3 family); every
 # other Whisper uses 80. Decode tasks need this before any model is loaded.
 _MEL128_MARKERS = ("large-v3", "turbo")
-BUNDLED_MODEL = "bundled:tiny.en"
 
 
 class ModelLoadError(RuntimeError):
@@ -94,52 +94,9 @@ def check_model_reference(model: str) -> None:
     )
 
 
-def best_device() -> str:
-    import ctranslate2
-
-    return "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
-
-
-@dataclass(frozen=True)
-class WhisperOptions:
-    """Model and decoding options. Recorded on every row (``options`` column)."""
-
-    model: str = BUNDLED_MODEL
-    device: str = "auto"  # auto | cpu | cuda
-    compute_type: str = "auto"  # auto: float16 on cuda, int8 on cpu
-    batch_size: int = 16  # chunks per model forward pass
-    beam_size: int = 5
-    language: str | None = None  # None: the item's language, else detect (multilingual models)
-    timestamps: bool = False  # segment timestamps inside chunks (else one segment per chunk)
-    cpu_threads: int = 0  # CTranslate2 intra-op threads per model worker on CPU (0: its default)
-    # Model batches the actor runs at once (CTranslate2 ``num_workers``), each on its own
-    # ``cpu_threads`` threads. On CPU, two one-thread workers decode more per second than one
-    # two-thread worker: a beam-search step is too small to keep two threads busy.
-    model_workers: int = 1
-    # Encoder input length. N: each chunk padded only up to the next multiple of N seconds,
-    # so a 12 s call costs a 20 s encoder pass instead of 30 s. 0 (or 30): every chunk padded
-    # to Whisper's 30 s window, as the model was trained and as faster-whisper does. At 5,
-    # WER rose 0.7 points (chunks ending close to the window's edge, by a trial with extra
-    # trailing room); at the default, 10, on 600 synthesized calls, model only: 258 s
-    # instead of 365 s, WER 0.1059 vs 0.1051.
-    window_step_s: int = 30  # as the job's default (jobs.spec)
-    # Chunks per encoder pass on CPU (0: auto, 1). The encoder's activations grow with
-    # batch x window (self-attention alone is window^2 per head per chunk) and leave the
-    # caches: on 2 cores, 10 s windows, the benchmark's chunks took 8.9 s encoded one at a
-    # time, 10.1 s by 2, 11.2 s by 4, 16.6 s in batches of 32 (1 thread: 14.4 s by 1, 18.4 s
-    # by 4), while the beam search wants the whole batch. So on CPU the batch is encoded
-    # chunk by chunk and decoded at once. A GPU encodes the whole batch.
-    encoder_batch_size: int = 0
-    no_speech_threshold: float = 0.6
-    log_prob_threshold: float = -1.0
-    resource: str | None = None  # price-table key; None: detected (h100, cpu, ...)
-    units: float = 1.0  # GPUs (or CPU cores) the actor holds, for pricing
-
-
 @dataclass(frozen=True)
 class WhisperWorkerConfig:
     whisper: WhisperOptions
-    run_id: str
     # Everything else that shaped the result (audio options), merged into `options`.
     extra_options: tuple[tuple[str, Any], ...] = ()
 
@@ -398,7 +355,9 @@ def micro_batched_model(model_cls: type, micro: int) -> type:
 
 
 class WhisperWorker:
-    """``map_batches`` callable: decoded recordings in, transcript rows out (same order)."""
+    """``map_batches`` callable: decoded recordings in (``schemas.stages.DECODED``), this
+    worker's transcript columns out (``WHISPER_OUTPUT``), one row per input row, in order; the
+    runner adds the run's provenance when it commits (``jobs.commits.with_provenance``)."""
 
     def __init__(self, config: WhisperWorkerConfig, model_path: str | None = None):
         """``model_path``: a local copy of ``config.whisper.model`` (which may be a URL that
@@ -407,7 +366,7 @@ class WhisperWorker:
 
         self.config = config
         opts = config.whisper
-        self.device = best_device() if opts.device == "auto" else opts.device
+        self.device = resolve_device(opts.device)
         compute_type = opts.compute_type
         if compute_type == "auto":
             compute_type = "float16" if self.device == "cuda" else "int8"
@@ -429,9 +388,9 @@ class WhisperWorker:
             raise ModelLoadError(f"cannot load Whisper model {opts.model!r}: {exc}") from exc
         self.pipeline = BatchedInferencePipeline(self.model)
         self.resource = opts.resource or ("cpu" if self.device != "cuda" else detect_gpu_kind())
-        self.worker = _worker_id()
+        self.worker = worker_id()
         effective = {
-            **asdict(opts),
+            **opts.model_dump(),
             "device": self.device,
             "compute_type": compute_type,
             "encoder_batch_size": self.encoder_batch,
@@ -594,7 +553,6 @@ class WhisperWorker:
                 failed[c.row] = done.error
             segments[c.row].extend(self._segments(c, done.output, rows[c.row]))
 
-        now = datetime.now(UTC)
         out_rows = []
         for i, row in enumerate(rows):
             out_rows.append(
@@ -606,10 +564,9 @@ class WhisperWorker:
                     asr_s[i],
                     fills[i],
                     failed.get(i),
-                    now,
                 )
             )
-        return pa.Table.from_pylist(out_rows, schema=TRANSCRIPTS)
+        return pa.Table.from_pylist(out_rows, schema=WHISPER_OUTPUT)
 
     def _forward_isolating(
         self, part: list[_ChunkRef], language: str, failed: dict[int, str]
@@ -667,7 +624,7 @@ class WhisperWorker:
             )
         return result
 
-    def _row(self, row, segments, language, lang_prob, asr_s, fills, failure, now) -> dict:
+    def _row(self, row, segments, language, lang_prob, asr_s, fills, failure) -> dict:
         segments.sort(key=lambda s: (s["start"], s["channel"]))
         split = bool(row.get("_split"))
         if split:
@@ -680,14 +637,6 @@ class WhisperWorker:
         ok = status == "ok"
         return {
             "item_id": row["item_id"],
-            "source_uri": row["uri"],
-            "source_size": row["size"],
-            "source_etag": row["etag"],
-            "tenant": row["tenant"],
-            "submission_id": row["submission_id"],
-            "external_id": row["external_id"],
-            "metadata": row["metadata"],
-            "channel_labels": row["channel_labels"],
             "status": status,
             "error_code": code,
             "error_message": message,
@@ -700,8 +649,6 @@ class WhisperWorker:
             "num_chunks": len(row["chunks"] or []),
             "model": self.config.whisper.model,
             "options": self.options_json,
-            "run_id": self.config.run_id,
-            "processed_at": now,
             "worker": self.worker,
             "fetch_s": row["fetch_s"],
             "decode_s": row["decode_s"],
@@ -712,16 +659,3 @@ class WhisperWorker:
             "asr_units": self.config.whisper.units / self.model_workers,
             "batch_fill": float(np.mean(fills)) if fills else None,
         }
-
-
-def _worker_id() -> str:
-    try:
-        import ray
-
-        if not ray.is_initialized():  # get_runtime_context() would start a local Ray
-            return f"pid-{os.getpid()}"
-        ctx = ray.get_runtime_context()
-        actor = ctx.get_actor_id()
-        return f"{ctx.get_node_id()[:12]}/{(actor or ctx.get_worker_id())[:12]}"
-    except Exception:
-        return f"pid-{os.getpid()}"

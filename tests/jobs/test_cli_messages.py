@@ -259,7 +259,7 @@ def test_a_cached_hub_model_is_resolved_on_the_driver_without_network(tmp_path, 
         "def no_fetch(*a, **k): raise SystemExit('the actor fetched the model itself')\n"
         "ft.download_model = no_fetch\n"
         "options = WhisperOptions(model='tiny.en', device='cpu')\n"
-        "config = WhisperWorkerConfig(whisper=options, run_id='r')\n"
+        "config = WhisperWorkerConfig(whisper=options)\n"
         "worker = transcribe.whisper_worker(config, StorageConfig.from_env(), ref.path)\n"
         "print(ref.path, ref.feature_size)"
     )

@@ -7,9 +7,9 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pytest
 
-from jobs import pipeline, storage
+from jobs import commits, pipeline, storage
+from jobs.commits import committed_files
 from jobs.errors import Superseded
-from jobs.manifest import committed_files
 from tests.conftest import secrets_in
 
 SCHEMA = pa.schema(
@@ -32,8 +32,8 @@ def batch(run_id: str, *items: str) -> pa.Table:
     )
 
 
-def actor(dataset: storage.Location, token: str) -> pipeline.CommittingActor:
-    return pipeline.CommittingActor(
+def actor(dataset: storage.Location, token: str) -> commits.CommittingActor:
+    return commits.CommittingActor(
         lambda: lambda table: table, dataset, SCHEMA, ["item_id", "status"], token
     )
 
@@ -56,11 +56,11 @@ def read_all(dataset: storage.Location) -> list[dict]:
 def test_a_writer_of_an_earlier_run_cannot_commit_once_a_new_run_has_claimed_the_dataset(
     dataset,
 ):
-    old = actor(dataset, pipeline.claim(dataset, "nightly"))
+    old = actor(dataset, commits.claim(dataset, "nightly"))
     assert old(batch("nightly", "a", "b")).num_rows == 2  # the holder of the claim commits
 
     # The rerun reuses the scheduled run id: the claim still tells the two attempts apart.
-    new = actor(dataset, pipeline.claim(dataset, "nightly"))
+    new = actor(dataset, commits.claim(dataset, "nightly"))
     with pytest.raises(Superseded) as err:
         old(batch("nightly", "c"))
     assert "nightly" in str(err.value) and "one job per output" in str(err.value)
@@ -71,14 +71,14 @@ def test_a_writer_of_an_earlier_run_cannot_commit_once_a_new_run_has_claimed_the
     assert sorted(r["item_id"] for r in read_all(dataset)) == ["a", "b", "c"]
     # The claim lives beside the dataset: its folder holds only the Parquet files.
     assert all(p.endswith(".parquet") for p in storage.list_files(dataset))
-    assert storage.exists(pipeline.claim_file(dataset))
+    assert storage.exists(commits.claim_file(dataset))
 
 
 def test_late_rows_of_a_killed_run_are_removed_and_the_current_runs_rows_kept(dataset):
     for part in (batch("run-2", "x", "z"), batch("run-1", "x", "y", "w"), batch("run-2", "y")):
-        pipeline.commit(part, dataset, SCHEMA, ["item_id"])
+        commits.commit(part, dataset, SCHEMA, ["item_id"])
 
-    removed = pipeline.drop_duplicates(dataset, SCHEMA, keep_run="run-2")
+    removed = commits.drop_duplicates(dataset, SCHEMA, keep_run="run-2")
 
     assert removed == 2
     rows = {r["item_id"]: r for r in read_all(dataset)}
@@ -86,15 +86,15 @@ def test_late_rows_of_a_killed_run_are_removed_and_the_current_runs_rows_kept(da
     assert rows["x"]["run_id"] == rows["y"]["run_id"] == "run-2"  # the ones the summary counted
     assert rows["w"]["text"] == "w by run-1"  # the killed run's other item is kept
     assert sorted(len(ids) for ids in committed_files(dataset).values()) == [1, 1, 2]
-    assert pipeline.drop_duplicates(dataset, SCHEMA, keep_run="run-2") == 0  # nothing left to do
+    assert commits.drop_duplicates(dataset, SCHEMA, keep_run="run-2") == 0  # nothing left to do
 
 
 def test_duplicates_between_two_earlier_runs_keep_one_row_chosen_by_file_name(dataset):
-    pipeline.commit(batch("run-1", "x"), dataset, SCHEMA, ["item_id"])
-    pipeline.commit(batch("run-2", "x", "y"), dataset, SCHEMA, ["item_id"])
+    commits.commit(batch("run-1", "x"), dataset, SCHEMA, ["item_id"])
+    commits.commit(batch("run-2", "x", "y"), dataset, SCHEMA, ["item_id"])
     first = committed_files(dataset)
 
-    assert pipeline.drop_duplicates(dataset, SCHEMA, keep_run="run-3") == 1
+    assert commits.drop_duplicates(dataset, SCHEMA, keep_run="run-3") == 1
 
     rows = read_all(dataset)
     assert sorted(r["item_id"] for r in rows) == ["x", "y"]
@@ -139,3 +139,30 @@ def test_progress_lines_keep_coming_while_nothing_is_committed_and_count_tokens(
     progress.update([{"status": "error"}, {"status": "ok"}])
     last = capsys.readouterr().err.splitlines()[-1]
     assert "3/3 items (100%)" in last and "1000 tokens" in last and "1 errors" in last
+
+
+def test_a_workers_own_columns_are_committed_with_the_source_metadata_and_run_provenance():
+    schema = pa.schema(
+        [
+            pa.field("item_id", pa.string()),
+            pa.field("source_uri", pa.string()),
+            pa.field("tenant", pa.string()),
+            pa.field("text", pa.string()),
+            pa.field("options", pa.string()),
+            pa.field("run_id", pa.string()),
+            pa.field("processed_at", pa.timestamp("us", tz="UTC")),
+        ]
+    )
+    inputs = pa.table({"item_id": ["a", "b"], "uri": ["/x/a", "/x/b"], "tenant": ["t1", None]})
+    produced = pa.table({"item_id": ["a", "b"], "text": ["hello", "world"]})
+    out = commits.with_provenance(inputs, produced, schema, commits.Provenance("r1", '{"k":1}'))
+    assert out.schema.names == schema.names
+    rows = out.to_pylist()
+    assert [(r["source_uri"], r["tenant"], r["text"]) for r in rows] == [
+        ("/x/a", "t1", "hello"),
+        ("/x/b", None, "world"),
+    ]
+    assert {(r["run_id"], r["options"]) for r in rows} == {("r1", '{"k":1}')}
+    assert all(r["processed_at"] is not None for r in rows)
+    with pytest.raises(RuntimeError, match="one to one"):
+        commits.with_provenance(inputs, produced.take([1, 0]), schema, commits.Provenance("r1"))

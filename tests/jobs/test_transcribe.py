@@ -482,7 +482,7 @@ def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300):
 
 
 def test_a_superseded_run_exits_8_through_the_cli(tmp_path):
-    from jobs import pipeline, storage
+    from jobs import commits, storage
 
     src, out = tmp_path / "in", tmp_path / "out"
     src.mkdir()
@@ -504,7 +504,7 @@ def test_a_superseded_run_exits_8_through_the_cli(tmp_path):
             time.sleep(0.05)
         assert claim.exists(), "the run never claimed its output"
         # What a second run on the same OUTPUT does first: the first run's commits must stop.
-        pipeline.claim(storage.resolve(str(out / "transcripts")), "a-later-run")
+        commits.claim(storage.resolve(str(out / "transcripts")), "a-later-run")
         _, err = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:

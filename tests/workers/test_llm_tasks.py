@@ -17,9 +17,12 @@ from workers.llm.adapter import Generation, GenerationParams, LLMBackend, load_b
 from workers.llm.prepare import prepare_ctranslate2_from_gguf, smollm2_gguf_path
 from workers.llm.tasks import (
     DISPOSITION_LABELS,
+    TASK_NAMES,
     TaskInput,
+    TaskParams,
     TaskSpec,
     TaskSpecError,
+    build_task,
     compliance,
     conform,
     defuse,
@@ -509,3 +512,30 @@ def test_a_looping_summary_is_decoded_once_more_with_a_stronger_penalty() -> Non
     [out] = run_task(stuck, TaskSpec(kind="summarize", summary_words=20), _items("A call."))
     assert out.status == "error" and out.error_code == "invalid_output"
     assert [name for name, _ in stuck.calls] == ["generate", "generate"]
+
+
+def test_every_registered_task_builds_from_the_jobs_parameters_and_names_its_rows() -> None:
+    params = TaskParams(
+        max_new_tokens=40,
+        json_schema=NAME_AMOUNT,
+        labels=("billing", "schedule"),
+        template="Say {text}",
+        required_phrases=("this call is recorded",),
+        summary_words=30,
+    )
+    for name in TASK_NAMES:
+        task = build_task(name, params)
+        assert task.task_name == name and task.max_new_tokens == 40
+    assert build_task("call_summary", params).summary_words == 30
+    assert build_task("compliance", params).required_phrases == ("this call is recorded",)
+
+
+def test_a_task_missing_what_it_needs_or_unknown_is_refused_with_the_field_to_set() -> None:
+    with pytest.raises(TaskSpecError, match="--schema"):
+        build_task("extract", TaskParams())
+    with pytest.raises(TaskSpecError, match="--prompt"):
+        build_task("prompt", TaskParams())
+    with pytest.raises(TaskSpecError, match="required_phrases"):
+        build_task("compliance", TaskParams())
+    with pytest.raises(TaskSpecError, match="summarize, extract, classify, prompt"):
+        build_task("translate", TaskParams())

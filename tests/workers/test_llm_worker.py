@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from schemas import DOCUMENT_RESULTS
-from workers.devices import gpu_kind
+from workers.devices import gpu_kind, resolve_device, worker_id
 from workers.llm.adapter import BackendConfigError, EngineUnavailable
 from workers.llm.prepare import prepare_ctranslate2_from_gguf, smollm2_gguf_path
 from workers.llm.tasks import TaskSpec
@@ -149,3 +149,20 @@ def test_worker_runs_as_a_ray_data_actor_pool_stage(ray_local, model_dir: Path) 
 )
 def test_gpu_product_names_map_to_price_table_kinds(name: str, kind: str) -> None:
     assert gpu_kind(name) == kind
+
+
+def test_auto_device_has_one_rule_and_explicit_devices_are_kept() -> None:
+    assert resolve_device("auto", lambda: True) == "cuda"
+    assert resolve_device("auto", lambda: False) == "cpu"
+    assert resolve_device("cpu", lambda: True) == "cpu"
+    assert resolve_device("cuda", lambda: False) == "cuda"
+
+
+def test_outside_ray_the_worker_id_names_the_host_and_process(monkeypatch) -> None:
+    import os
+    import socket
+
+    import ray
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    assert worker_id() == f"host={socket.gethostname()} pid={os.getpid()}"

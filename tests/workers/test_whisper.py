@@ -10,9 +10,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from jobs.commits import Provenance, with_provenance
 from jobs.demo import espeak_available, noise, silence, speak
-from jobs.transcribe import DECODED
 from schemas import TRANSCRIPTS
+from schemas.stages import DECODED, WHISPER_OUTPUT
 from tests.conftest import wer
 from workers.audio import AudioChunker, AudioOptions
 from workers.whisper import (
@@ -92,9 +93,7 @@ def decoded_rows(audios: list[np.ndarray], options: AudioOptions | None = None) 
 @pytest.fixture(scope="module")
 def worker():
     return WhisperWorker(
-        WhisperWorkerConfig(
-            whisper=WhisperOptions(batch_size=4, beam_size=5, cpu_threads=2), run_id="t"
-        )
+        WhisperWorkerConfig(whisper=WhisperOptions(batch_size=4, beam_size=5, cpu_threads=2))
     )
 
 
@@ -107,8 +106,13 @@ def test_model_batches_are_filled_across_recordings_and_results_return_to_their_
     monkeypatch.setattr(
         worker, "_forward", lambda part, lang: calls.append(len(part)) or forward(part, lang)
     )
-    out = worker(decoded_rows(audios))
-    assert out.schema.equals(TRANSCRIPTS) and out.num_rows == len(TEXTS)
+    batch = decoded_rows(audios)
+    out = worker(batch)
+    # The worker returns its own columns; with the run's provenance they are a transcript row.
+    assert out.schema.equals(WHISPER_OUTPUT) and out.num_rows == len(TEXTS)
+    committed = with_provenance(batch, out, TRANSCRIPTS, Provenance(run_id="t"))
+    assert committed.cast(TRANSCRIPTS).schema.equals(TRANSCRIPTS)
+    assert committed["source_uri"].to_pylist() == batch["uri"].to_pylist()
     # 5 one-chunk recordings, batch size 4: two forward passes (3 + 2), not five.
     assert calls == [3, 2]
     got = [row["text"] for row in out.to_pylist()]
@@ -134,8 +138,7 @@ def test_no_transcript_repeats_a_sentence_that_the_audio_says_once():
     # third sentence twice (its chunks now go again at the full 30 s window).
     worker = WhisperWorker(
         WhisperWorkerConfig(
-            whisper=WhisperOptions(batch_size=4, beam_size=5, cpu_threads=2, window_step_s=10),
-            run_id="t",
+            whisper=WhisperOptions(batch_size=4, beam_size=5, cpu_threads=2, window_step_s=10)
         )
     )
     for lead in (0.0, 0.5, 1.0):
@@ -198,8 +201,7 @@ def test_two_model_workers_give_the_same_rows_and_price_each_batch_at_half_the_a
             WhisperWorkerConfig(
                 whisper=WhisperOptions(
                     batch_size=2, beam_size=5, cpu_threads=1, model_workers=workers, units=2.0
-                ),
-                run_id="t",
+                )
             )
         )
         rows[workers] = w(table).to_pylist()
@@ -212,7 +214,7 @@ def test_two_model_workers_give_the_same_rows_and_price_each_batch_at_half_the_a
 
 def test_a_window_step_pads_short_chunks_to_its_multiple_and_long_ones_to_thirty_seconds():
     w = WhisperWorker.__new__(WhisperWorker)
-    w.config = WhisperWorkerConfig(whisper=WhisperOptions(window_step_s=10), run_id="t")
+    w.config = WhisperWorkerConfig(whisper=WhisperOptions(window_step_s=10))
     assert [w._window_frames(f) for f in (1, 999, 1000, 1001, 2500, 2999, 3000)] == [
         1000,
         1000,
@@ -222,15 +224,14 @@ def test_a_window_step_pads_short_chunks_to_its_multiple_and_long_ones_to_thirty
         3000,
         3000,
     ]
-    w.config = WhisperWorkerConfig(whisper=WhisperOptions(window_step_s=0), run_id="t")
+    w.config = WhisperWorkerConfig(whisper=WhisperOptions(window_step_s=0))
     assert w._window_frames(500) == 3000
 
 
 def test_a_shorter_encoder_window_still_transcribes_and_batches_by_window(monkeypatch):
     w = WhisperWorker(
         WhisperWorkerConfig(
-            whisper=WhisperOptions(batch_size=8, beam_size=5, cpu_threads=2, window_step_s=10),
-            run_id="t",
+            whisper=WhisperOptions(batch_size=8, beam_size=5, cpu_threads=2, window_step_s=10)
         )
     )
     middle = [*TEXTS[1:5], TEXTS[1]]  # about 15 s of speech
@@ -255,8 +256,7 @@ def test_encoding_chunk_by_chunk_gives_the_whole_batch_encoding_and_the_same_row
     workers = {
         n: WhisperWorker(
             WhisperWorkerConfig(
-                whisper=WhisperOptions(batch_size=8, cpu_threads=2, encoder_batch_size=n),
-                run_id="t",
+                whisper=WhisperOptions(batch_size=8, cpu_threads=2, encoder_batch_size=n)
             )
         )
         for n in (1, 8)
@@ -424,9 +424,7 @@ def test_a_dead_engine_fails_every_call_in_flight_and_refuses_new_ones():
 
 def test_concurrent_calls_on_the_real_model_give_the_rows_of_separate_calls():
     w = WhisperWorker(
-        WhisperWorkerConfig(
-            whisper=WhisperOptions(batch_size=8, cpu_threads=1, model_workers=2), run_id="t"
-        )
+        WhisperWorkerConfig(whisper=WhisperOptions(batch_size=8, cpu_threads=1, model_workers=2))
     )
     tables = [
         decoded_rows([np.concatenate([silence(0.3), speak(t)]) for t in TEXTS[:3]]),
@@ -457,4 +455,4 @@ def test_an_engine_that_loads_but_cannot_compute_fails_at_load_not_batch_by_batc
 
     monkeypatch.setattr(faster_whisper.WhisperModel, "encode", broken)
     with pytest.raises(ModelLoadError, match=r"libcublas\.so\.12"):
-        WhisperWorker(WhisperWorkerConfig(whisper=WhisperOptions(cpu_threads=1), run_id="t"))
+        WhisperWorker(WhisperWorkerConfig(whisper=WhisperOptions(cpu_threads=1)))

@@ -423,6 +423,87 @@ READY_TASKS: dict[str, Callable[..., TaskSpec]] = {
 }
 
 
+# -- the task registry: every task a job can name, and how it is built ----------------------
+
+
+@dataclass(frozen=True)
+class TaskParams:
+    """A job's task parameters, files already read (``jobs.process`` reads them): the
+    ``[process]`` fields each task's constructor takes what it needs from."""
+
+    max_new_tokens: int | None = None
+    instructions: str = ""
+    summary_words: int = 100
+    json_schema: dict[str, Any] | None = None
+    labels: tuple[str, ...] = ()
+    template: str | None = None
+    required_phrases: tuple[str, ...] = ()
+
+
+def _summarize(p: TaskParams) -> TaskSpec:
+    return TaskSpec(
+        kind="summarize",
+        summary_words=p.summary_words,
+        instructions=p.instructions,
+        max_new_tokens=p.max_new_tokens,
+    )
+
+
+def _extract(p: TaskParams) -> TaskSpec:
+    if p.json_schema is None:
+        raise TaskSpecError(
+            "schema: the extract task needs the fields as a JSON schema (--schema FILE)"
+        )
+    return TaskSpec(
+        kind="extract",
+        json_schema=p.json_schema,
+        instructions=p.instructions,
+        max_new_tokens=p.max_new_tokens,
+    )
+
+
+def _classify(p: TaskParams) -> TaskSpec:
+    return TaskSpec(
+        kind="classify",
+        labels=p.labels,
+        instructions=p.instructions,
+        max_new_tokens=p.max_new_tokens,
+    )
+
+
+def _prompt(p: TaskParams) -> TaskSpec:
+    if not p.template:
+        raise TaskSpecError("prompt: the prompt task needs a template with {text} (--prompt FILE)")
+    return TaskSpec(
+        kind="prompt",
+        template=p.template,
+        instructions=p.instructions,
+        max_new_tokens=p.max_new_tokens,
+    )
+
+
+# Name → constructor. The one list of task names: the spec's help, the command line and the
+# document job read it from here.
+TASKS: dict[str, Callable[[TaskParams], TaskSpec]] = {
+    "summarize": _summarize,
+    "extract": _extract,
+    "classify": _classify,
+    "prompt": _prompt,
+    "call_summary": lambda p: call_summary(p.summary_words, max_new_tokens=p.max_new_tokens),
+    "disposition": lambda p: disposition(max_new_tokens=p.max_new_tokens),
+    "promise_to_pay": lambda p: promise_to_pay(max_new_tokens=p.max_new_tokens),
+    "compliance": lambda p: compliance(p.required_phrases, max_new_tokens=p.max_new_tokens),
+}
+TASK_NAMES: tuple[str, ...] = tuple(TASKS)
+
+
+def build_task(name: str, params: TaskParams) -> TaskSpec:
+    """The validated task ``name``; ``TaskSpecError`` names what is wrong or missing."""
+    if name not in TASKS:
+        raise TaskSpecError(f"task: unknown task {name!r}; use one of {', '.join(TASK_NAMES)}")
+    return TASKS[name](params)
+
+
 # -- prompts --------------------------------------------------------------------------------
 
 _DOC_OPEN, _DOC_CLOSE = "<document>", "</document>"

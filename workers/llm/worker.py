@@ -17,38 +17,21 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import pyarrow as pa
 
 from schemas.errors import ErrorCode
-from workers.devices import detect_gpu_kind
+from schemas.stages import LLM_OUTPUT
+from schemas.tables import STATUS_FIELDS
+from workers.devices import detect_gpu_kind, worker_id
 from workers.llm.adapter import BACKENDS, BackendConfigError, LLMBackend, load_backend
 from workers.llm.tasks import STATUS_ERROR, TaskInput, TaskSpec, run_task
 
-# Columns this worker writes, typed as in schemas.DOCUMENT_RESULTS.
-OUTPUT_FIELDS = (
-    pa.field("task", pa.string()),
-    pa.field("output_text", pa.string()),
-    pa.field("output_json", pa.string()),
-    pa.field("label", pa.string()),
-    pa.field("label_score", pa.float64()),
-    pa.field("input_tokens", pa.int64()),
-    pa.field("output_tokens", pa.int64()),
-    pa.field("num_chunks", pa.int32()),
-    pa.field("model", pa.string()),
-    pa.field("llm_s", pa.float64()),
-    pa.field("llm_resource", pa.string()),
-    pa.field("llm_units", pa.float64()),
-    pa.field("worker", pa.string()),
-)
-_STATUS_FIELDS = (
-    pa.field("status", pa.string(), nullable=False),
-    pa.field("error_code", pa.string()),
-    pa.field("error_message", pa.string()),
-)
+# Columns this worker writes (typed as in schemas.DOCUMENT_RESULTS) and the status it sets.
+OUTPUT_FIELDS = tuple(LLM_OUTPUT)
+_STATUS_FIELDS = tuple(STATUS_FIELDS)
 # Never offered to prompt templates as metadata.
 _NOT_METADATA = frozenset(
     {"text", "metadata", "segments"}
@@ -119,24 +102,18 @@ class LLMWorkerConfig:
         return data
 
 
-def _ray_context() -> tuple[str | None, dict[str, float]]:
-    """(``node=... actor=...``, assigned resources) inside a Ray worker; (None, {}) outside."""
+def _assigned_resources() -> dict[str, float]:
+    """What Ray assigned this actor (CPU, GPU); {} outside Ray."""
     try:
         import ray
     except ImportError:
-        return None, {}
+        return {}
     if not ray.is_initialized():
-        return None, {}
-    ctx = ray.get_runtime_context()
-    parts = [f"node={ctx.get_node_id()}"]
-    actor = ctx.get_actor_id()
-    if actor:
-        parts.append(f"actor={actor}")
+        return {}
     try:
-        resources = dict(ctx.get_assigned_resources())
+        return dict(ray.get_runtime_context().get_assigned_resources())
     except Exception:
-        resources = {}
-    return " ".join(parts), resources
+        return {}
 
 
 class LLMWorker:
@@ -159,8 +136,8 @@ class LLMWorker:
             engine_kwargs=dict(config.engine_kwargs),
             model_path=config.model_path,
         )
-        ray_worker, assigned = _ray_context()
-        self.worker_id = ray_worker or f"host={socket.gethostname()} pid={os.getpid()}"
+        assigned = _assigned_resources()
+        self.worker_id = worker_id()
         if config.resource is not None:
             self.resource = config.resource
         else:

@@ -1,0 +1,170 @@
+"""The probe job, as a plan for the runner (``jobs.runner``): each recording's container
+header (duration, channels, sample rate, codec, size) into OUTPUT/probes/, without decoding.
+
+    manifest blocks (recorded in OUTPUT/_manifests/)
+      → Prober, a few CPU actors          opens each object, reads its header only
+      → OUTPUT/probes, costs, runs/<run_id>.json (``audio_hours``: what
+        ``overnight plan --audio-hours`` needs)
+
+The durations are the ones the transcription job reads from the same headers, so a plan
+sized from a probe prices the audio the transcription will see.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from jobs import commits, ledger, preflight, runner, sizing, storage
+from jobs.manifest import Selection, select_items
+from jobs.spec import JobSpec
+from jobs.stage import Stage
+from schemas import MANIFEST, PROBES, ErrorCode
+from schemas.stages import PROBE_OUTPUT
+from workers.audio import MEDIA_EXTENSIONS
+from workers.devices import worker_id
+from workers.probe import ProbeError, read_header
+
+_SLIM = ["item_id", "status", "error_code", "duration_s", "probe_s", "probe_resource"]
+# Header reads wait on storage, not on a core: small actors, a few of them.
+_ACTOR_CPUS = 0.25
+_MAX_ACTORS = 4
+
+
+class Prober:
+    """``map_batches`` callable: manifest rows in, their header columns out (same order)."""
+
+    def __init__(self, storage_config: storage.StorageConfig, max_bytes: int):
+        self.storage_config, self.max_bytes = storage_config, max_bytes
+        self.worker = worker_id()
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        return pa.Table.from_pylist(
+            [self._probe(row) for row in batch.to_pylist()], schema=PROBE_OUTPUT
+        )
+
+    def _probe(self, row: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "item_id": row["item_id"],
+            "status": "ok",
+            "size_bytes": row["size"],
+            "worker": self.worker,
+            "probe_resource": "cpu",
+        }
+        t0 = time.perf_counter()
+        try:
+            if row["size"] is not None and row["size"] > self.max_bytes:
+                raise ProbeError(
+                    ErrorCode.TOO_LARGE,
+                    f"file is {row['size']} bytes; the job's maximum is {self.max_bytes}",
+                )
+            if row["size"] == 0:
+                raise ProbeError(ErrorCode.EMPTY_FILE, "the file is empty (0 bytes)")
+            loc = storage.resolve(row["uri"], self.storage_config)
+            with loc.fs.open(loc.path, "rb") as f:
+                header = read_header(f)
+            out.update(
+                duration_s=header.duration_s,
+                channels=header.channels,
+                sample_rate=header.sample_rate,
+                codec=header.codec,
+                container=header.container,
+            )
+        except ProbeError as exc:
+            out.update(status="error", error_code=exc.code.value, error_message=str(exc))
+        except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
+            out.update(
+                status="error",
+                error_code=ErrorCode.FETCH_FAILED.value,
+                error_message=storage.redact(f"cannot read the object: {type(exc).__name__}"),
+            )
+        out["probe_s"] = time.perf_counter() - t0
+        return out
+
+
+def probe_pool(nodes: list[sizing.Node]) -> sizing.Pool:
+    cpus = sum(n.cpus for n in nodes)
+    actors = max(1, min(_MAX_ACTORS, int(cpus)))
+    return sizing.Pool(
+        actors=actors,
+        cpus_per_actor=_ACTOR_CPUS,
+        gpus_per_actor=0.0,
+        task_cpus=_ACTOR_CPUS,
+        model_workers=1,
+        threads=1,
+        auto=("actors",),
+        basis=f"{cpus:g} CPUs",
+    )
+
+
+def run_probe(spec: JobSpec) -> dict[str, Any]:
+    """Probe every recording of the input; returns the run summary, with ``audio_hours``."""
+    return runner.run(probe_plan(spec))
+
+
+def probe_plan(spec: JobSpec) -> runner.JobPlan:
+    preflight.check_output(spec.job.output)
+    selection = Selection.of(MEDIA_EXTENSIONS, "media", spec.job.include, spec.job.exclude)
+    listing = select_items(spec.job.input, selection)
+    max_bytes = int(spec.transcribe.max_file_mb * 2**20)
+
+    def build(at: runner.Placement) -> runner.Build:
+        prober = Stage(
+            "probe",
+            Prober,
+            consumes=MANIFEST,
+            produces=PROBE_OUTPUT,
+            kwargs={"storage_config": storage.StorageConfig.from_env(), "max_bytes": max_bytes},
+            num_cpus=_ACTOR_CPUS,
+            actors=at.pool.actors,
+            batch_size=16,
+        )
+        return runner.Build(
+            stages=[prober],
+            model_resource="cpu",
+            model_units=_ACTOR_CPUS,
+            options={"max_file_mb": spec.transcribe.max_file_mb, **sizing.record(at.pool)},
+            row_options=json.dumps({"max_file_mb": spec.transcribe.max_file_mb}),
+        )
+
+    def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "input": storage.redact(spec.job.input),
+            "audio_hours": audio_hours(spec.job.output, [r["item_id"] for r in listing.items]),
+            "skipped": listing.skipped,
+            "skipped_examples": listing.skipped_examples,
+        }
+
+    return runner.JobPlan(
+        spec=spec,
+        kind="probe",
+        run_id=spec.run_id,
+        dataset="probes",
+        schema=PROBES,
+        slim=_SLIM,
+        records=listing.items,
+        manifest_schema=MANIFEST,
+        device="cpu",
+        size=lambda device, nodes: probe_pool(nodes),
+        build=build,
+        ledger_stages=ledger.PROBE_STAGES,
+        resource_column="probe_resource",
+        describe=lambda pool: f"{pool.actors} probe actor(s) of {_ACTOR_CPUS:g} CPU",
+        summary=summary,
+    )
+
+
+def audio_hours(output: str, item_ids: list[str]) -> float:
+    """Hours of audio in the probed items ``item_ids`` (committed by this run or earlier)."""
+    table = commits.read_results(
+        storage.resolve(output).join("probes"), ["item_id", "status", "duration_s"]
+    )
+    if table is None:
+        return 0.0
+    mine = table.filter(pc.is_in(table["item_id"], pa.array(item_ids, pa.string())))
+    seconds = pc.sum(mine.filter(pc.equal(mine["status"], "ok"))["duration_s"]).as_py()
+    return round((seconds or 0.0) / 3600.0, 6)

@@ -1,0 +1,204 @@
+"""The job runner: every overnight job runs through ``run(plan)``, once.
+
+    claim the result dataset → subtract what is committed, apply max_items
+      → start Ray, resolve ``auto`` device and pool (none of it when nothing is left to do)
+      → record the manifest, hand Ray Data its blocks
+      → task stages (map_batches) → model stage (actor pool, each batch committed with the
+        run's provenance by ``jobs.commits.CommittingActor``)
+      → execute (progress, one row per pending item) → duplicate repair → ledger catch-up
+      → run summary (OUTPUT/runs/<run_id>.json)
+
+A job is a plan factory (``jobs.transcribe``, ``jobs.process``, ``jobs.probe``): it lists the
+records and declares its stages (``jobs.stage.Stage``), result dataset and ledger stages; the
+runner knows nothing about audio, documents or models.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from jobs import commits, ledger, pipeline, sizing, storage
+from jobs.spec import JobSpec
+from jobs.stage import Stage
+from workers.devices import resolve_device
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What the runner resolved before the stages are built: the device and the pool."""
+
+    device: str
+    pool: sizing.Pool
+    pending: int  # items this run will process (0: a no-op rerun, Ray never started)
+
+
+@dataclass
+class Build:
+    """A plan's stages for one placement, and what the summary says about them."""
+
+    # Task stages in order, then the model stage (``actors`` set), whose output is committed.
+    stages: list[Stage]
+    model_resource: str  # price-table key of the model stage when no row names one
+    model_units: float
+    options: dict[str, Any]  # the summary's ``options``: the effective job options
+    # JSON for the ``options`` column of rows whose worker does not report its own.
+    row_options: str | None = None
+
+
+@dataclass
+class JobPlan:
+    """Everything job-specific the runner needs."""
+
+    spec: JobSpec
+    kind: str  # the summary's ``kind``
+    run_id: str
+    dataset: str  # OUTPUT/<dataset>/: transcripts, results, probes
+    schema: pa.Schema  # the result dataset's schema
+    slim: Sequence[str]  # columns the driver gets back per committed row
+    records: list[dict[str, Any]]  # every listed item, as ``manifest_schema`` rows
+    manifest_schema: pa.Schema
+    device: str  # auto | cpu | cuda
+    size: Callable[[str, list[sizing.Node]], sizing.Pool]
+    build: Callable[[Placement], Build]
+    ledger_stages: tuple = ledger.TRANSCRIBE_STAGES
+    resource_column: str = "asr_resource"  # where rows name the model stage's resource
+    rows_per_block: int = 8  # manifest rows per CPU task
+    load_errors: tuple[type[BaseException], ...] = ()  # a model that cannot load: exit 5
+    # The start-up line printed with progress, from the resolved pool.
+    describe: Callable[[sizing.Pool], str] | None = None
+    # Summary fields from this run's rows (counts, audio) and the listing.
+    summary: Callable[[list[dict[str, Any]]], dict[str, Any]] = field(default=lambda rows: {})
+
+
+def run(plan: JobPlan) -> dict[str, Any]:
+    """Run the plan; returns the run summary (also written to OUTPUT/runs/<run_id>.json)."""
+    started = time.monotonic()
+    startup = pipeline.Startup()
+    job, run_id = plan.spec.job, plan.run_id
+    output = storage.resolve(job.output)
+    dataset = output.join(plan.dataset)
+    token = commits.claim(dataset, run_id)  # before reading what is committed: see claim
+    done = commits.committed_ids(dataset)
+    todo = [r for r in plan.records if r["item_id"] not in done]
+    pending = todo[: job.max_items] if job.max_items is not None else todo
+    startup.mark("list")
+
+    if pending:
+        pipeline.ensure_ray(job.ray_address, verbose=job.verbose)
+        startup.mark("ray")
+        device = resolve_device(plan.device, pipeline.cluster_has_gpu)
+        nodes = sizing.nodes_of_cluster()
+    else:  # nothing to do: no Ray at all (it would take most of a no-op rerun's time)
+        device, nodes = resolve_device(plan.device, lambda: False), []
+    pool = plan.size(device, nodes)
+    if job.progress and pending and plan.describe is not None:
+        print(f"[overnight] {plan.describe(pool)}", file=sys.stderr, flush=True)
+    build = plan.build(Placement(device, pool, len(pending)))
+
+    outcome = pipeline.Outcome()
+    if pending:
+        table = pa.Table.from_pylist(pending, schema=plan.manifest_schema)
+        ds = pipeline.manifest_dataset(output, run_id, table, plan.rows_per_block)
+        ds = _chain(
+            ds,
+            build.stages,
+            dataset=dataset,
+            schema=plan.schema,
+            slim=plan.slim,
+            token=token,
+            provenance=commits.Provenance(run_id, build.row_options),
+        )
+        startup.mark("manifest")
+        outcome = pipeline.execute(
+            ds,
+            {r["item_id"] for r in pending},
+            pipeline.Progress(len(pending), job.progress),
+            plan.load_errors,
+        )
+
+    rows = outcome.rows
+    repaired = commits.drop_duplicates(dataset, plan.schema, run_id)
+    costs = ledger.catch_up(output, plan.dataset, plan.spec.prices, plan.ledger_stages)
+    resource = next((r[plan.resource_column] for r in rows if r.get(plan.resource_column)), None)
+    summary = ledger.summarize_run(
+        run_id=run_id,
+        kind=plan.kind,
+        rows=rows,
+        ledger=costs,
+        listed=len(plan.records),
+        already_done=len(plan.records) - len(todo),
+        wall_s=time.monotonic() - started,
+        pipeline_wall_s=outcome.pipeline_s,
+        model_actors=pool.actors if pending else 0,
+        model_resource=resource or build.model_resource,
+        model_units=build.model_units,
+        prices=plan.spec.prices,
+        extra={
+            **plan.summary(rows),
+            "output": storage.redact(job.output),
+            "device": device,
+            "duplicates_removed": repaired,
+            "startup": startup.report(outcome),
+            "options": build.options,
+            plan.dataset: dataset.url(),
+            "costs": output.join("costs").url(),
+        },
+    )
+    summary["summary_path"] = ledger.write_summary(output, summary)
+    return summary
+
+
+def _chain(
+    ds: Any,
+    stages: list[Stage],
+    *,
+    dataset: storage.Location,
+    schema: pa.Schema,
+    slim: Sequence[str],
+    token: str,
+    provenance: commits.Provenance,
+) -> Any:
+    """The stages as ``map_batches`` calls: tasks, then the committing model stage."""
+    import ray
+
+    *tasks, model = stages
+    if not model.is_actor or any(s.is_actor for s in tasks):
+        raise ValueError("a plan's last stage, and only it, runs in an actor pool")
+    for stage in tasks:
+        ds = ds.map_batches(
+            stage.fn,
+            fn_kwargs=dict(stage.kwargs),
+            batch_format="pyarrow",
+            batch_size=stage.batch_size,
+            **stage.resources(),
+        )
+    calls = model.calls_per_actor
+    return ds.map_batches(
+        commits.CommittingActor,
+        fn_constructor_kwargs={
+            "make_worker": functools.partial(model.fn, **model.kwargs),
+            "dataset": dataset,
+            "schema": schema,
+            "slim": slim,
+            "token": token,
+            "provenance": provenance,
+        },
+        batch_format="pyarrow",
+        batch_size=model.batch_size,
+        # Several calls at once per actor: the worker batches their work together, so the
+        # model starts on the first rows instead of waiting for a whole big call.
+        compute=ray.data.ActorPoolStrategy(
+            size=model.actors,
+            max_concurrent_calls_per_actor=calls,
+            enable_true_multi_threading=calls > 1,
+            max_tasks_in_flight_per_actor=2 * calls,
+        ),
+        **model.resources(),
+    )

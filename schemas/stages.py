@@ -1,0 +1,130 @@
+"""Arrow contracts of the in-flight stage rows (never written as datasets) and of the probe
+dataset: what each stage consumes and produces, declared once, beside the datasets.
+
+A stage record (``jobs.stage.Stage``) names these as its ``consumes``/``produces``; the
+decode stage builds ``DECODED`` rows and the Whisper worker reads them, the extraction stage
+builds ``DOC_INPUT`` rows and the LLM worker reads them.
+"""
+
+import pyarrow as pa
+
+from schemas.tables import DOCUMENT_RESULTS, MANIFEST, PROBES, STATUS_FIELDS, TRANSCRIPTS
+
+# Before extraction a document's status is still unknown: in flight, status may be null.
+_IN_FLIGHT_STATUS = [f.with_nullable(True) for f in STATUS_FIELDS]
+
+CHUNK = pa.struct(
+    [
+        pa.field("channel", pa.int16()),
+        pa.field("clips", pa.list_(pa.list_(pa.float64()))),
+        pa.field("feature_size", pa.int32()),
+        pa.field("features", pa.large_binary()),
+    ]
+)
+
+# Decode → Whisper: the manifest row, its decode timings, and the feature chunks.
+DECODED = pa.schema(
+    [
+        *MANIFEST,
+        *_IN_FLIGHT_STATUS,
+        TRANSCRIPTS.field("fetch_s"),
+        TRANSCRIPTS.field("decode_s"),
+        pa.field("decode_units", pa.float64()),
+        TRANSCRIPTS.field("duration_s"),
+        TRANSCRIPTS.field("speech_s"),
+        # Channels transcribed apart (labels given, or split_channels): speakers named.
+        pa.field("_split", pa.bool_()),
+        pa.field("chunks", pa.list_(CHUNK)),
+    ]
+)
+
+# Manifest (documents, or transcript rows) → extraction → LLM. For transcript inputs the
+# text is already there and extraction is skipped.
+DOC_INPUT = pa.schema(
+    [
+        *MANIFEST,
+        DOCUMENT_RESULTS.field("source_item_id"),
+        pa.field("text", pa.large_string()),
+        *_IN_FLIGHT_STATUS,
+        DOCUMENT_RESULTS.field("fetch_s"),
+        DOCUMENT_RESULTS.field("extract_s"),
+        DOCUMENT_RESULTS.field("extract_resource"),
+        DOCUMENT_RESULTS.field("document_chars"),
+    ]
+)
+
+# The columns the LLM worker adds to a DOC_INPUT row (typed as in DOCUMENT_RESULTS).
+LLM_OUTPUT = pa.schema(
+    [
+        DOCUMENT_RESULTS.field(name)
+        for name in (
+            "task",
+            "output_text",
+            "output_json",
+            "label",
+            "label_score",
+            "input_tokens",
+            "output_tokens",
+            "num_chunks",
+            "model",
+            "llm_s",
+            "llm_resource",
+            "llm_units",
+            "worker",
+        )
+    ]
+)
+
+# What the Whisper worker returns per DECODED row: its own columns only. The runner adds
+# the provenance (source_*, metadata, run_id, processed_at) when it commits.
+WHISPER_OUTPUT = pa.schema(
+    [
+        TRANSCRIPTS.field(name)
+        for name in (
+            "item_id",
+            "status",
+            "error_code",
+            "error_message",
+            "text",
+            "language",
+            "language_probability",
+            "duration_s",
+            "speech_s",
+            "segments",
+            "num_chunks",
+            "model",
+            "options",
+            "worker",
+            "fetch_s",
+            "decode_s",
+            "decode_resource",
+            "decode_units",
+            "asr_s",
+            "asr_resource",
+            "asr_units",
+            "batch_fill",
+        )
+    ]
+)
+
+# What the probe stage returns per manifest row: its own columns only.
+PROBE_OUTPUT = pa.schema(
+    [
+        PROBES.field(name)
+        for name in (
+            "item_id",
+            "status",
+            "error_code",
+            "error_message",
+            "duration_s",
+            "channels",
+            "sample_rate",
+            "codec",
+            "container",
+            "size_bytes",
+            "worker",
+            "probe_s",
+            "probe_resource",
+        )
+    ]
+)

@@ -1,0 +1,85 @@
+"""The Whisper worker's options, declared once: the job spec's ``[transcribe]`` section
+inherits ``DecodingOptions`` (``jobs.spec.TranscribeOptions``), and the worker takes them as
+they are plus what the job resolved for the actor (``WhisperOptions``). Adding a decoding
+option is one field here plus its use in ``workers.whisper``.
+
+Light on purpose (pydantic only): the spec, and so every command, imports it; the engine
+(faster-whisper, CTranslate2, PyAV) loads only in ``workers.whisper``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+BUNDLED_MODEL = "bundled:tiny.en"
+
+
+class DecodingOptions(BaseModel):
+    """Model and decoding options. Recorded on every row (``options`` column)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(
+        BUNDLED_MODEL,
+        description="faster-whisper model: a size name (large-v3, large-v3-turbo, distil-large-v3), "
+        "a hub repository id, a local CTranslate2 folder, or 'bundled:tiny.en' (the embedded default)",
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto: cuda when a GPU is visible"
+    )
+    compute_type: str = Field(
+        "auto", description="CTranslate2 compute type; auto: float16 on cuda, int8 on cpu"
+    )
+    batch_size: int = Field(
+        16,
+        ge=1,
+        le=512,
+        description="30-second chunks per model forward pass, filled across recordings",
+    )
+    beam_size: int = Field(5, ge=1, le=16, description="beam width (1 = greedy)")
+    language: str | None = Field(
+        None, description="force a language code; default: the item's `language`, else detect"
+    )
+    timestamps: bool = Field(
+        False, description="segment timestamps inside a chunk (else one segment per VAD chunk)"
+    )
+    window_step_s: int = Field(
+        30,
+        ge=0,
+        le=30,
+        description="encoder window: each chunk is padded to the next multiple of N s; 30 (or "
+        "0): Whisper's trained 30 s, as faster-whisper does. 10: less encoder work on short "
+        "calls (1.26x the job's throughput on 60 real-speech clips) at a cost in accuracy "
+        "(WER 8.4% against 5.5%; +0.08 points on synthesized calls): an SLA trade for "
+        "`overnight tune`, not a default (README Benchmarks)",
+    )
+    encoder_batch_size: int = Field(
+        0,
+        ge=0,
+        le=512,
+        description="CPU: chunks per encoder pass, the batch still decoded at once (0: 1; the "
+        "encoder's activations grow with batch x window and leave the caches: one at a time "
+        "encoded 1.9x faster than whole batches of 32). A GPU always encodes the whole batch",
+    )
+    no_speech_threshold: float = Field(
+        0.6, ge=0, le=1, description="drop a segment above this no-speech probability..."
+    )
+    log_prob_threshold: float = Field(
+        -1.0, description="...when its average log-probability is also below this"
+    )
+
+
+class WhisperOptions(DecodingOptions):
+    """What one Whisper actor runs with: the decoding options plus the job's resolved pool
+    share (``jobs.sizing``) and pricing labels."""
+
+    # CTranslate2 intra-op threads per model worker on CPU (0: its default).
+    cpu_threads: int = 0
+    # Model batches the actor runs at once (CTranslate2 ``num_workers``), each on its own
+    # ``cpu_threads`` threads. On CPU, two one-thread workers decode more per second than one
+    # two-thread worker: a beam-search step is too small to keep two threads busy.
+    model_workers: int = 1
+    resource: str | None = None  # price-table key; None: detected (h100, cpu, ...)
+    units: float = 1.0  # GPUs (or CPU cores) the actor holds, for pricing
