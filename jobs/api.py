@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jobs.errors import ConfigError
+from jobs.errors import ConfigError, ErrorRateExceeded
 
 if TYPE_CHECKING:
     from jobs.spec import JobSpec
@@ -73,6 +73,23 @@ def execute(spec: JobSpec) -> dict[str, Any]:
     from jobs.process import run_chain, run_process
 
     return run_process(spec) if spec.job.kind == "process" else run_chain(spec)
+
+
+def check_error_rate(spec: JobSpec, summary: Mapping[str, Any]) -> None:
+    """``ErrorRateExceeded`` (exit 12) when the run's failed share is over ``max_error_rate``."""
+    limit = spec.job.max_error_rate
+    items = int(summary.get("items") or 0)
+    failed = int(summary.get("failed") or 0)
+    if limit is None or not items or failed / items <= limit:
+        return
+    codes = ", ".join(f"{c} {n}" for c, n in (summary.get("errors_by_code") or {}).items())
+    raise ErrorRateExceeded(
+        f"{failed} of {items} items failed ({failed / items:.1%}), more than the "
+        f"{limit:.1%} that max_error_rate allows ({codes}). The rows and the run summary are "
+        f"written; see `overnight show {summary.get('output') or 'OUTPUT'} --status error`, "
+        "fix the cause and rerun: finished items are not redone.",
+        dict(summary),
+    )
 
 
 def _overrides(kind: str, input: str, output: str, options: Mapping[str, Any]) -> dict:
@@ -138,4 +155,6 @@ def run(spec: JobSpec | str | Path | Mapping[str, Any]) -> RunSummary:
         spec = build_spec(read_job_file(spec))
     elif not isinstance(spec, JobSpec):
         spec = build_spec(overrides=dict(spec))
-    return RunSummary.from_dict(execute(spec))
+    summary = execute(spec)
+    check_error_rate(spec, summary)
+    return RunSummary.from_dict(summary)

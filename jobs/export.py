@@ -181,7 +181,7 @@ def export(
     ray_threshold: int = RAY_THRESHOLD,
 ) -> dict[str, Any]:
     """Write one ``fmt`` file a recording of OUTPUT/transcripts under ``dest``; the counts."""
-    from jobs import ledger  # the reader of committed result datasets
+    from jobs import commits  # the reader of committed result datasets
 
     if fmt not in FORMATS:
         raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
@@ -191,7 +191,7 @@ def export(
             f"{storage.redact(output)!r} holds no transcripts/ dataset: is it the OUTPUT of "
             "an `overnight transcribe` run?"
         )
-    table = ledger.read_results(transcripts, COLUMNS)
+    table = commits.read_results(transcripts, COLUMNS)
     all_rows = table.to_pylist() if table is not None else []
     rows = latest_ok(all_rows)
     names = file_names(rows, fmt)

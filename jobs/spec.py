@@ -14,8 +14,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from jobs.config_model import ConfigModel, config_error
 from jobs.errors import ConfigError
 from workers.whisper_options import DecodingOptions
 
@@ -41,8 +42,7 @@ def default_llm_backend() -> Literal["ctranslate2", "vllm"]:
     return "vllm" if importlib.util.find_spec("vllm") is not None else "ctranslate2"
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+_Model = ConfigModel
 
 
 class TranscribeOptions(DecodingOptions):
@@ -331,6 +331,13 @@ class RunOptions(_Model):
     max_items: int | None = Field(
         None, ge=1, description="process at most this many pending items (samples, tests)"
     )
+    max_error_rate: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="fail the run (exit 12) when more than this share of its items ended as "
+        "error rows; the rows and the summary are written first. Default: never",
+    )
     progress: bool = Field(True, description="print progress lines while running")
     verbose: bool = Field(
         False,
@@ -436,13 +443,7 @@ def build_spec(
     try:
         return JobSpec.model_validate(merged)
     except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err["loc"]) or "(job)"
-            value = err.get("input")
-            shown = "" if isinstance(value, dict) else f" (got {value!r})"
-            problems.append(f"  {where}: {err['msg']}{shown}")
-        raise ConfigError("invalid job spec:\n" + "\n".join(problems)) from None
+        raise config_error(exc, "invalid job spec", "(job)") from None
 
 
 def reference() -> str:

@@ -41,6 +41,12 @@ def _common_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", help="Ray cluster address (default: start Ray locally)")
     p.add_argument("--run-id")
     p.add_argument("--max-items", type=int)
+    p.add_argument(
+        "--max-error-rate",
+        type=float,
+        metavar="R",
+        help="exit 12 when more than this share (0-1) of the run's items failed",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument(
         "--verbose", action="store_true", help="also show Ray's own log lines (start-up, workers)"
@@ -121,10 +127,14 @@ def add_parser(sub) -> None:
 
 
 def _cmd_job(args: argparse.Namespace) -> int:
+    from jobs.api import check_error_rate
     from jobs.spec import build_spec, read_job_file
 
     file_data = read_job_file(args.config) if args.config else {}
-    print_summary(run_spec(build_spec(file_data, _overrides(args, args.command))))
+    spec = build_spec(file_data, _overrides(args, args.command))
+    summary = run_spec(spec)
+    print_summary(summary)
+    check_error_rate(spec, summary)
     return 0
 
 
@@ -140,7 +150,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
             "verbose": True if args.verbose else None,
         }
     }
-    print_summary(run_spec(build_spec(file_data, over)))
+    from jobs.api import check_error_rate
+
+    spec = build_spec(file_data, over)
+    summary = run_spec(spec)
+    print_summary(summary)
+    check_error_rate(spec, summary)
     return 0
 
 
@@ -164,6 +179,7 @@ def _overrides(args: argparse.Namespace, kind: str) -> dict[str, Any]:
         "ray_address": getattr(args, "address", None),
         "run_id": getattr(args, "run_id", None),
         "max_items": getattr(args, "max_items", None),
+        "max_error_rate": getattr(args, "max_error_rate", None),
         "progress": False if getattr(args, "quiet", False) else None,
         "verbose": True if getattr(args, "verbose", False) else None,
         "include": getattr(args, "include", None),
@@ -202,20 +218,11 @@ def _overrides(args: argparse.Namespace, kind: str) -> dict[str, Any]:
 
 
 def run_spec(spec: JobSpec) -> dict[str, Any]:
+    from jobs.api import execute
     from jobs.console import quiet_native_stderr
 
     with contextlib.nullcontext() if spec.job.verbose else quiet_native_stderr():
-        if spec.job.kind == "transcribe":
-            from jobs.transcribe import run_transcribe
-
-            return run_transcribe(spec)
-        if spec.job.kind == "probe":
-            from jobs.probe import run_probe  # type: ignore[import-not-found,unused-ignore]
-
-            return run_probe(spec)
-        from jobs.process import run_chain, run_process
-
-        return run_process(spec) if spec.job.kind == "process" else run_chain(spec)
+        return execute(spec)
 
 
 def print_probe_summary(summary: dict[str, Any], out=None) -> None:

@@ -14,8 +14,8 @@ import pyarrow.compute as pc
 
 from jobs import storage
 from jobs.choices import REPORT_GROUPS as GROUPS
+from jobs.commits import read_results
 from jobs.errors import ConfigError, InputNotFound
-from jobs.ledger import read_results
 
 MODEL_STAGES = ("transcribe", "generate")
 AUDIO_STAGES = ("decode", "transcribe")

@@ -40,10 +40,10 @@ def _inbox(tenant: Tenant) -> list[storage.ObjectInfo]:
 
 
 def _totals(out: storage.Location) -> dict[str, Any]:
-    from jobs import ledger
+    from jobs import commits
 
-    table = ledger.read_results(out.join("transcripts"), ["item_id", "status", "duration_s"])
-    costs = ledger.read_results(out.join("costs"), ["cost_usd"])
+    table = commits.read_results(out.join("transcripts"), ["item_id", "status", "duration_s"])
+    costs = commits.read_results(out.join("costs"), ["cost_usd"])
     if table is None:
         return {"recordings": 0, "audio_minutes": 0.0, "failures": 0, "cost_usd": 0.0}
     return {

@@ -164,7 +164,7 @@ def _run_job(
 
 def measure_transcribe(candidate: Candidate, index: int, ctx: Context) -> Measurement:
     """Run the transcription job on the sample with one configuration and measure it."""
-    from jobs.ledger import read_results
+    from jobs.commits import read_results
     from jobs.transcribe import run_transcribe
 
     run_id = f"tune-{ctx.stamp}-{index:02d}"
@@ -244,7 +244,7 @@ def measure_process(candidate: Candidate, index: int, ctx: Context) -> Measureme
     Throughput is documents (that succeeded) per busy second of the LLM actor; the outputs
     compared for accuracy are the labels of a classification, else the generated JSON or text.
     """
-    from jobs.ledger import read_results
+    from jobs.commits import read_results
     from jobs.process import run_process
 
     run_id = f"tune-{ctx.stamp}-{index:02d}"
