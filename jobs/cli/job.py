@@ -36,17 +36,27 @@ def _transcribe_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-vad", dest="vad", action="store_false", default=None)
 
 
-def _common_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="job spec file (TOML or YAML); flags override it")
-    p.add_argument("--address", help="Ray cluster address (default: start Ray locally)")
-    p.add_argument("--run-id")
-    p.add_argument("--max-items", type=int)
+def _scheduler_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-error-rate",
         type=float,
         metavar="R",
         help="exit 12 when more than this share (0-1) of the run's items failed",
     )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list and check the input, count what is pending against what is done, estimate "
+        "the cost from this output's past runs; start and write nothing",
+    )
+
+
+def _common_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="job spec file (TOML or YAML); flags override it")
+    p.add_argument("--address", help="Ray cluster address (default: start Ray locally)")
+    p.add_argument("--run-id")
+    p.add_argument("--max-items", type=int)
+    _scheduler_flags(p)
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument(
         "--verbose", action="store_true", help="also show Ray's own log lines (start-up, workers)"
@@ -114,6 +124,7 @@ def add_parser(sub) -> None:
     r.add_argument("--run-id")
     r.add_argument("--quiet", action="store_true")
     r.add_argument("--verbose", action="store_true", help="also show Ray's own log lines")
+    _scheduler_flags(r)
     r.set_defaults(handler=_cmd_run)
 
     c = sub.add_parser("config", help="print the job spec reference")
@@ -127,15 +138,10 @@ def add_parser(sub) -> None:
 
 
 def _cmd_job(args: argparse.Namespace) -> int:
-    from jobs.api import check_error_rate
     from jobs.spec import build_spec, read_job_file
 
     file_data = read_job_file(args.config) if args.config else {}
-    spec = build_spec(file_data, _overrides(args, args.command))
-    summary = run_spec(spec)
-    print_summary(summary)
-    check_error_rate(spec, summary)
-    return 0
+    return _run_or_dry(build_spec(file_data, _overrides(args, args.command)), args.dry_run)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -148,11 +154,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
             "run_id": args.run_id,
             "progress": False if args.quiet else None,
             "verbose": True if args.verbose else None,
+            "max_error_rate": args.max_error_rate,
         }
     }
+    return _run_or_dry(build_spec(file_data, over), args.dry_run)
+
+
+def _run_or_dry(spec: JobSpec, dry: bool) -> int:
+    if dry:
+        from jobs.dryrun import dry_run, render
+
+        print(render(dry_run(spec)))
+        return 0
     from jobs.api import check_error_rate
 
-    spec = build_spec(file_data, over)
     summary = run_spec(spec)
     print_summary(summary)
     check_error_rate(spec, summary)
