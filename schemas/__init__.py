@@ -3,20 +3,50 @@
 Nothing here imports from ``jobs`` or ``workers``: this package is the contract both sides
 depend on. Bump ``SCHEMA_VERSION`` on any change to a schema; readers check it through the
 ``overnight.schema_version`` metadata key that every file carries.
+
+The schemas load (with pyarrow) on first use, so that ``schemas.errors`` alone stays light:
+the command line and the task registry read the error codes and task names without pyarrow.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from schemas.errors import ERROR_CODES, ErrorCode
-from schemas.tables import (
-    COSTS,
-    DOCUMENT_RESULTS,
-    MANIFEST,
-    METADATA_COLUMNS,
-    PROBES,
-    SCHEMA_VERSION,
-    SEGMENT,
-    TRANSCRIPTS,
-    with_version,
+
+if TYPE_CHECKING:
+    from schemas.tables import (
+        COSTS,
+        DOCUMENT_RESULTS,
+        MANIFEST,
+        METADATA_COLUMNS,
+        PROBES,
+        SCHEMA_VERSION,
+        SEGMENT,
+        TRANSCRIPTS,
+        with_version,
+    )
+
+_TABLES = frozenset(
+    {
+        "COSTS",
+        "DOCUMENT_RESULTS",
+        "MANIFEST",
+        "METADATA_COLUMNS",
+        "PROBES",
+        "SCHEMA_VERSION",
+        "SEGMENT",
+        "TRANSCRIPTS",
+        "with_version",
+    }
 )
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TABLES:
+        from schemas import tables
+
+        return getattr(tables, name)
+    raise AttributeError(f"module 'schemas' has no attribute {name!r}")
+
 
 __all__ = [
     "COSTS",

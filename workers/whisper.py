@@ -9,6 +9,9 @@ back, in time order.
 
 The time of every model batch is measured and apportioned to the chunks in it by their share
 of audio seconds, which is what the cost ledger prices.
+
+Over 600 lines: the batcher and the worker share the chunk records and the model's forward
+pass; the batch planning (``plan_batches``) is model-free and tested on its own.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -257,3 +258,25 @@ def test_an_s3_manifest_row_without_credentials_exits_3_with_advice_not_a_traceb
     assert result.returncode == 3, result.stderr[-2000:]
     assert "no credentials" in result.stderr and "AWS_ACCESS_KEY_ID" in result.stderr
     assert "Traceback" not in result.stderr and "botocore" not in result.stderr
+
+
+def test_the_spec_and_the_task_names_load_without_an_engine_or_pyarrow():
+    """Every command builds a spec: it must not drag PyAV, faster-whisper, CTranslate2, Ray
+    or pyarrow in (the Whisper model's default and the task names are light modules)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, jobs.spec, workers.llm.tasks\n"
+        "heavy = ('av', 'faster_whisper', 'ctranslate2', 'ray', 'pyarrow', 'workers.whisper')\n"
+        "print(','.join(m for m in heavy if m in sys.modules))"
+    )
+    repo = str(Path(__file__).resolve().parents[2])
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": repo},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == ""
