@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jobs.errors import ConfigError, ErrorRateExceeded
+from overnight.jobs.errors import ConfigError, ErrorRateExceeded
 
 if TYPE_CHECKING:
-    from jobs.spec import JobSpec
+    from overnight.jobs.spec import JobSpec
 
 
 @dataclass(frozen=True)
@@ -63,14 +63,14 @@ class RunSummary:
 def execute(spec: JobSpec) -> dict[str, Any]:
     """Run a validated spec; its summary as a dict (the command line prints this one)."""
     if spec.job.kind == "transcribe":
-        from jobs.transcribe import run_transcribe
+        from overnight.jobs.transcribe import run_transcribe
 
         return run_transcribe(spec)
     if spec.job.kind == "probe":
-        from jobs.probe import run_probe  # type: ignore[import-not-found,unused-ignore]
+        from overnight.jobs.probe import run_probe  # type: ignore[import-not-found,unused-ignore]
 
         return run_probe(spec)
-    from jobs.process import run_chain, run_process
+    from overnight.jobs.process import run_chain, run_process
 
     return run_process(spec) if spec.job.kind == "process" else run_chain(spec)
 
@@ -93,7 +93,7 @@ def check_error_rate(spec: JobSpec, summary: Mapping[str, Any]) -> None:
 
 
 def _overrides(kind: str, input: str, output: str, options: Mapping[str, Any]) -> dict:
-    from jobs.spec import JobSpec, RunOptions
+    from overnight.jobs.spec import JobSpec, RunOptions
 
     section = "process" if kind in ("process", "chain") else kind
     sections: dict[str, dict[str, Any]] = {"job": {"kind": kind, "input": input, "output": output}}
@@ -116,7 +116,7 @@ def _overrides(kind: str, input: str, output: str, options: Mapping[str, Any]) -
 def _spec(
     kind: str, input: str, output: str, config: str | Path | None, options: Mapping[str, Any]
 ) -> JobSpec:
-    from jobs.spec import build_spec, read_job_file
+    from overnight.jobs.spec import build_spec, read_job_file
 
     file_data = read_job_file(config) if config is not None else None
     return build_spec(file_data, overrides=_overrides(kind, str(input), str(output), options))
@@ -149,7 +149,7 @@ def process(
 def run(spec: JobSpec | str | Path | Mapping[str, Any]) -> RunSummary:
     """Run a job spec: a ``JobSpec``, a spec file's path (TOML or YAML), or its sections as a
     mapping (``{"job": {...}, "transcribe": {...}}``)."""
-    from jobs.spec import JobSpec, build_spec, read_job_file
+    from overnight.jobs.spec import JobSpec, build_spec, read_job_file
 
     if isinstance(spec, (str, Path)):
         spec = build_spec(read_job_file(spec))

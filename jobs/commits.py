@@ -27,8 +27,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from jobs import storage
-from jobs.errors import Superseded
+from overnight.jobs import storage
+from overnight.jobs.errors import Superseded
 
 
 def write_table(dataset: storage.Location, table: pa.Table) -> str:

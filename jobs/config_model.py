@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from jobs.errors import ConfigError
+from overnight.jobs.errors import ConfigError
 
 
 class ConfigModel(BaseModel):

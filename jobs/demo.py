@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import numpy as np
 
 if TYPE_CHECKING:
-    from jobs.show import Turn
+    from overnight.jobs.show import Turn
 
 SAMPLE_RATE = 16_000
 
@@ -167,8 +167,8 @@ def comparison_table(
     """Each demo call's script beside its transcript, turn by turn, wrapped at word
     boundaries, with the word error rate per call and over all of them (jobs.tune's WER:
     word edits over reference words, case and punctuation ignored)."""
-    from jobs.show import Turn, spoken_text, turns
-    from jobs.wer import corpus_wer
+    from overnight.jobs.show import Turn, spoken_text, turns
+    from overnight.jobs.wer import corpus_wer
 
     latest: dict[str, dict[str, Any]] = {}
     for row in sorted(rows, key=lambda r: str(r.get("processed_at"))):

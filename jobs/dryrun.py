@@ -13,8 +13,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from jobs import commits, runner, storage
-from jobs.spec import JobSpec
+from overnight.jobs import commits, runner, storage
+from overnight.jobs.spec import JobSpec
 
 # Recordings whose headers are read to turn pending bytes into audio minutes.
 SAMPLE = 8
@@ -23,16 +23,16 @@ SAMPLE = 8
 def _plans(spec: JobSpec) -> list[runner.JobPlan]:
     kind = spec.job.kind
     if kind in ("transcribe", "chain"):
-        from jobs.transcribe import transcribe_plan
+        from overnight.jobs.transcribe import transcribe_plan
 
         plans = [transcribe_plan(spec)]
         if kind == "transcribe":
             return plans
     if kind == "probe":
-        from jobs.probe import probe_plan
+        from overnight.jobs.probe import probe_plan
 
         return [probe_plan(spec)]
-    from jobs.process import check_process, process_plan
+    from overnight.jobs.process import check_process, process_plan
 
     model_path = check_process(spec)
     if kind == "chain":  # its documents are the transcripts the first stage would write
@@ -43,7 +43,7 @@ def _plans(spec: JobSpec) -> list[runner.JobPlan]:
 def _audio_seconds(pending: list[dict[str, Any]]) -> tuple[float | None, int]:
     """Audio seconds of ``pending`` estimated from a sample's headers; (None, 0) when no
     sampled header states a duration."""
-    from workers.probe import ProbeError, read_header
+    from overnight.workers.probe import ProbeError, read_header
 
     sample = random.Random(0).sample(pending, min(SAMPLE, len(pending)))
     seconds = size = 0.0
@@ -68,9 +68,9 @@ def _audio_seconds(pending: list[dict[str, Any]]) -> tuple[float | None, int]:
 def _past_unit_cost(output: storage.Location, kind: str) -> tuple[float | None, int]:
     """Cost per audio second (transcribe) or per document (process) over OUTPUT's past runs
     of that kind; (None, 0) when there are none."""
-    from jobs.plan import read_summaries
+    from overnight.jobs.plan import read_summaries
 
-    runs = []
+    runs: list[dict[str, Any]] = []
     for s in read_summaries(output):
         runs.extend(s.get("stages") or [s])
     runs = [r for r in runs if r.get("kind") == kind and (r.get("cost_usd") or 0) > 0]

@@ -9,6 +9,7 @@ atomically, so a rerun overwrites instead of duplicating. Speaker labels (``agen
 
 from __future__ import annotations
 
+import functools
 import json
 import textwrap
 from collections.abc import Iterable, Mapping
@@ -16,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, Literal
 
-from jobs import storage
-from jobs.errors import ConfigError, InputNotFound
+from overnight.jobs import storage
+from overnight.jobs.errors import ConfigError, InputNotFound
 
 Format = Literal["srt", "vtt", "txt", "json"]
 FORMATS: tuple[str, ...] = ("srt", "vtt", "txt", "json")
@@ -181,7 +182,7 @@ def export(
     ray_threshold: int = RAY_THRESHOLD,
 ) -> dict[str, Any]:
     """Write one ``fmt`` file a recording of OUTPUT/transcripts under ``dest``; the counts."""
-    from jobs import commits  # the reader of committed result datasets
+    from overnight.jobs import commits  # the reader of committed result datasets
 
     if fmt not in FORMATS:
         raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
@@ -199,15 +200,16 @@ def export(
         import pyarrow as pa
         import ray
 
-        from jobs.pipeline import ensure_ray
+        from overnight.jobs.pipeline import ensure_ray
 
         ensure_ray(None)
         ds = ray.data.from_arrow(
             pa.Table.from_pylist([{**r, "file_name": n} for r, n in zip(rows, names, strict=True)])
         )
-        written = ds.map_batches(
-            _write_batch, fn_kwargs={"dest": dest, "fmt": fmt, "config": config or storage.StorageConfig.from_env()}, batch_format="pyarrow"
-        ).count()
+        write = functools.partial(
+            _write_batch, dest=dest, fmt=fmt, config=config or storage.StorageConfig.from_env()
+        )
+        written = ds.map_batches(write, batch_format="pyarrow").count()
         how = "ray"
     else:
         storage.map_threads(

@@ -14,9 +14,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from jobs import storage
-from jobs.commits import committed_ids, read_results, write_table
-from schemas import COSTS, SCHEMA_VERSION
+from overnight.jobs import storage
+from overnight.jobs.commits import committed_ids, read_results, write_table
+from overnight.schemas import COSTS, SCHEMA_VERSION
 
 # (stage, seconds column, resource column, units column, what it bought)
 TRANSCRIBE_STAGES = (

@@ -20,9 +20,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from jobs import storage
-from jobs.errors import ConfigError, InputNotFound
-from schemas import MANIFEST, METADATA_COLUMNS
+from overnight.jobs import storage
+from overnight.jobs.errors import ConfigError, InputNotFound
+from overnight.schemas import MANIFEST, METADATA_COLUMNS
 
 MANIFEST_SUFFIXES = (".csv", ".jsonl", ".parquet")
 _KNOWN = {"uri", "language", "channel_labels", *METADATA_COLUMNS}

@@ -16,10 +16,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from jobs import storage
-from jobs.commits import ACTOR_STARTED, MODEL_READY
-from jobs.errors import EngineFailed, ModelNotFound, OvernightError
-from schemas import ErrorCode
+from overnight.jobs import storage
+from overnight.jobs.commits import ACTOR_STARTED, MODEL_READY
+from overnight.jobs.errors import EngineFailed, ModelNotFound, OvernightError
+from overnight.schemas import ErrorCode
 
 
 def _below_error(record: logging.LogRecord) -> bool:
@@ -145,7 +145,7 @@ def manifest_dataset(
     """
     import ray
 
-    from jobs.manifest import write_manifest
+    from overnight.jobs.manifest import write_manifest
 
     write_manifest(output, run_id, table)
     blocks = [table.slice(i, rows_per_block) for i in range(0, table.num_rows, rows_per_block)]

@@ -48,10 +48,10 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from jobs import storage
-from jobs.choices import DEFAULT_HEADROOM, DEFAULT_UTILIZATION
-from jobs.errors import ConfigError, InputNotFound
-from jobs.ledger import price as price_of
+from overnight.jobs import storage
+from overnight.jobs.choices import DEFAULT_HEADROOM, DEFAULT_UTILIZATION
+from overnight.jobs.errors import ConfigError, InputNotFound
+from overnight.jobs.ledger import price as price_of
 
 PROFILE_VERSION = 1
 UNITS = ("audio_s", "documents")
@@ -561,7 +561,7 @@ def adjust_profiles(
                 f"with --throughput to include it"
             )
         else:
-            from jobs.spec import DEFAULT_PRICES
+            from overnight.jobs.spec import DEFAULT_PRICES
 
             hourly = price if price is not None else price_of(DEFAULT_PRICES, gpu)
             out.append(

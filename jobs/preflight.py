@@ -19,9 +19,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobs import storage
-from jobs.errors import ModelNotFound, OutputNotWritable
-from workers.whisper import (
+from overnight.jobs import storage
+from overnight.jobs.errors import ModelNotFound, OutputNotWritable
+from overnight.workers.whisper import (
     BUNDLED_MODEL,
     ModelLoadError,
     check_model_reference,

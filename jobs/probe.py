@@ -19,15 +19,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from jobs import commits, ledger, preflight, runner, sizing, storage
-from jobs.manifest import Selection, select_items
-from jobs.spec import JobSpec
-from jobs.stage import Stage
-from schemas import MANIFEST, PROBES, ErrorCode
-from schemas.stages import PROBE_OUTPUT
-from workers.audio import MEDIA_EXTENSIONS
-from workers.devices import worker_id
-from workers.probe import ProbeError, read_header
+from overnight.jobs import commits, ledger, preflight, runner, sizing, storage
+from overnight.jobs.manifest import Selection, select_items
+from overnight.jobs.spec import JobSpec
+from overnight.jobs.stage import Stage
+from overnight.schemas import MANIFEST, PROBES, ErrorCode
+from overnight.schemas.stages import PROBE_OUTPUT
+from overnight.workers.audio import MEDIA_EXTENSIONS
+from overnight.workers.devices import worker_id
+from overnight.workers.probe import ProbeError, read_header
 
 _SLIM = ["item_id", "status", "error_code", "duration_s", "probe_s", "probe_resource"]
 # Header reads wait on storage, not on a core: small actors, a few of them.

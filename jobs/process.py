@@ -26,17 +26,17 @@ from typing import Any
 
 import pyarrow as pa
 
-from jobs import commits, ledger, pipeline, preflight, runner, sizing, storage
-from jobs.errors import ConfigError
-from jobs.manifest import Listing, Selection, select_items
-from jobs.spec import JobSpec, ProcessOptions
-from jobs.stage import Stage
-from schemas import DOCUMENT_RESULTS, ErrorCode
-from schemas.stages import DOC_INPUT, LLM_OUTPUT
-from workers.llm.adapter import EngineUnavailable
-from workers.llm.tasks import TaskParams, TaskSpec, TaskSpecError, build_task
-from workers.llm.worker import LLMWorker, LLMWorkerConfig
-from workers.text import DOCUMENT_EXTENSIONS, TextOptions, extract_text
+from overnight.jobs import commits, ledger, pipeline, preflight, runner, sizing, storage
+from overnight.jobs.errors import ConfigError
+from overnight.jobs.manifest import Listing, Selection, select_items
+from overnight.jobs.spec import JobSpec, ProcessOptions
+from overnight.jobs.stage import Stage
+from overnight.schemas import DOCUMENT_RESULTS, ErrorCode
+from overnight.schemas.stages import DOC_INPUT, LLM_OUTPUT
+from overnight.workers.llm.adapter import EngineUnavailable
+from overnight.workers.llm.tasks import TaskParams, TaskSpec, TaskSpecError, build_task
+from overnight.workers.llm.worker import LLMWorker, LLMWorkerConfig
+from overnight.workers.text import DOCUMENT_EXTENSIONS, TextOptions, extract_text
 
 _SLIM = [
     "item_id",
@@ -413,7 +413,7 @@ def process_plan(
 
 def run_chain(spec: JobSpec) -> dict[str, Any]:
     """Transcribe, then run every [process] task over the transcripts just written."""
-    from jobs.transcribe import run_transcribe
+    from overnight.jobs.transcribe import run_transcribe
 
     check_process(spec)  # the LLM too, before the transcription runs
     first = run_transcribe(spec)

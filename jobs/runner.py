@@ -24,10 +24,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from jobs import commits, ledger, pipeline, sizing, storage
-from jobs.spec import JobSpec
-from jobs.stage import Stage
-from workers.devices import resolve_device
+from overnight.jobs import commits, ledger, pipeline, sizing, storage
+from overnight.jobs.spec import JobSpec
+from overnight.jobs.stage import Stage
+from overnight.workers.devices import resolve_device
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from jobs import ledger, storage
-from jobs.errors import InputNotFound
+from overnight.jobs import ledger, storage
+from overnight.jobs.errors import InputNotFound
 
 # The datasets a run writes under OUTPUT, in the order they are shown.
 DATASETS = ("transcripts", "results")

@@ -16,9 +16,9 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from jobs.config_model import ConfigModel, config_error
-from jobs.errors import ConfigError
-from workers.whisper_options import DecodingOptions
+from overnight.jobs.config_model import ConfigModel, config_error
+from overnight.jobs.errors import ConfigError
+from overnight.workers.whisper_options import DecodingOptions
 
 # USD per hour for one unit (one GPU, or one CPU core). Sources, December 2026:
 # H100: the price the product is sized against (GPU clouds list $2.7-4/h; AWS p5 ~$6.88/h);
@@ -283,7 +283,9 @@ class ProcessOptions(_Model):
     @field_validator("task")
     @classmethod
     def _known_tasks(cls, task: str | list[str]) -> str | list[str]:
-        from workers.llm.tasks import TASK_NAMES  # the registry; imported only to validate
+        from overnight.workers.llm.tasks import (
+            TASK_NAMES,  # the registry; imported only to validate
+        )
 
         for name in [task] if isinstance(task, str) else task:
             if name not in TASK_NAMES:
@@ -463,7 +465,7 @@ def reference() -> str:
             )
             lines.append(f"  {field.alias or name} = {default}  # {field.description}")
         lines.append("")
-    from workers.llm.tasks import TASK_NAMES
+    from overnight.workers.llm.tasks import TASK_NAMES
 
     lines.append(f"[process] tasks: {', '.join(TASK_NAMES)}")
     lines.append("")

@@ -22,8 +22,8 @@ from typing import Any, TypeVar
 
 import fsspec
 
-from jobs.errors import InputNotFound, StorageUnavailable
-from schemas import ErrorCode
+from overnight.jobs.errors import InputNotFound, StorageUnavailable
+from overnight.schemas import ErrorCode
 
 T = TypeVar("T")
 

@@ -30,9 +30,9 @@ from typing import Any
 
 import tomli_w
 
-from jobs.errors import ClusterJobFailed, ClusterUnreachable, ConfigError
-from jobs.spec import JobSpec, build_spec, read_job_file
-from jobs.storage import redact
+from overnight.jobs.errors import ClusterJobFailed, ClusterUnreachable, ConfigError
+from overnight.jobs.spec import JobSpec, build_spec, read_job_file
+from overnight.jobs.storage import redact
 
 JOB_FILE = "job.toml"
 # Settings the driver and workers need that are not secrets. Credentials stay in the cluster's

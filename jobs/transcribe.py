@@ -22,15 +22,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from jobs import ledger, models, pipeline, preflight, runner, sizing, storage
-from jobs.manifest import Selection, select_items
-from jobs.spec import JobSpec, TranscribeOptions
-from jobs.stage import Stage
-from schemas import MANIFEST, TRANSCRIPTS
-from schemas.stages import DECODED, WHISPER_OUTPUT
-from workers.audio import MEDIA_EXTENSIONS, AudioChunker, AudioOptions
-from workers.whisper import ModelLoadError, WhisperWorker, WhisperWorkerConfig
-from workers.whisper_options import DecodingOptions, WhisperOptions
+from overnight.jobs import ledger, models, pipeline, preflight, runner, sizing, storage
+from overnight.jobs.manifest import Selection, select_items
+from overnight.jobs.spec import JobSpec, TranscribeOptions
+from overnight.jobs.stage import Stage
+from overnight.schemas import MANIFEST, TRANSCRIPTS
+from overnight.schemas.stages import DECODED, WHISPER_OUTPUT
+from overnight.workers.audio import MEDIA_EXTENSIONS, AudioChunker, AudioOptions
+from overnight.workers.whisper import ModelLoadError, WhisperWorker, WhisperWorkerConfig
+from overnight.workers.whisper_options import DecodingOptions, WhisperOptions
 
 _SLIM = [
     "item_id",

@@ -10,10 +10,10 @@ the command line and the task registry read the error codes and task names witho
 
 from typing import TYPE_CHECKING, Any
 
-from schemas.errors import ERROR_CODES, ErrorCode
+from overnight.schemas.errors import ERROR_CODES, ErrorCode
 
 if TYPE_CHECKING:
-    from schemas.tables import (
+    from overnight.schemas.tables import (
         COSTS,
         DOCUMENT_RESULTS,
         MANIFEST,
@@ -42,7 +42,7 @@ _TABLES = frozenset(
 
 def __getattr__(name: str) -> Any:
     if name in _TABLES:
-        from schemas import tables
+        from overnight.schemas import tables
 
         return getattr(tables, name)
     raise AttributeError(f"module 'schemas' has no attribute {name!r}")

@@ -8,7 +8,7 @@ builds ``DOC_INPUT`` rows and the LLM worker reads them.
 
 import pyarrow as pa
 
-from schemas.tables import DOCUMENT_RESULTS, MANIFEST, PROBES, STATUS_FIELDS, TRANSCRIPTS
+from overnight.schemas.tables import DOCUMENT_RESULTS, MANIFEST, PROBES, STATUS_FIELDS, TRANSCRIPTS
 
 # Before extraction a document's status is still unknown: in flight, status may be null.
 _IN_FLIGHT_STATUS = [f.with_nullable(True) for f in STATUS_FIELDS]

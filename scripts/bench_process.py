@@ -236,7 +236,7 @@ class TreeMeter:
 
 
 def summarize_task() -> Any:
-    from workers.llm.tasks import TaskSpec
+    from overnight.workers.llm.tasks import TaskSpec
 
     return TaskSpec(kind="summarize", summary_words=SUMMARY_WORDS, max_new_tokens=MAX_NEW_TOKENS)
 
@@ -249,8 +249,8 @@ def run_loop(
     threads: int,
 ) -> dict[str, dict]:
     """(a): one backend loaded once, one document per ``run_task`` call."""
-    from workers.llm.adapter import load_backend
-    from workers.llm.tasks import TaskInput, run_task
+    from overnight.workers.llm.adapter import load_backend
+    from overnight.workers.llm.tasks import TaskInput, run_task
 
     if backend_name == "vllm":
         backend = VLLM_ENGINE["backend"]  # loaded once, outside the timed runs
@@ -285,7 +285,7 @@ def run_raw(refs: dict[str, dict[str, Any]]) -> dict[str, dict]:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    from workers.llm.tasks import summarize_messages
+    from overnight.workers.llm.tasks import summarize_messages
 
     backend = VLLM_ENGINE["backend"]
     spec = summarize_task()
@@ -331,8 +331,8 @@ def run_overnight(
     """(b): the document job on the folder, with this variant's actors and batching."""
     import pyarrow.dataset as pads
 
-    from jobs.process import run_process
-    from jobs.spec import build_spec
+    from overnight.jobs.process import run_process
+    from overnight.jobs.spec import build_spec
 
     spec = build_spec(
         overrides={
@@ -469,8 +469,8 @@ def parse_pipeline(text: str, docs: int, cpus: int, max_batch: int, vllm: bool =
 
 def quality(refs: dict[str, dict[str, Any]], compute_types: list[str], threads: int) -> dict:
     """promise_to_pay on the transcripts with a promise: share of exact amounts."""
-    from workers.llm.adapter import load_backend
-    from workers.llm.tasks import TaskInput, promise_to_pay, run_task
+    from overnight.workers.llm.adapter import load_backend
+    from overnight.workers.llm.tasks import TaskInput, promise_to_pay, run_task
 
     docs = [(n, r) for n, r in refs.items() if r["promise"] is not None]
     scores = {}
@@ -554,7 +554,7 @@ def main() -> int:
     raws: dict[str, dict] = {}
     for ct in compute_types:
         if vllm:
-            from workers.llm.adapter import load_backend
+            from overnight.workers.llm.adapter import load_backend
 
             VLLM_ENGINE["backend"] = load_backend(
                 "vllm", args.model, compute_type=ct, gpu_memory_utilization=VLLM_MEMORY

@@ -9,7 +9,7 @@ user who types the command gets.
     ``--decode-cpus``, ...). Ray is started before the timer and shut down after each run, so
     (c) measures the pipeline on a warm Ray, and nothing of it is left when (d) runs
 (c') (c) with other encoder window steps (``--window-step 30,...``; default 0: not run)
-(d) overnight CLI, defaults: ``python -m jobs.cli transcribe CORPUS OUT`` as a subprocess, with
+(d) overnight CLI, defaults: ``python -m overnight.jobs.cli transcribe CORPUS OUT`` as a subprocess, with
     no option but what a user types, timed as a whole process (interpreter, imports, Ray start,
     model load, listing, ledger, summary, Ray shutdown). Its transcripts are read from
     OUT/transcripts and its run summary from OUT/runs/*.json; it also reports the start-up to
@@ -78,7 +78,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from jobs.wer import word_errors, words  # noqa: E402
+from overnight.jobs.wer import word_errors, words  # noqa: E402
 
 DEFAULT_REAL_AUDIO = Path(__file__).resolve().parents[2] / "shared" / "data" / "audio"
 SAMPLE_RATE = 16_000
@@ -135,7 +135,7 @@ def make_corpus(folder: Path, n: int, seed: int = 0) -> dict[str, str]:
     The references are kept in ``_references.json``: names starting with ``_`` are not
     listed as input by the job, so the folder can be given to the CLI as it is.
     """
-    from jobs.demo import silence, speak, write_wav
+    from overnight.jobs.demo import silence, speak, write_wav
 
     refs_path = folder / "_references.json"
     if refs_path.exists():
@@ -360,7 +360,7 @@ def analyse_sources(audio_dir: Path, threads: int) -> list[dict[str, Any]]:
     from faster_whisper import WhisperModel
     from faster_whisper.audio import decode_audio
 
-    from workers.whisper import bundled_model_path
+    from overnight.workers.whisper import bundled_model_path
 
     model = WhisperModel(
         bundled_model_path(), device="cpu", compute_type="int8", cpu_threads=threads
@@ -665,7 +665,7 @@ Runner = Callable[[int], tuple[dict[str, str], dict[str, Any]]]
 def run_plain(files: list[Path], threads: int) -> dict[str, str]:
     from faster_whisper import WhisperModel
 
-    from workers.whisper import bundled_model_path
+    from overnight.workers.whisper import bundled_model_path
 
     model = WhisperModel(
         bundled_model_path(), device="cpu", compute_type="int8", cpu_threads=threads
@@ -688,7 +688,7 @@ def run_plain(files: list[Path], threads: int) -> dict[str, str]:
 def run_batched(files: list[Path], threads: int) -> dict[str, str]:
     from faster_whisper import BatchedInferencePipeline, WhisperModel
 
-    from workers.whisper import bundled_model_path
+    from overnight.workers.whisper import bundled_model_path
 
     model = WhisperModel(
         bundled_model_path(), device="cpu", compute_type="int8", cpu_threads=threads
@@ -775,8 +775,8 @@ def run_overnight(
     folder: Path, output: Path, args, window_step: int | None = None
 ) -> tuple[dict[str, str], dict[str, Any]]:
     """(c): the job in this process, tuned. ``window_step`` None: the job's default."""
-    from jobs.spec import build_spec
-    from jobs.transcribe import run_transcribe
+    from overnight.jobs.spec import build_spec
+    from overnight.jobs.transcribe import run_transcribe
 
     spec = build_spec(
         overrides={
@@ -834,11 +834,11 @@ def _other_output(log: str) -> list[str]:
 
 
 def run_cli(folder: Path, output: Path) -> tuple[dict[str, str], dict[str, Any]]:
-    """(d): ``python -m jobs.cli transcribe FOLDER OUTPUT`` as a user types it."""
+    """(d): ``python -m overnight.jobs.cli transcribe FOLDER OUTPUT`` as a user types it."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env.pop("RAY_ADDRESS", None)  # a local, cold Ray of its own
-    cmd = [sys.executable, "-m", "jobs.cli", "transcribe", str(folder), str(output)]
+    cmd = [sys.executable, "-m", "overnight.jobs.cli", "transcribe", str(folder), str(output)]
     started_epoch, t0 = time.time(), time.perf_counter()
     done = subprocess.run(
         cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

@@ -70,8 +70,8 @@ def corpus(folder: Path, docs: Path, synth: int) -> list[str]:
 def run(backend: str, task: str, folder: Path, out: Path, schema: dict) -> dict[str, Any]:
     import pyarrow.dataset as pads
 
-    from jobs.process import run_process
-    from jobs.spec import build_spec
+    from overnight.jobs.process import run_process
+    from overnight.jobs.spec import build_spec
 
     process: dict[str, Any] = {"task": task, "backend": backend, "max_new_tokens": 96}
     if task == "extract":

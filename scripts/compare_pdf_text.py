@@ -23,9 +23,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from workers.text.core import TextOptions  # noqa: E402
-from workers.text.formats import _pdf  # noqa: E402
-from workers.text.normalize import normalise  # noqa: E402
+from overnight.workers.text.core import TextOptions  # noqa: E402
+from overnight.workers.text.formats import _pdf  # noqa: E402
+from overnight.workers.text.normalize import normalise  # noqa: E402
 
 DEFAULT_DOCS = REPO.parent / "shared" / "data" / "docs"
 

@@ -50,7 +50,7 @@ LABELS = ("paid", "promise_to_pay", "dispute", "wrong_number", "callback", "othe
 
 
 def prepare(folder: Path) -> None:
-    from workers.llm.prepare import prepare_hf_from_gguf, smollm2_gguf_path
+    from overnight.workers.llm.prepare import prepare_hf_from_gguf, smollm2_gguf_path
 
     source = prepare_hf_from_gguf(smollm2_gguf_path())
     base = json.loads((source / "config.json").read_text())
@@ -76,8 +76,8 @@ def _documents(n: int, words: int) -> list[str]:
 
 def structural(backend: Any) -> dict[str, Any]:
     """Checks that hold whatever the weights: shape, order, counts, schemas, label sets."""
-    from workers.llm.adapter import GenerationParams
-    from workers.llm.tasks import TaskInput, TaskSpec, run_task, validate
+    from overnight.workers.llm.adapter import GenerationParams
+    from overnight.workers.llm.tasks import TaskInput, TaskSpec, run_task, validate
 
     results: dict[str, Any] = {}
     convs = [[{"role": "user", "content": f"Question {i}: say {i}."}] for i in range(5)]
@@ -118,7 +118,7 @@ def throughput(backend: Any, n: int, new_tokens: int) -> dict[str, Any]:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    from workers.llm.tasks import TaskInput, TaskSpec, run_task, summarize_messages
+    from overnight.workers.llm.tasks import TaskInput, TaskSpec, run_task, summarize_messages
 
     spec = TaskSpec(kind="summarize", summary_words=30, max_new_tokens=new_tokens)
     docs = _documents(n, 200)
@@ -188,7 +188,7 @@ def run(folder: Path, out: Path, cpu: bool, docs: int) -> int:
             print(f"gpu_check: {report['vllm']}; carry its wheels in .whl/ to check it")
             report["status"] = "skip"
             return 0
-        from workers.llm.adapter import load_backend
+        from overnight.workers.llm.adapter import load_backend
 
         dummy = {"load_format": "dummy", "seed": 0}
         tiny = load_backend("vllm", str(folder / "tiny"), max_model_len=4096, engine_kwargs=dummy)

@@ -39,7 +39,7 @@ else
 fi
 
 PYTHON="$PYTHON" bash scripts/install.sh
-"$PYTHON" -m jobs.cli demo --output "${1:-demo-output}"
+"$PYTHON" -m overnight.jobs.cli demo --output "${1:-demo-output}"
 if [ -n "$made_venv" ]; then
   say "overnight is installed in .venv; to use the overnight command in this shell: . .venv/bin/activate"
 fi

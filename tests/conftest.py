@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 # The one WER (jobs.wer), under the name the tests import it by.
-from jobs.wer import wer  # noqa: F401
+from overnight.jobs.wer import wer  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -57,7 +57,7 @@ def ray_local():
 
 @pytest.fixture(scope="session")
 def synth_calls(tmp_path_factory) -> tuple[Path, dict[str, str]]:
-    from jobs.demo import espeak_available, make_demo_calls
+    from overnight.jobs.demo import espeak_available, make_demo_calls
 
     if not espeak_available():
         pytest.skip("espeak-ng is not installed (apt-get install espeak-ng)")

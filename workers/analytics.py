@@ -45,7 +45,7 @@ class Span:
 
 def speech_spans(segments: Iterable[Mapping[str, Any]]) -> list[Span]:
     """One span a word (or a segment without words), labelled by speaker (or channel)."""
-    spans = []
+    spans: list[Span] = []
     for seg in segments:
         speaker = seg.get("speaker") or f"ch{seg.get('channel') or 0}"
         words = seg.get("words") or []

@@ -24,7 +24,7 @@ import numpy as np
 from faster_whisper.feature_extractor import FeatureExtractor
 from faster_whisper.vad import VadOptions, get_speech_timestamps, get_vad_model
 
-from schemas import ErrorCode
+from overnight.schemas import ErrorCode
 
 SAMPLE_RATE = 16_000
 # Frames per second of Whisper features (hop length 160 at 16 kHz).

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import IO
 
-from schemas import ErrorCode
+from overnight.schemas import ErrorCode
 
 
 class ProbeError(Exception):

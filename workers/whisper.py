@@ -31,11 +31,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from schemas import ErrorCode
-from schemas.stages import WHISPER_OUTPUT
-from workers.audio import FRAMES_PER_SECOND, to_original_time
-from workers.devices import detect_gpu_kind, resolve_device, worker_id
-from workers.whisper_options import BUNDLED_MODEL, WhisperOptions
+from overnight.schemas import ErrorCode
+from overnight.schemas.stages import WHISPER_OUTPUT
+from overnight.workers.audio import FRAMES_PER_SECOND, to_original_time
+from overnight.workers.devices import detect_gpu_kind, resolve_device, worker_id
+from overnight.workers.whisper_options import BUNDLED_MODEL, WhisperOptions
 
 # faster-whisper names whose feature extractor uses 128 mel bins (large-v3 family); every
 # other Whisper uses 80. Decode tasks need this before any model is loaded.

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 
-from jobs.errors import OvernightError
+from overnight.jobs.errors import OvernightError
 
 
 def _version() -> str:
@@ -57,14 +57,14 @@ def parser() -> argparse.ArgumentParser:
 # `handler=` on its parsers; a handler takes the parsed args and returns an exit status. They
 # import argparse only: the libraries a command needs are imported when its handler runs.
 COMMAND_MODULES: tuple[str, ...] = (
-    "jobs.cli.job",
-    "jobs.cli.submit",
-    "jobs.cli.submissions",
-    "jobs.cli.report",
-    "jobs.cli.plan",
-    "jobs.cli.tune",
-    "jobs.cli.show",
-    "jobs.cli.export",
+    "overnight.jobs.cli.job",
+    "overnight.jobs.cli.submit",
+    "overnight.jobs.cli.submissions",
+    "overnight.jobs.cli.report",
+    "overnight.jobs.cli.plan",
+    "overnight.jobs.cli.tune",
+    "overnight.jobs.cli.show",
+    "overnight.jobs.cli.export",
 )
 
 
@@ -160,7 +160,7 @@ def _main(argv: list[str] | None) -> int:
     try:
         return int(args.handler(args))
     except OvernightError as exc:
-        from jobs.storage import redact
+        from overnight.jobs.storage import redact
 
         print(f"overnight: error: {redact(str(exc))}", file=sys.stderr)
         return exc.exit_code

@@ -1,7 +1,7 @@
-"""``python -m jobs.cli``: the ``overnight`` command."""
+"""``python -m overnight.jobs.cli``: the ``overnight`` command."""
 
 import sys
 
-from jobs.cli import main
+from overnight.jobs.cli import main
 
 sys.exit(main())

@@ -22,7 +22,7 @@ def add_parser(subparsers) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from jobs.export import export
+    from overnight.jobs.export import export
 
     done = export(args.output, args.dest, args.format)
     print(

@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jobs.money import money
+from overnight.jobs.money import money
 
 if TYPE_CHECKING:
-    from jobs.spec import JobSpec
+    from overnight.jobs.spec import JobSpec
 
 
 def _transcribe_flags(p: argparse.ArgumentParser) -> None:
@@ -138,14 +138,14 @@ def add_parser(sub) -> None:
 
 
 def _cmd_job(args: argparse.Namespace) -> int:
-    from jobs.spec import build_spec, read_job_file
+    from overnight.jobs.spec import build_spec, read_job_file
 
     file_data = read_job_file(args.config) if args.config else {}
     return _run_or_dry(build_spec(file_data, _overrides(args, args.command)), args.dry_run)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from jobs.spec import build_spec, read_job_file
+    from overnight.jobs.spec import build_spec, read_job_file
 
     file_data = read_job_file(args.job_file)
     over = {
@@ -162,11 +162,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _run_or_dry(spec: JobSpec, dry: bool) -> int:
     if dry:
-        from jobs.dryrun import dry_run, render
+        from overnight.jobs.dryrun import dry_run, render
 
         print(render(dry_run(spec)))
         return 0
-    from jobs.api import check_error_rate
+    from overnight.jobs.api import check_error_rate
 
     summary = run_spec(spec)
     print_summary(summary)
@@ -175,7 +175,7 @@ def _run_or_dry(spec: JobSpec, dry: bool) -> int:
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
-    from jobs.spec import reference
+    from overnight.jobs.spec import reference
 
     print(reference())
     return 0
@@ -233,8 +233,8 @@ def _overrides(args: argparse.Namespace, kind: str) -> dict[str, Any]:
 
 
 def run_spec(spec: JobSpec) -> dict[str, Any]:
-    from jobs.api import execute
-    from jobs.console import quiet_native_stderr
+    from overnight.jobs.api import execute
+    from overnight.jobs.console import quiet_native_stderr
 
     with contextlib.nullcontext() if spec.job.verbose else quiet_native_stderr():
         return execute(spec)
@@ -333,9 +333,9 @@ def print_summary(summary: dict[str, Any], out=None) -> None:
 
 
 def _demo(args: argparse.Namespace) -> dict[str, Any]:
-    from jobs.demo import comparison_table, demo_scripts, make_demo_calls
-    from jobs.show import COLUMNS, width
-    from jobs.spec import build_spec
+    from overnight.jobs.demo import comparison_table, demo_scripts, make_demo_calls
+    from overnight.jobs.show import COLUMNS, width
+    from overnight.jobs.spec import build_spec
 
     # The calls live with the results they explain (OUTPUT/calls/), not in a temporary
     # folder that outlives the run and that every row's source_uri would point into.
@@ -361,7 +361,7 @@ def _demo(args: argparse.Namespace) -> dict[str, Any]:
         }
     )
     summary = run_spec(spec)
-    from jobs import ledger, storage
+    from overnight.jobs import ledger, storage
 
     table = ledger.read_results(storage.resolve(summary["transcripts"]), COLUMNS["transcripts"])
     rows = [

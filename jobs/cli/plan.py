@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from jobs.choices import DEFAULT_HEADROOM, DEFAULT_UTILIZATION
+from overnight.jobs.choices import DEFAULT_HEADROOM, DEFAULT_UTILIZATION
 
 
 def add_parser(subparsers) -> None:
@@ -62,8 +62,14 @@ def handle(args: argparse.Namespace) -> int:
     import json
     from dataclasses import replace
 
-    from jobs.errors import ConfigError
-    from jobs.plan import adjust_profiles, load_profiles, make_plan, parse_duration, render
+    from overnight.jobs.errors import ConfigError
+    from overnight.jobs.plan import (
+        adjust_profiles,
+        load_profiles,
+        make_plan,
+        parse_duration,
+        render,
+    )
 
     if not args.profile and args.throughput is None:
         raise ConfigError(

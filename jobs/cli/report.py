@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from jobs.choices import REPORT_FORMATS, REPORT_GROUPS
+from overnight.jobs.choices import REPORT_FORMATS, REPORT_GROUPS
 
 
 def add_parser(subparsers) -> None:
@@ -33,7 +33,7 @@ def handle(args: argparse.Namespace) -> int:
     import json
     import sys
 
-    from jobs.report import build_report, load, parse_since, render_table, write
+    from overnight.jobs.report import build_report, load, parse_since, render_table, write
 
     report = build_report(load(args.outputs), by=args.by, since=parse_since(args.since))
     if args.format == "table":

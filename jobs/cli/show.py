@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from jobs.choices import DEFAULT_SHOW_LIMIT
+from overnight.jobs.choices import DEFAULT_SHOW_LIMIT
 
 
 def add_parser(subparsers) -> None:
@@ -41,7 +41,7 @@ def handle(args: argparse.Namespace) -> int:
     import os
     import sys
 
-    from jobs.show import Selection, as_json, read, render, width
+    from overnight.jobs.show import Selection, as_json, read, render, width
 
     selection = Selection(args.source, args.item, args.status, args.task)
     found = read(args.output, selection)

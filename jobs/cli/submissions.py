@@ -19,7 +19,7 @@ _COLUMNS = (
 
 
 def _table(records: list[dict]) -> str:
-    from jobs.submissions import shown
+    from overnight.jobs.submissions import shown
 
     rows = [[*_COLUMNS, "reason"]]
     for r in records:
@@ -37,7 +37,7 @@ def _table(records: list[dict]) -> str:
 
 
 def _cmd_add(args: argparse.Namespace) -> int:
-    from jobs.submissions import add, load_config
+    from overnight.jobs.submissions import add, load_config
 
     result = add(load_config(args.config), args.tenant, args.manifest)
     print(json.dumps(result, sort_keys=True))
@@ -45,7 +45,7 @@ def _cmd_add(args: argparse.Namespace) -> int:
 
 
 def _cmd_process(args: argparse.Namespace) -> int:
-    from jobs.submissions import FAILED, load_config, process
+    from overnight.jobs.submissions import FAILED, load_config, process
 
     config = load_config(args.config)
     records = process(
@@ -65,7 +65,7 @@ def _cmd_process(args: argparse.Namespace) -> int:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from jobs.submissions import SubmissionStore, load_config
+    from overnight.jobs.submissions import SubmissionStore, load_config
 
     config = load_config(args.config)
     records = SubmissionStore(config.submissions.state).all(args.tenant)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from jobs.choices import DEFAULT_TUNE_BUDGET, TUNE_TASKS
+from overnight.jobs.choices import DEFAULT_TUNE_BUDGET, TUNE_TASKS
 
 
 def add_parser(subparsers) -> None:
@@ -47,9 +47,9 @@ def handle(args: argparse.Namespace) -> int:
     import sys
     from datetime import UTC, datetime
 
-    from jobs.plan import parse_duration
-    from jobs.spec import read_job_file
-    from jobs.tune import parse_sla, read_grid, render, tune
+    from overnight.jobs.plan import parse_duration
+    from overnight.jobs.spec import read_job_file
+    from overnight.jobs.tune import parse_sla, read_grid, render, tune
 
     sla = parse_sla(args.sla, args.task)
     out = args.out or f"tune-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"

@@ -45,9 +45,9 @@ write every table of the report into the folder ``--out`` (``by_<group>``, ``fai
 (inline CSS and SVG charts, no script, no network) to ``--out``.
 """
 
-from jobs.choices import REPORT_FORMATS as FORMATS
-from jobs.choices import REPORT_GROUPS as GROUPS
-from jobs.report.aggregate import (
+from overnight.jobs.choices import REPORT_FORMATS as FORMATS
+from overnight.jobs.choices import REPORT_GROUPS as GROUPS
+from overnight.jobs.report.aggregate import (
     FAILURES_SCHEMA,
     REPORT_SCHEMA,
     Report,
@@ -56,9 +56,9 @@ from jobs.report.aggregate import (
     load,
     parse_since,
 )
-from jobs.report.files import write
-from jobs.report.html import render_html
-from jobs.report.text import render_table
+from overnight.jobs.report.files import write
+from overnight.jobs.report.html import render_html
+from overnight.jobs.report.text import render_table
 
 __all__ = [
     "FAILURES_SCHEMA",

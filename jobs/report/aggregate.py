@@ -12,10 +12,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from jobs import storage
-from jobs.choices import REPORT_GROUPS as GROUPS
-from jobs.commits import read_results
-from jobs.errors import ConfigError, InputNotFound
+from overnight.jobs import storage
+from overnight.jobs.choices import REPORT_GROUPS as GROUPS
+from overnight.jobs.commits import read_results
+from overnight.jobs.errors import ConfigError, InputNotFound
 
 MODEL_STAGES = ("transcribe", "generate")
 AUDIO_STAGES = ("decode", "transcribe")
@@ -49,14 +49,14 @@ class Sources:
 
 
 def _empty_ledger() -> pa.Table:
-    from schemas import COSTS
+    from overnight.schemas import COSTS
 
     return pa.Table.from_pylist([], schema=COSTS)
 
 
 def load(outputs: list[str]) -> Sources:
     """Read the ledgers, result rows and run summaries under each OUTPUT."""
-    from jobs.plan import read_summaries
+    from overnight.jobs.plan import read_summaries
 
     if not outputs:
         raise ConfigError("give at least one OUTPUT folder or prefix to report on")
@@ -117,7 +117,7 @@ def parse_since(text: str | None, now: datetime | None = None) -> datetime | Non
     if text is None:
         return None
     if re.fullmatch(r"\s*\d+(\.\d+)?\s*[dhm]\s*", text):
-        from jobs.plan import parse_duration
+        from overnight.jobs.plan import parse_duration
 
         return (now or datetime.now(UTC)) - timedelta(seconds=parse_duration(text, "--since"))
     try:

@@ -8,11 +8,11 @@ import io
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from jobs import storage
-from jobs.choices import REPORT_FORMATS as FORMATS
-from jobs.errors import ConfigError
-from jobs.report.aggregate import Report
-from jobs.report.html import render_html
+from overnight.jobs import storage
+from overnight.jobs.choices import REPORT_FORMATS as FORMATS
+from overnight.jobs.errors import ConfigError
+from overnight.jobs.report.aggregate import Report
+from overnight.jobs.report.html import render_html
 
 # A spreadsheet runs a cell that starts with one of these as a formula (=HYPERLINK(...)
 # exfiltrates the sheet): tenant, submission and model names are tenant-controlled text.

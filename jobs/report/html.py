@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import html
 
-from jobs.money import money
-from jobs.report.aggregate import Report
-from jobs.report.svg import bar_chart, hbar_chart, line_chart
-from jobs.report.text import _SHOWN, _num, _pct, _scope_line
+from overnight.jobs.money import money
+from overnight.jobs.report.aggregate import Report
+from overnight.jobs.report.svg import bar_chart, hbar_chart, line_chart
+from overnight.jobs.report.text import _SHOWN, _num, _pct, _scope_line
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;color:#0f172a;margin:24px;max-width:1180px}

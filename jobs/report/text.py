@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from jobs.money import money
-from jobs.report.aggregate import Report
+from overnight.jobs.money import money
+from overnight.jobs.report.aggregate import Report
 
 
 def _num(value: float | None, fmt: str = ",.2f") -> str:

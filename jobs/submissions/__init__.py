@@ -28,11 +28,16 @@ The package: ``urls`` (the tenant boundary), ``config`` (the tenants config), ``
 ``jobs.cli.submissions`` is the command.
 """
 
-from jobs.submissions.config import Settings, Tenant, TenantsConfig, load_config
-from jobs.submissions.manifests import Rejected, parse_manifest, submission_id, trusted_rows
-from jobs.submissions.run import add, output_for, process, process_one
-from jobs.submissions.state import DONE, FAILED, REJECTED, RUNNING, SubmissionStore
-from jobs.submissions.urls import ObjectURL, UriRejected, normalize, shown
+from overnight.jobs.submissions.config import Settings, Tenant, TenantsConfig, load_config
+from overnight.jobs.submissions.manifests import (
+    Rejected,
+    parse_manifest,
+    submission_id,
+    trusted_rows,
+)
+from overnight.jobs.submissions.run import add, output_for, process, process_one
+from overnight.jobs.submissions.state import DONE, FAILED, REJECTED, RUNNING, SubmissionStore
+from overnight.jobs.submissions.urls import ObjectURL, UriRejected, normalize, shown
 
 __all__ = [
     "DONE",

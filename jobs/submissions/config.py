@@ -7,9 +7,9 @@ from pathlib import Path
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from jobs.config_model import ConfigModel, config_error
-from jobs.spec import TranscribeOptions, read_job_file
-from jobs.submissions.urls import ObjectURL, UriRejected, normalize, shown
+from overnight.jobs.config_model import ConfigModel, config_error
+from overnight.jobs.spec import TranscribeOptions, read_job_file
+from overnight.jobs.submissions.urls import ObjectURL, UriRejected, normalize, shown
 
 _TENANT = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 

@@ -12,8 +12,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from jobs.submissions.config import Tenant
-from jobs.submissions.urls import UriRejected, normalize, shown
+from overnight.jobs.submissions.config import Tenant
+from overnight.jobs.submissions.urls import UriRejected, normalize, shown
 
 MAX_MANIFEST_BYTES = 64 * 2**20
 # Manifest columns that would carry a credential into results: rejected, never copied.

@@ -10,13 +10,24 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from jobs import storage
-from jobs.errors import AccessDenied, ConfigError, InputNotFound, OvernightError, StorageUnavailable
-from jobs.manifest import MANIFEST_SUFFIXES
-from jobs.submissions.config import Tenant, TenantsConfig
-from jobs.submissions.manifests import Rejected, parse_manifest, submission_id, trusted_rows
-from jobs.submissions.state import DONE, FAILED, REJECTED, RUNNING, SubmissionStore, _now
-from jobs.submissions.urls import shown
+from overnight.jobs import storage
+from overnight.jobs.errors import (
+    AccessDenied,
+    ConfigError,
+    InputNotFound,
+    OvernightError,
+    StorageUnavailable,
+)
+from overnight.jobs.manifest import MANIFEST_SUFFIXES
+from overnight.jobs.submissions.config import Tenant, TenantsConfig
+from overnight.jobs.submissions.manifests import (
+    Rejected,
+    parse_manifest,
+    submission_id,
+    trusted_rows,
+)
+from overnight.jobs.submissions.state import DONE, FAILED, REJECTED, RUNNING, SubmissionStore, _now
+from overnight.jobs.submissions.urls import shown
 
 _SUBMISSION = re.compile(r"^sub-[0-9a-f]{24}$")
 
@@ -40,7 +51,7 @@ def _inbox(tenant: Tenant) -> list[storage.ObjectInfo]:
 
 
 def _totals(out: storage.Location) -> dict[str, Any]:
-    from jobs import commits
+    from overnight.jobs import commits
 
     table = commits.read_results(out.join("transcripts"), ["item_id", "status", "duration_s"])
     costs = commits.read_results(out.join("costs"), ["cost_usd"])
@@ -73,8 +84,8 @@ def _run(
     ray_address: str | None,
     progress: bool,
 ) -> dict:
-    from jobs.spec import build_spec
-    from jobs.transcribe import run_transcribe
+    from overnight.jobs.spec import build_spec
+    from overnight.jobs.transcribe import run_transcribe
 
     data: dict[str, Any] = {
         "job": {

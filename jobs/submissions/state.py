@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
-from jobs import storage
+from overnight.jobs import storage
 
 # The version of the records' format (the key keeps its first name: records on disk have it).
 RECORD_VERSION = 1

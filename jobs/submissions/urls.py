@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from jobs import storage
+from overnight.jobs import storage
 
 _SCHEMES = {"s3": "s3", "s3a": "s3", "gs": "gs", "gcs": "gs", "file": "file"}
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")

@@ -60,9 +60,9 @@ The package, in the order above: ``sla``, ``grid``, ``measure``, ``accuracy``, `
 ``jobs.cli.tune`` is the command.
 """
 
-from jobs.choices import DEFAULT_TUNE_BUDGET as DEFAULT_BUDGET
-from jobs.choices import TUNE_TASKS as TASKS
-from jobs.tune.accuracy import (
+from overnight.jobs.choices import DEFAULT_TUNE_BUDGET as DEFAULT_BUDGET
+from overnight.jobs.choices import TUNE_TASKS as TASKS
+from overnight.jobs.tune.accuracy import (
     accuracy_rank,
     corpus_wer,
     error_rate,
@@ -70,8 +70,8 @@ from jobs.tune.accuracy import (
     read_references,
     score,
 )
-from jobs.tune.decide import Decision, Row, decide
-from jobs.tune.grid import (
+from overnight.jobs.tune.decide import Decision, Row, decide
+from overnight.jobs.tune.grid import (
     CPU_GRID,
     GPU_GRID,
     PROCESS_CPU_GRID,
@@ -81,16 +81,16 @@ from jobs.tune.grid import (
     default_grid,
     read_grid,
 )
-from jobs.tune.measure import (
+from overnight.jobs.tune.measure import (
     Context,
     Measurement,
     measure_process,
     measure_transcribe,
     unsupported_compute_type,
 )
-from jobs.tune.orchestrate import TuneResult, tune
-from jobs.tune.outputs import chosen_toml, render, write_outputs
-from jobs.tune.sla import SLA, parse_sla
+from overnight.jobs.tune.orchestrate import TuneResult, tune
+from overnight.jobs.tune.outputs import chosen_toml, render, write_outputs
+from overnight.jobs.tune.sla import SLA, parse_sla
 
 __all__ = [
     "CPU_GRID",

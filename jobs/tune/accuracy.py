@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from jobs import storage, wer
-from jobs.spec import TranscribeOptions
-from jobs.tune.measure import Measurement, _item_key, _stem
+from overnight.jobs import storage, wer
+from overnight.jobs.spec import TranscribeOptions
+from overnight.jobs.tune.measure import Measurement, _item_key, _stem
 
 _REFERENCE_FILES = ("references.tsv", "references.jsonl", "references.txt")
 

@@ -6,10 +6,10 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from jobs.money import money
-from jobs.plan import Option, size_option
-from jobs.tune.measure import Measurement
-from jobs.tune.sla import SLA
+from overnight.jobs.money import money
+from overnight.jobs.plan import Option, size_option
+from overnight.jobs.tune.measure import Measurement
+from overnight.jobs.tune.sla import SLA
 
 
 @dataclass

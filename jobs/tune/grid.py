@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jobs.errors import ConfigError
-from jobs.spec import read_job_file
+from overnight.jobs.errors import ConfigError
+from overnight.jobs.spec import read_job_file
 
 CPU_GRID: dict[str, list[Any]] = {
     "beam_size": [1, 5],
@@ -74,7 +74,7 @@ def default_grid(device: str, task: str = "transcribe", backend: str = "auto") -
         if device == "cuda":
             return _names(_cross(PROCESS_GPU_GRID))
         if backend == "auto":
-            from jobs.spec import default_llm_backend
+            from overnight.jobs.spec import default_llm_backend
 
             backend = default_llm_backend()
         return _names(_cross(PROCESS_VLLM_CPU_GRID if backend == "vllm" else PROCESS_CPU_GRID))

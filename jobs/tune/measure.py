@@ -10,13 +10,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from jobs import storage
-from jobs.errors import OvernightError
-from jobs.plan import (
+from overnight.jobs import storage
+from overnight.jobs.errors import OvernightError
+from overnight.jobs.plan import (
     WorkerProfile,
 )
-from jobs.spec import build_spec
-from jobs.tune.grid import Candidate
+from overnight.jobs.spec import build_spec
+from overnight.jobs.tune.grid import Candidate
 
 
 @dataclass
@@ -164,8 +164,8 @@ def _run_job(
 
 def measure_transcribe(candidate: Candidate, index: int, ctx: Context) -> Measurement:
     """Run the transcription job on the sample with one configuration and measure it."""
-    from jobs.commits import read_results
-    from jobs.transcribe import run_transcribe
+    from overnight.jobs.commits import read_results
+    from overnight.jobs.transcribe import run_transcribe
 
     run_id = f"tune-{ctx.stamp}-{index:02d}"
     out = ctx.workdir.join("configs", f"{index:02d}")
@@ -244,8 +244,8 @@ def measure_process(candidate: Candidate, index: int, ctx: Context) -> Measureme
     Throughput is documents (that succeeded) per busy second of the LLM actor; the outputs
     compared for accuracy are the labels of a classification, else the generated JSON or text.
     """
-    from jobs.commits import read_results
-    from jobs.process import run_process
+    from overnight.jobs.commits import read_results
+    from overnight.jobs.process import run_process
 
     run_id = f"tune-{ctx.stamp}-{index:02d}"
     out = ctx.workdir.join("configs", f"{index:02d}")

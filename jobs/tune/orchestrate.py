@@ -12,16 +12,22 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from jobs import storage
-from jobs.choices import TUNE_TASKS as TASKS
-from jobs.errors import ConfigError
-from jobs.spec import build_spec
-from jobs.tune.accuracy import _is_reference_file, accuracy_rank, read_references, score
-from jobs.tune.decide import Decision, decide
-from jobs.tune.grid import Candidate, default_grid
-from jobs.tune.measure import Context, Measurement, _item_key, measure_process, measure_transcribe
-from jobs.tune.outputs import _throughput, write_outputs
-from jobs.tune.sla import SLA
+from overnight.jobs import storage
+from overnight.jobs.choices import TUNE_TASKS as TASKS
+from overnight.jobs.errors import ConfigError
+from overnight.jobs.spec import build_spec
+from overnight.jobs.tune.accuracy import _is_reference_file, accuracy_rank, read_references, score
+from overnight.jobs.tune.decide import Decision, decide
+from overnight.jobs.tune.grid import Candidate, default_grid
+from overnight.jobs.tune.measure import (
+    Context,
+    Measurement,
+    _item_key,
+    measure_process,
+    measure_transcribe,
+)
+from overnight.jobs.tune.outputs import _throughput, write_outputs
+from overnight.jobs.tune.sla import SLA
 
 # Files in a sample folder that are not recordings.
 _NOT_MEDIA = (
@@ -70,10 +76,10 @@ def _sample_input(
     """The sample as a manifest of its items, and the references a manifest's ``reference``
     column holds. Reference files are left out; for transcription also notes and tables
     (anything not audio); for documents a transcripts dataset is used as it is."""
-    from jobs.manifest import is_manifest, records_from_manifest
+    from overnight.jobs.manifest import is_manifest, records_from_manifest
 
     if task == "process" and not is_manifest(sample):
-        from jobs.process import _is_transcripts
+        from overnight.jobs.process import _is_transcripts
 
         transcripts = _is_transcripts(sample)
         if transcripts is not None:
@@ -141,7 +147,7 @@ def tune(
     base.pop("job", None)  # the tuner sets input, output and run ids itself
     device = "cpu"
     if runner is None:
-        from jobs.pipeline import cluster_has_gpu, ensure_ray
+        from overnight.jobs.pipeline import cluster_has_gpu, ensure_ray
 
         ensure_ray(address)
         wanted = (base.get(task) or {}).get("device", "auto")

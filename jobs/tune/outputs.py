@@ -7,13 +7,13 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from jobs import storage
-from jobs.money import money
-from jobs.plan import fmt_duration, profile_document
-from jobs.tune.measure import Measurement
+from overnight.jobs import storage
+from overnight.jobs.money import money
+from overnight.jobs.plan import fmt_duration, profile_document
+from overnight.jobs.tune.measure import Measurement
 
 if TYPE_CHECKING:  # the orchestration imports this module
-    from jobs.tune.orchestrate import TuneResult
+    from overnight.jobs.tune.orchestrate import TuneResult
 
 
 def _throughput(m: Measurement) -> str:

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from jobs.errors import ConfigError
-from jobs.plan import (
+from overnight.jobs.errors import ConfigError
+from overnight.jobs.plan import (
     DEFAULT_HEADROOM,
     fmt_duration,
     parse_duration,

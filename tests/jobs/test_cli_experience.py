@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jobs.demo import DIALOGUE, espeak_available, silence, speak, write_wav
-from jobs.errors import InputNotFound
-from jobs.manifest import Selection, select_items
+from overnight.jobs.demo import DIALOGUE, espeak_available, silence, speak, write_wav
+from overnight.jobs.errors import InputNotFound
+from overnight.jobs.manifest import Selection, select_items
+from overnight.workers.audio import MEDIA_EXTENSIONS
 from tests.conftest import REPO
-from workers.audio import MEDIA_EXTENSIONS
 
 needs_espeak = pytest.mark.skipif(not espeak_available(), reason="espeak-ng is not installed")
 
@@ -34,7 +34,7 @@ RAY_NOISE = ("token authentication", "core_worker.cc", "Progress bars disabled")
 
 def overnight(*args: str, env: dict[str, str] | None = None, timeout: float = 600):
     return subprocess.run(
-        [sys.executable, "-m", "jobs.cli", *args],
+        [sys.executable, "-m", "overnight.jobs.cli", *args],
         env={**os.environ, **(env or {}), "PYTHONPATH": str(REPO), "COLUMNS": "100"},
         capture_output=True,
         text=True,
@@ -197,7 +197,7 @@ def test_a_long_run_prints_a_progress_line_at_least_every_10_s(tmp_path):
     # SIGINT ignored (a shell's rule for background jobs), and Python keeps it so.
     restore_ctrl_c = (
         "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-        "sys.argv[0] = 'overnight'; runpy.run_module('jobs.cli', run_name='__main__')"
+        "sys.argv[0] = 'overnight'; runpy.run_module('overnight.jobs.cli', run_name='__main__')"
     )
     proc = subprocess.Popen(
         [

@@ -21,14 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from jobs import errors, submit
+from overnight.jobs import errors, submit
 from tests.conftest import REPO, SHARED_DATA, _free_port
 
 
 def overnight(*args: str, env: dict[str, str] | None = None, **kwargs) -> tuple[int, str]:
     """Run the CLI; (exit status, stdout and stderr together)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "jobs.cli", *args],
+        [sys.executable, "-m", "overnight.jobs.cli", *args],
         env=env or cli_env(),
         capture_output=True,
         text=True,
@@ -224,7 +224,7 @@ def test_offline_mode_without_the_model_in_the_cache_says_so(recording, tmp_path
 def _cache_tiny_en(hf_home: Path) -> Path:
     """The Hugging Face cache as ``hf download Systran/faster-whisper-tiny.en`` leaves it, made
     of the bundled tiny.en (the same CTranslate2 files)."""
-    from workers.whisper import ModelLoadError, bundled_model_path
+    from overnight.workers.whisper import ModelLoadError, bundled_model_path
 
     try:
         source = Path(bundled_model_path())
@@ -252,8 +252,8 @@ def test_a_cached_hub_model_is_resolved_on_the_driver_without_network(tmp_path, 
         HF_HOME=str(tmp_path / "hf-home"),
     )
     code = (
-        "from jobs import preflight, transcribe; from jobs.storage import StorageConfig\n"
-        "from workers.whisper import WhisperOptions, WhisperWorkerConfig\n"
+        "from overnight.jobs import preflight, transcribe; from overnight.jobs.storage import StorageConfig\n"
+        "from overnight.workers.whisper import WhisperOptions, WhisperWorkerConfig\n"
         "ref = preflight.whisper_model('tiny.en')\n"
         "import faster_whisper.transcribe as ft\n"
         "def no_fetch(*a, **k): raise SystemExit('the actor fetched the model itself')\n"
@@ -384,7 +384,7 @@ def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(args, expected):
     os.close(read_end)
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "jobs.cli", *args],
+            [sys.executable, "-m", "overnight.jobs.cli", *args],
             env=cli_env(),
             stdout=write_end,
             stderr=subprocess.PIPE,
@@ -407,9 +407,9 @@ def test_plan_without_a_profile_suggests_stating_a_gpu_throughput():
 def test_the_encrypted_pdf_message_names_the_environment_variable_the_job_reads(monkeypatch):
     """The document is read as the process job reads it (its TextOptions from the spec);
     running the whole job would load the LLM for a row that never reaches it."""
-    from jobs.process import text_options
-    from jobs.spec import build_spec
-    from workers.text import extract_text
+    from overnight.jobs.process import text_options
+    from overnight.jobs.spec import build_spec
+    from overnight.workers.text import extract_text
 
     pdf = SHARED_DATA / "docs" / "libreoffice-writer-password.pdf"
     if not pdf.is_file():

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.cli import parse_args
-from jobs.cli.job import _overrides, print_summary
+from overnight.jobs.cli import parse_args
+from overnight.jobs.cli.job import _overrides, print_summary
 from tests.conftest import REPO
 
 # The libraries a command needs when it runs; none of them may be imported to print help.
@@ -33,7 +33,7 @@ HEAVY = (
     "pydantic",
     "fsspec",
     "numpy",
-    "jobs.spec",
+    "overnight.jobs.spec",
 )
 COMMANDS = (
     ("transcribe",),
@@ -68,7 +68,7 @@ def _fastest_wall(args: list[str], tries: int = 3) -> float:
     for _ in range(tries):
         start = time.perf_counter()
         done = subprocess.run(
-            [sys.executable, "-m", "jobs.cli", *args],
+            [sys.executable, "-m", "overnight.jobs.cli", *args],
             env=_env(),
             capture_output=True,
             text=True,
@@ -89,7 +89,7 @@ def test_no_command_help_imports_ray_pyarrow_pydantic_or_an_engine():
     # One fresh interpreter asks every command for its help, then lists what got imported.
     script = f"""
 import json, sys
-from jobs.cli import main
+from overnight.jobs.cli import main
 for command in {[list(c) for c in COMMANDS]!r} + [[]]:
     try:
         main([*command, "--help"])
@@ -114,7 +114,7 @@ def test_version_prints_the_installed_distributions_version(capsys):
 
 def test_version_needs_no_command_and_answers_in_a_fresh_process():
     done = subprocess.run(
-        [sys.executable, "-m", "jobs.cli", "--version"],
+        [sys.executable, "-m", "overnight.jobs.cli", "--version"],
         env=_env(),
         capture_output=True,
         text=True,
@@ -183,7 +183,7 @@ def test_only_the_cli_package_imports_argparse():
 def test_every_command_module_imports_only_argparse_and_light_modules_at_the_top():
     # A handler imports its library inside the function; the module itself stays light.
     allowed = {"__future__", "argparse", "json", "sys", "contextlib", "typing", "pathlib"}
-    allowed |= {"jobs.choices", "jobs.money", "jobs.errors", "importlib", "difflib", "os"}
+    allowed |= {"overnight.jobs.choices", "overnight.jobs.money", "overnight.jobs.errors", "importlib", "difflib", "os"}
     allowed |= {"signal", "threading", "time"}
     for path in sorted((REPO / "jobs" / "cli").glob("*.py")):
         tree = ast.parse(path.read_text())
@@ -194,4 +194,4 @@ def test_every_command_module_imports_only_argparse_and_light_modules_at_the_top
                 modules = [node.module or ""]
             else:
                 continue
-            assert set(modules) <= allowed | {"jobs.cli"}, (Path(path).name, modules)
+            assert set(modules) <= allowed | {"overnight.jobs.cli"}, (Path(path).name, modules)

@@ -22,8 +22,8 @@ from pathlib import Path
 import pyarrow.dataset as pads
 import pytest
 
-from jobs import submit
-from jobs.cli import main
+from overnight.jobs import submit
+from overnight.jobs.cli import main
 from tests.conftest import _free_port, wer
 
 pytestmark = pytest.mark.slow

@@ -7,9 +7,9 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pytest
 
-from jobs import commits, pipeline, storage
-from jobs.commits import committed_files
-from jobs.errors import Superseded
+from overnight.jobs import commits, pipeline, storage
+from overnight.jobs.commits import committed_files
+from overnight.jobs.errors import Superseded
 from tests.conftest import secrets_in
 
 SCHEMA = pa.schema(

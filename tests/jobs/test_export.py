@@ -12,9 +12,9 @@ import pytest
 import srt
 import webvtt
 
-from jobs.errors import ConfigError, InputNotFound
-from jobs.export import export
-from schemas.tables import TRANSCRIPTS
+from overnight.jobs.errors import ConfigError, InputNotFound
+from overnight.jobs.export import export
+from overnight.schemas.tables import TRANSCRIPTS
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 SEGMENTS = [
@@ -116,7 +116,7 @@ def test_the_export_command_writes_the_files_and_says_what_it_left_out(output: P
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-m", "jobs.cli", "export", str(output), str(tmp_path / "d"),
+        [sys.executable, "-m", "overnight.jobs.cli", "export", str(output), str(tmp_path / "d"),
          "--format", "vtt"],
         capture_output=True, text=True, timeout=120,
     )
@@ -124,7 +124,7 @@ def test_the_export_command_writes_the_files_and_says_what_it_left_out(output: P
     assert "wrote 2 vtt file(s)" in done.stdout and "1 recording(s) have only error rows" in done.stdout
     assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["call-1.vtt", "call-3.vtt"]
     missing = subprocess.run(
-        [sys.executable, "-m", "jobs.cli", "export", str(tmp_path / "nothing"), str(tmp_path / "e")],
+        [sys.executable, "-m", "overnight.jobs.cli", "export", str(tmp_path / "nothing"), str(tmp_path / "e")],
         capture_output=True, text=True, timeout=120,
     )
     assert missing.returncode == 4 and "Traceback" not in missing.stderr

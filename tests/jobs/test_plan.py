@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from jobs.cli import main
-from jobs.errors import ConfigError
-from jobs.plan import (
+from overnight.jobs.cli import main
+from overnight.jobs.errors import ConfigError
+from overnight.jobs.plan import (
     WorkerProfile,
     load_profiles,
     make_plan,

@@ -9,11 +9,11 @@ import numpy as np
 import pyarrow.dataset as pads
 import pytest
 
-from jobs.demo import noise, silence, write_wav
-from jobs.probe import run_probe
-from jobs.spec import build_spec
-from jobs.transcribe import run_transcribe
-from schemas import PROBES
+from overnight.jobs.demo import noise, silence, write_wav
+from overnight.jobs.probe import run_probe
+from overnight.jobs.spec import build_spec
+from overnight.jobs.transcribe import run_transcribe
+from overnight.schemas import PROBES
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pyarrow.dataset as pads
 import pytest
 
-from jobs.cli import main as cli_main
-from jobs.errors import ConfigError
-from jobs.process import run_process
-from jobs.spec import build_spec, default_llm_backend, read_job_file
+from overnight.jobs.cli import main as cli_main
+from overnight.jobs.errors import ConfigError
+from overnight.jobs.process import run_process
+from overnight.jobs.spec import build_spec, default_llm_backend, read_job_file
 from tests.conftest import require_vllm, secrets_in, upload_folder
 
 pytestmark = pytest.mark.usefixtures("ray_local")

@@ -17,11 +17,11 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 
-from jobs import ledger, storage
-from jobs.cli import main
-from jobs.report import build_report, load, parse_since, write
-from jobs.spec import DEFAULT_PRICES
-from schemas import DOCUMENT_RESULTS, TRANSCRIPTS
+from overnight.jobs import ledger, storage
+from overnight.jobs.cli import main
+from overnight.jobs.report import build_report, load, parse_since, write
+from overnight.jobs.spec import DEFAULT_PRICES
+from overnight.schemas import DOCUMENT_RESULTS, TRANSCRIPTS
 from tests.conftest import upload_folder
 
 DAY1 = datetime(2026, 11, 30, 23, 10, tzinfo=UTC)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-import jobs.api as overnight_api
-from jobs.errors import ConfigError, ErrorRateExceeded
+import overnight.jobs.api as overnight_api
+from overnight.jobs.errors import ConfigError, ErrorRateExceeded
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -22,7 +22,7 @@ COUNTS = ("items", "succeeded", "failed", "errors_by_code", "audio_seconds", "ki
 
 def _cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "jobs.cli", *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "overnight.jobs.cli", *args], capture_output=True, text=True, timeout=timeout
     )
 
 

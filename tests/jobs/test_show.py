@@ -17,8 +17,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from jobs import ledger, storage
-from schemas import DOCUMENT_RESULTS, TRANSCRIPTS
+from overnight.jobs import ledger, storage
+from overnight.schemas import DOCUMENT_RESULTS, TRANSCRIPTS
 from tests.conftest import REPO, upload_folder
 
 NOW = datetime(2026, 12, 3, 20, 0, tzinfo=UTC)
@@ -130,7 +130,7 @@ def write_output(folder: Path, transcripts=True, results=False) -> Path:
 
 def show(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "jobs.cli", "show", *args],
+        [sys.executable, "-m", "overnight.jobs.cli", "show", *args],
         env={**(env or os.environ), "PYTHONPATH": str(REPO), "COLUMNS": "100"},
         capture_output=True,
         text=True,

@@ -3,10 +3,10 @@ one actor per GPU, and an explicit value always wins."""
 
 from __future__ import annotations
 
-from jobs import sizing
-from jobs.process import llm_pool
-from jobs.spec import ProcessOptions, TranscribeOptions
-from jobs.transcribe import whisper_options, whisper_pool
+from overnight.jobs import sizing
+from overnight.jobs.process import llm_pool
+from overnight.jobs.spec import ProcessOptions, TranscribeOptions
+from overnight.jobs.transcribe import whisper_options, whisper_pool
 
 
 def _cores_of_model(pool: sizing.Pool) -> int:

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from jobs import storage
-from jobs.cli import main as cli_main
-from jobs.errors import ConfigError, InputNotFound, StorageUnavailable
-from jobs.manifest import item_id, list_items
-from jobs.spec import build_spec, read_job_file
+from overnight.jobs import storage
+from overnight.jobs.cli import main as cli_main
+from overnight.jobs.errors import ConfigError, InputNotFound, StorageUnavailable
+from overnight.jobs.manifest import item_id, list_items
+from overnight.jobs.spec import build_spec, read_job_file
 
 
 def test_flags_override_the_job_file_which_overrides_defaults(tmp_path):
@@ -249,7 +249,7 @@ def test_an_s3_manifest_row_without_credentials_exits_3_with_advice_not_a_traceb
         "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
     }
     result = subprocess.run(
-        [sys.executable, "-m", "jobs.cli", "transcribe", str(manifest), str(tmp_path / "out")],
+        [sys.executable, "-m", "overnight.jobs.cli", "transcribe", str(manifest), str(tmp_path / "out")],
         env=env,
         capture_output=True,
         text=True,
@@ -268,7 +268,7 @@ def test_the_spec_and_the_task_names_load_without_an_engine_or_pyarrow():
 
     code = (
         "import sys, jobs.spec, workers.llm.tasks\n"
-        "heavy = ('av', 'faster_whisper', 'ctranslate2', 'ray', 'pyarrow', 'workers.whisper')\n"
+        "heavy = ('av', 'faster_whisper', 'ctranslate2', 'ray', 'pyarrow', 'overnight.workers.whisper')\n"
         "print(','.join(m for m in heavy if m in sys.modules))"
     )
     repo = str(Path(__file__).resolve().parents[2])

@@ -20,10 +20,10 @@ import pytest
 import tomli_w
 from pydantic import ValidationError
 
-from jobs import storage
-from jobs.cli import main
-from jobs.errors import ConfigError
-from jobs.submissions import (
+from overnight.jobs import storage
+from overnight.jobs.cli import main
+from overnight.jobs.errors import ConfigError
+from overnight.jobs.submissions import (
     Rejected,
     Tenant,
     UriRejected,
@@ -529,7 +529,7 @@ def test_tenants_config_refuses_overlapping_input_prefixes_unless_declared_share
 
 @pytest.mark.usefixtures("ray_local")
 def test_a_bad_tenant_row_or_a_failing_submission_never_stops_another_tenants(tmp_path, capsys):
-    from jobs.demo import noise, write_wav
+    from overnight.jobs.demo import noise, write_wav
 
     def folder(*parts: str) -> Path:
         path = tmp_path.joinpath(*parts)
@@ -586,8 +586,8 @@ def test_a_bad_tenant_row_or_a_failing_submission_never_stops_another_tenants(tm
 def test_a_folder_swapped_for_a_link_after_the_check_does_not_lead_to_another_tenants_file(
     tmp_path, capsys, monkeypatch
 ):
-    from jobs.demo import noise, write_wav
-    from jobs.submissions import run as submissions
+    from overnight.jobs.demo import noise, write_wav
+    from overnight.jobs.submissions import run as submissions
 
     for tenant, seconds in (("acme", 1.0), ("globex", 3.0)):
         (tmp_path / "calls" / tenant / "batch").mkdir(parents=True)

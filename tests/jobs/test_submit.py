@@ -9,10 +9,10 @@ import tomllib
 
 import pytest
 
-from jobs import submit
-from jobs.cli import main
-from jobs.errors import ConfigError
-from jobs.spec import build_spec
+from overnight.jobs import submit
+from overnight.jobs.cli import main
+from overnight.jobs.errors import ConfigError
+from overnight.jobs.spec import build_spec
 from tests.conftest import _free_port, secrets_in
 
 

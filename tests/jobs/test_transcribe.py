@@ -16,11 +16,11 @@ import numpy as np
 import pyarrow.dataset as pads
 import pytest
 
-from jobs.demo import noise, silence, speak, stereo_dialogue, write_wav
-from jobs.spec import build_spec
-from jobs.transcribe import run_transcribe
+from overnight.jobs.demo import noise, silence, speak, stereo_dialogue, write_wav
+from overnight.jobs.spec import build_spec
+from overnight.jobs.transcribe import run_transcribe
+from overnight.workers.whisper import repeats_itself
 from tests.conftest import REPO, secrets_in, upload_folder, wer
-from workers.whisper import repeats_itself
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -232,7 +232,7 @@ def test_killed_run_restarted_ends_with_exactly_one_row_per_item(tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "jobs.cli",
+        "overnight.jobs.cli",
         "transcribe",
         str(src),
         str(out),
@@ -285,7 +285,7 @@ def test_killed_run_restarted_ends_with_exactly_one_row_per_item(tmp_path):
 def test_job_reads_and_writes_an_s3_endpoint_with_the_model_in_object_storage(
     s3, synth_calls, tmp_path
 ):
-    from workers.whisper import bundled_model_path
+    from overnight.workers.whisper import bundled_model_path
 
     folder, refs = synth_calls
     upload_folder(s3, "calls-in", folder, "2026-12-01")
@@ -373,7 +373,7 @@ def test_outputs_read_back_with_pyarrow_pandas_polars_and_duckdb(synth_run):
 
     refs, out, _ = synth_run
     path = str(out / "transcripts")
-    from schemas import TRANSCRIPTS
+    from overnight.schemas import TRANSCRIPTS
 
     table = pq.read_table(path)
     assert table.schema.remove_metadata().equals(TRANSCRIPTS.remove_metadata())
@@ -473,7 +473,7 @@ def test_fifo_device_socket_and_folder_in_a_manifest_are_error_rows_before_any_r
 
 def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300):
     return subprocess.run(
-        [sys.executable, "-m", "jobs.cli", *args, "--quiet"],
+        [sys.executable, "-m", "overnight.jobs.cli", *args, "--quiet"],
         env={**(env or os.environ), "PYTHONPATH": str(REPO)},
         capture_output=True,
         text=True,
@@ -482,13 +482,13 @@ def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300):
 
 
 def test_a_superseded_run_exits_8_through_the_cli(tmp_path):
-    from jobs import commits, storage
+    from overnight.jobs import commits, storage
 
     src, out = tmp_path / "in", tmp_path / "out"
     src.mkdir()
     for i in range(4):
         write_wav(src / f"call_{i}.wav", noise(2.0, seed=i))
-    cmd = [sys.executable, "-m", "jobs.cli", "transcribe", str(src), str(out), "--quiet"]
+    cmd = [sys.executable, "-m", "overnight.jobs.cli", "transcribe", str(src), str(out), "--quiet"]
     proc = subprocess.Popen(
         cmd,
         env={**os.environ, "PYTHONPATH": str(REPO)},

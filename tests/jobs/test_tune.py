@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from jobs.cli import main
-from jobs.errors import ConfigError
-from jobs.plan import load_profiles, make_plan
-from jobs.report import build_report, load
-from jobs.spec import build_spec, read_job_file
-from jobs.tune import (
+from overnight.jobs.cli import main
+from overnight.jobs.errors import ConfigError
+from overnight.jobs.plan import load_profiles, make_plan
+from overnight.jobs.report import build_report, load
+from overnight.jobs.spec import build_spec, read_job_file
+from overnight.jobs.tune import (
     Candidate,
     Measurement,
     corpus_wer,

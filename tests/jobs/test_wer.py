@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from jobs.wer import corpus_wer, normalize, wer, word_errors
+from overnight.jobs.wer import corpus_wer, normalize, wer, word_errors
 
 
 def _levenshtein(ref: list[str], hyp: list[str]) -> int:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from schemas.tables import CALL_ANALYTICS
-from workers.analytics import call_analytics
+from overnight.schemas.tables import CALL_ANALYTICS
+from overnight.workers.analytics import call_analytics
 
 
 def _words(start: float, end: float, word_s: float = 0.3, gap_s: float = 0.1) -> list[dict]:

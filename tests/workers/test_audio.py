@@ -7,8 +7,14 @@ import io
 import numpy as np
 import pytest
 
-from jobs.demo import noise, silence, write_wav
-from workers.audio import SAMPLE_RATE, AudioChunker, AudioOptions, pack_clips, to_original_time
+from overnight.jobs.demo import noise, silence, write_wav
+from overnight.workers.audio import (
+    SAMPLE_RATE,
+    AudioChunker,
+    AudioOptions,
+    pack_clips,
+    to_original_time,
+)
 
 
 def wav(audio: np.ndarray) -> bytes:
@@ -78,7 +84,7 @@ _UTTERANCE = "Please call me back tomorrow morning."
 
 @pytest.fixture(scope="module")
 def utterance() -> np.ndarray:
-    from jobs.demo import espeak_available, speak
+    from overnight.jobs.demo import espeak_available, speak
 
     if not espeak_available():
         pytest.skip("espeak-ng is not installed (apt-get install espeak-ng)")
@@ -136,7 +142,7 @@ def _whole_file_chunks(data: bytes, options: AudioOptions) -> list[tuple[int, li
     memory, faster-whisper's get_speech_timestamps on each whole channel."""
     from faster_whisper.feature_extractor import FeatureExtractor
 
-    from workers.audio import decode, speech_clips
+    from overnight.workers.audio import decode, speech_clips
 
     audio, _ = decode(data, split_channels=options.split_channels, max_duration_s=1e9)
     features = FeatureExtractor(feature_size=options.feature_size)
@@ -152,7 +158,7 @@ def _whole_file_chunks(data: bytes, options: AudioOptions) -> list[tuple[int, li
 
 
 def test_streamed_decoding_makes_exactly_the_chunks_of_the_whole_file_decode(utterance):
-    from jobs.demo import stereo_dialogue
+    from overnight.jobs.demo import stereo_dialogue
 
     # 330 s: Silero runs 320 s (10,000 windows) per call, and the second utterance of the
     # long recording straddles that boundary.
@@ -208,7 +214,7 @@ def _decode_peak_mb(path) -> dict:
     # once 1.5 GB in a full suite run, for the same decode).
     code = (
         "import json, resource, sys, tracemalloc\n"
-        "from workers.audio import AudioChunker, AudioOptions\n"
+        "from overnight.workers.audio import AudioChunker, AudioOptions\n"
         "chunker = AudioChunker(AudioOptions())\n"
         "data = open(sys.argv[1], 'rb').read()\n"
         "tracemalloc.start()\n"

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from workers.llm.adapter import load_backend
-from workers.llm.contract import (
+from overnight.workers.llm.adapter import load_backend
+from overnight.workers.llm.contract import (
     FINISH_CONTEXT_EXCEEDED,
     FINISH_LENGTH,
     FINISH_STOP,
@@ -22,7 +22,7 @@ from workers.llm.contract import (
     GenerationParams,
     LLMBackend,
 )
-from workers.llm.prepare import (
+from overnight.workers.llm.prepare import (
     METADATA_FILE,
     prepare_ctranslate2_from_gguf,
     smollm2_gguf_path,
@@ -175,8 +175,8 @@ def test_missing_model_path_is_a_config_error_not_a_hub_download(tmp_path: Path)
 def test_importing_workers_llm_imports_neither_vllm_nor_torch() -> None:
     code = (
         "import sys\n"
-        "import workers.llm, workers.llm.adapter, workers.llm.tasks, workers.llm.worker\n"
-        "import workers.llm.prepare, workers.llm.ct2_backend, workers.llm.vllm_backend\n"
+        "import overnight.workers.llm, overnight.workers.llm.adapter, overnight.workers.llm.tasks, overnight.workers.llm.worker\n"
+        "import overnight.workers.llm.prepare, overnight.workers.llm.ct2_backend, overnight.workers.llm.vllm_backend\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'torch'))\n"
         "print(heavy)\n"
     )
@@ -188,7 +188,7 @@ def test_importing_workers_llm_imports_neither_vllm_nor_torch() -> None:
 
 def _bare_ct2(compute_type: str, max_batch_size: int = 32) -> Any:
     """A CTranslate2Backend without a model, for the batch planning logic alone."""
-    from workers.llm.ct2_backend import CTranslate2Backend
+    from overnight.workers.llm.ct2_backend import CTranslate2Backend
 
     backend = object.__new__(CTranslate2Backend)
     backend.compute_type, backend.device, backend.max_batch_size = (
@@ -228,7 +228,7 @@ class _RecordingGenerator:
 def test_a_shared_prompt_prefix_is_passed_once_and_never_lost(
     backend: LLMBackend, temperature: float
 ) -> None:
-    from workers.llm.ct2_backend import CTranslate2Backend
+    from overnight.workers.llm.ct2_backend import CTranslate2Backend
 
     assert isinstance(backend, CTranslate2Backend)
     fake = object.__new__(CTranslate2Backend)

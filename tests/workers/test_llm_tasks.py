@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from schemas.errors import ERROR_CODES
-from workers.llm.adapter import Generation, GenerationParams, LLMBackend, load_backend
-from workers.llm.prepare import prepare_ctranslate2_from_gguf, smollm2_gguf_path
-from workers.llm.tasks import (
+from overnight.schemas.errors import ERROR_CODES
+from overnight.workers.llm.adapter import Generation, GenerationParams, LLMBackend, load_backend
+from overnight.workers.llm.prepare import prepare_ctranslate2_from_gguf, smollm2_gguf_path
+from overnight.workers.llm.tasks import (
     DISPOSITION_LABELS,
     TASK_NAMES,
     TaskInput,
@@ -433,7 +433,7 @@ def test_defuse_breaks_markers_and_leaves_other_text_alone() -> None:
 
 
 def test_a_looping_or_echoing_reply_is_degenerate_and_a_plain_summary_is_not() -> None:
-    from workers.llm.tasks import degenerate, summarize_messages
+    from overnight.workers.llm.tasks import degenerate, summarize_messages
 
     system = summarize_messages(TaskSpec(kind="summarize"), "", 50)[0]["content"]
     loop = "The customer will pay on Friday. " * 14
@@ -457,7 +457,11 @@ def test_a_looping_or_echoing_reply_is_degenerate_and_a_plain_summary_is_not() -
 
 
 def test_decoding_bounds_unbounded_strings_and_numbers_and_keeps_the_users_bounds() -> None:
-    from workers.llm.tasks import DECODE_MAX_NUMBER, DECODE_MAX_STRING_CHARS, bounded_for_decoding
+    from overnight.workers.llm.tasks import (
+        DECODE_MAX_NUMBER,
+        DECODE_MAX_STRING_CHARS,
+        bounded_for_decoding,
+    )
 
     schema = {
         "type": "object",
@@ -487,7 +491,7 @@ def test_decoding_bounds_unbounded_strings_and_numbers_and_keeps_the_users_bound
 
 
 def test_a_looping_summary_is_decoded_once_more_with_a_stronger_penalty() -> None:
-    from workers.llm.tasks import RETRY_REPETITION_PENALTY
+    from overnight.workers.llm.tasks import RETRY_REPETITION_PENALTY
 
     loop = "The customer called. " + "Your phone number is on the file. " * 4
     penalties: list[float] = []

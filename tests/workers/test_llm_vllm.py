@@ -16,9 +16,8 @@ from datetime import date
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.conftest import require_vllm
-from workers.llm.adapter import GenerationParams, LLMBackend, load_backend
-from workers.llm.tasks import (
+from overnight.workers.llm.adapter import GenerationParams, LLMBackend, load_backend
+from overnight.workers.llm.tasks import (
     DISPOSITION_LABELS,
     TaskInput,
     TaskSpec,
@@ -29,6 +28,7 @@ from workers.llm.tasks import (
     summarize_messages,
     validate,
 )
+from tests.conftest import require_vllm
 
 require_vllm()
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from schemas import DOCUMENT_RESULTS
-from workers.devices import gpu_kind, resolve_device, worker_id
-from workers.llm.adapter import BackendConfigError, EngineUnavailable
-from workers.llm.prepare import prepare_ctranslate2_from_gguf, smollm2_gguf_path
-from workers.llm.tasks import TaskSpec
-from workers.llm.worker import LLMWorker, LLMWorkerConfig, options_json
+from overnight.schemas import DOCUMENT_RESULTS
+from overnight.workers.devices import gpu_kind, resolve_device, worker_id
+from overnight.workers.llm.adapter import BackendConfigError, EngineUnavailable
+from overnight.workers.llm.prepare import prepare_ctranslate2_from_gguf, smollm2_gguf_path
+from overnight.workers.llm.tasks import TaskSpec
+from overnight.workers.llm.worker import LLMWorker, LLMWorkerConfig, options_json
 
 LABELS = ("billing", "support")
 

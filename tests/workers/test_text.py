@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from schemas.errors import ERROR_CODES
-from workers.text import KINDS, InvalidTextOptions, TextOptions, TextResult, extract_text
-from workers.text import sandbox as text_module
+from overnight.schemas.errors import ERROR_CODES
+from overnight.workers.text import KINDS, InvalidTextOptions, TextOptions, TextResult, extract_text
+from overnight.workers.text import sandbox as text_module
 
 DOCS = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "docs"
 

@@ -10,13 +10,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from jobs.commits import Provenance, with_provenance
-from jobs.demo import espeak_available, noise, silence, speak
-from schemas import TRANSCRIPTS
-from schemas.stages import DECODED, WHISPER_OUTPUT
-from tests.conftest import wer
-from workers.audio import AudioChunker, AudioOptions
-from workers.whisper import (
+from overnight.jobs.commits import Provenance, with_provenance
+from overnight.jobs.demo import espeak_available, noise, silence, speak
+from overnight.schemas import TRANSCRIPTS
+from overnight.schemas.stages import DECODED, WHISPER_OUTPUT
+from overnight.workers.audio import AudioChunker, AudioOptions
+from overnight.workers.whisper import (
     ContinuousBatcher,
     ModelLoadError,
     WhisperOptions,
@@ -28,6 +27,7 @@ from workers.whisper import (
     plan_batches,
     repeats_itself,
 )
+from tests.conftest import wer
 
 pytestmark = pytest.mark.skipif(not espeak_available(), reason="espeak-ng not installed")
 
@@ -43,7 +43,7 @@ TEXTS = [
 def _wav_bytes(audio: np.ndarray) -> bytes:
     import io
 
-    from jobs.demo import write_wav
+    from overnight.jobs.demo import write_wav
 
     buf = io.BytesIO()
     write_wav(buf, audio)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from workers.llm.contract import (
+from overnight.workers.llm.contract import (
     BACKENDS,
     DEFAULT_VLLM_MODEL,
     FINISH_CONTEXT_EXCEEDED,
@@ -88,7 +88,7 @@ def load_backend(
             raise EngineUnavailable(
                 "the ctranslate2 backend needs CTranslate2: pip install ctranslate2"
             ) from exc
-        from workers.llm.ct2_backend import CTranslate2Backend
+        from overnight.workers.llm.ct2_backend import CTranslate2Backend
 
         resolved = resolve_device(device)
         if compute_type == "auto":
@@ -108,7 +108,7 @@ def load_backend(
             cpu_threads=cpu_threads,
         )
     if backend == "vllm":
-        from workers.llm import vllm_backend
+        from overnight.workers.llm import vllm_backend
 
         vllm_backend.import_vllm()
         engine_device = vllm_backend.vllm_device()
@@ -135,7 +135,7 @@ def load_backend(
 
 
 def _resolve_ct2_model(model: str | None) -> tuple[Path, str]:
-    from workers.llm import prepare
+    from overnight.workers.llm import prepare
 
     if model is None:
         gguf = prepare.smollm2_gguf_path()
@@ -169,7 +169,7 @@ def _resolve_ct2_model(model: str | None) -> tuple[Path, str]:
 
 def _resolve_vllm_model(model: str | None, device: str) -> tuple[str, str]:
     """(what vLLM loads, the ``model`` provenance recorded on rows)."""
-    from workers.llm import prepare
+    from overnight.workers.llm import prepare
 
     if model is None and device == "cuda":
         return DEFAULT_VLLM_MODEL, DEFAULT_VLLM_MODEL

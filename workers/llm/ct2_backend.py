@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from workers.llm.contract import (
+from overnight.workers.llm.contract import (
     FINISH_CONTEXT_EXCEEDED,
     FINISH_LENGTH,
     FINISH_STOP,
@@ -24,7 +24,7 @@ from workers.llm.contract import (
     GenerationParams,
     split_on_offsets,
 )
-from workers.llm.prepare import METADATA_FILE
+from overnight.workers.llm.prepare import METADATA_FILE
 
 # When a model directory does not say (CTranslate2's config.json has no context length).
 _DEFAULT_CONTEXT_LENGTH = 2048

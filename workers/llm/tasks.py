@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.errors import ErrorCode
-from workers.llm.adapter import (
+from overnight.schemas.errors import ErrorCode
+from overnight.workers.llm.adapter import (
     FINISH_CONTEXT_EXCEEDED,
     Generation,
     GenerationParams,

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from workers.llm.contract import (
+from overnight.workers.llm.contract import (
     FINISH_CONTEXT_EXCEEDED,
     FINISH_LENGTH,
     FINISH_STOP,

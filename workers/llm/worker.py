@@ -22,12 +22,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from schemas.errors import ErrorCode
-from schemas.stages import LLM_OUTPUT
-from schemas.tables import STATUS_FIELDS
-from workers.devices import detect_gpu_kind, worker_id
-from workers.llm.adapter import BACKENDS, BackendConfigError, LLMBackend, load_backend
-from workers.llm.tasks import STATUS_ERROR, TaskInput, TaskSpec, run_task
+from overnight.schemas.errors import ErrorCode
+from overnight.schemas.stages import LLM_OUTPUT
+from overnight.schemas.tables import STATUS_FIELDS
+from overnight.workers.devices import detect_gpu_kind, worker_id
+from overnight.workers.llm.adapter import BACKENDS, BackendConfigError, LLMBackend, load_backend
+from overnight.workers.llm.tasks import STATUS_ERROR, TaskInput, TaskSpec, run_task
 
 # Columns this worker writes (typed as in schemas.DOCUMENT_RESULTS) and the status it sets.
 OUTPUT_FIELDS = tuple(LLM_OUTPUT)

@@ -18,15 +18,15 @@ child side), ``formats`` (type detection and one extractor per type), ``encoding
 str), ``normalize`` (whitespace and the checks every text passes).
 """
 
-from workers.text.core import (
+from overnight.workers.text.core import (
     KINDS,
     ExtractorUnavailable,
     InvalidTextOptions,
     TextOptions,
     TextResult,
 )
-from workers.text.formats import DOCUMENT_EXTENSIONS
-from workers.text.sandbox import extract_text
+from overnight.workers.text.formats import DOCUMENT_EXTENSIONS
+from overnight.workers.text.sandbox import extract_text
 
 __all__ = [
     "DOCUMENT_EXTENSIONS",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from schemas.errors import ErrorCode
+from overnight.schemas.errors import ErrorCode
 
 KINDS: tuple[str, ...] = ("pdf", "text", "markdown", "html", "docx", "json", "jsonl", "unknown")
 

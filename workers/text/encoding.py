@@ -7,8 +7,8 @@ import codecs
 import math
 import re
 
-from schemas.errors import ErrorCode
-from workers.text.core import Failure
+from overnight.schemas.errors import ErrorCode
+from overnight.workers.text.core import Failure
 
 _BOMS = (
     (codecs.BOM_UTF32_LE, "utf-32-le"),  # before UTF-16 LE: its BOM starts the same way

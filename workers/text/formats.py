@@ -14,10 +14,10 @@ from pathlib import PurePosixPath
 from typing import IO, TYPE_CHECKING
 from xml.etree import ElementTree
 
-from schemas.errors import ErrorCode
-from workers.text.core import Failure, TextOptions, describe
-from workers.text.encoding import decode
-from workers.text.normalize import finish, normalise
+from overnight.schemas.errors import ErrorCode
+from overnight.workers.text.core import Failure, TextOptions, describe
+from overnight.workers.text.encoding import decode
+from overnight.workers.text.normalize import finish, normalise
 
 if TYPE_CHECKING:
     import pypdfium2

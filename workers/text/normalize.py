@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from schemas.errors import ErrorCode
-from workers.text.core import Failure, TextOptions
+from overnight.schemas.errors import ErrorCode
+from overnight.workers.text.core import Failure, TextOptions
 
 
 def finish(text: str, options: TextOptions, *, keep_indent: bool = False) -> str:

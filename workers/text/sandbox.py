@@ -20,15 +20,15 @@ import warnings
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
-from schemas.errors import ErrorCode
-from workers.text.core import (
+from overnight.schemas.errors import ErrorCode
+from overnight.workers.text.core import (
     ExtractorUnavailable,
     Failure,
     TextOptions,
     TextResult,
     describe,
 )
-from workers.text.formats import EXTRACTORS, detect_kind, guess_kind
+from overnight.workers.text.formats import EXTRACTORS, detect_kind, guess_kind
 
 logger = logging.getLogger(__name__)
 

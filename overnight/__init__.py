@@ -1,0 +1,17 @@
+"""overnight: batch transcription and document processing on Ray Data at the lowest cost per unit.
+
+``overnight`` is the one import name the distribution installs. In the repository its
+subpackages ``jobs``, ``workers`` and ``schemas`` are the top-level folders of the design
+layout, linked here (``overnight/jobs -> ../jobs``); a wheel carries them as real folders, so
+nothing but ``overnight`` lands in site-packages and PyPI's own ``schemas`` or ``workers``
+packages cannot shadow ours.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("overnight")
+except PackageNotFoundError:  # a source checkout run without installing
+    __version__ = "0+unknown"
