@@ -77,6 +77,7 @@ def build_ledger(
     return pa.Table.from_pylist(out, schema=COSTS)
 
 
+# What the ledger reads of a result row: who and how much, and every stage's columns.
 _LEDGER_COLUMNS = (
     "item_id",
     "run_id",
@@ -85,20 +86,12 @@ _LEDGER_COLUMNS = (
     "duration_s",
     "input_tokens",
     "output_tokens",
-    "fetch_s",
-    "decode_s",
-    "decode_resource",
-    "decode_units",
-    "asr_s",
-    "asr_resource",
-    "asr_units",
-    "extract_s",
-    "extract_resource",
-    "llm_s",
-    "llm_resource",
-    "llm_units",
-    "probe_s",
-    "probe_resource",
+    *dict.fromkeys(
+        column
+        for stage in (*TRANSCRIBE_STAGES, *PROBE_STAGES, *DOCUMENT_STAGES)
+        for column in stage[1:]
+        if column is not None
+    ),
 )
 
 

@@ -352,16 +352,14 @@ def process_plan(
             },
             num_cpus=pool.task_cpus,
         )
-        llm = Stage(
+        llm = Stage.on_pool(
             "llm",
             _TaskRows,
+            pool,
             consumes=DOC_INPUT,
             produces=pa.schema([*DOC_INPUT, *LLM_OUTPUT]),
             kwargs={"config": config},
-            num_cpus=pool.cpus_per_actor,
-            num_gpus=pool.gpus_per_actor,
             accelerator_type=opts.accelerator_type,
-            actors=pool.actors,
             calls_per_actor=calls_per_actor,
             batch_size=items_per_call,
         )

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    from overnight.jobs.sizing import Pool
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,35 @@ class Stage:
     actors: int | None = None
     calls_per_actor: int = 1
     batch_size: int | None = None
+
+    @classmethod
+    def on_pool(
+        cls,
+        name: str,
+        fn: Callable[..., Any],
+        pool: Pool,
+        *,
+        consumes: pa.Schema,
+        produces: pa.Schema,
+        kwargs: Mapping[str, Any],
+        accelerator_type: str | None = None,
+        calls_per_actor: int = 1,
+        batch_size: int | None = None,
+    ) -> Stage:
+        """The model stage: an actor pool of the sized pool's shape (actors, CPUs, GPUs)."""
+        return cls(
+            name,
+            fn,
+            consumes,
+            produces,
+            kwargs,
+            num_cpus=pool.cpus_per_actor,
+            num_gpus=pool.gpus_per_actor,
+            accelerator_type=accelerator_type,
+            actors=pool.actors,
+            calls_per_actor=calls_per_actor,
+            batch_size=batch_size,
+        )
 
     @property
     def is_actor(self) -> bool:

@@ -197,9 +197,10 @@ def transcribe_plan(spec: JobSpec) -> runner.JobPlan:
             },
             num_cpus=pool.task_cpus,
         )
-        whisper = Stage(
+        whisper = Stage.on_pool(
             "whisper",
             whisper_worker,
+            pool,
             consumes=DECODED,
             produces=WHISPER_OUTPUT,
             kwargs={
@@ -207,10 +208,7 @@ def transcribe_plan(spec: JobSpec) -> runner.JobPlan:
                 "storage_config": storage_config,
                 "local_copy": model_ref.path,
             },
-            num_cpus=pool.cpus_per_actor,
-            num_gpus=pool.gpus_per_actor,
             accelerator_type=opts.accelerator_type,
-            actors=pool.actors,
             calls_per_actor=calls_per_actor,
             batch_size=items_per_call,
         )

@@ -15,3 +15,16 @@ try:
     __version__ = version("overnight")
 except PackageNotFoundError:  # a source checkout run without installing
     __version__ = "0+unknown"
+
+# The Python API (jobs/api.py), loaded on first use: ``import overnight`` stays light, as the
+# command line (``overnight.jobs.cli``) imports this package first.
+_API = ("transcribe", "process", "run", "RunSummary")
+__all__ = [*_API, "__version__"]
+
+
+def __getattr__(name: str):
+    if name in _API:
+        from overnight.jobs import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'overnight' has no attribute {name!r}")

@@ -25,29 +25,6 @@ if TYPE_CHECKING:
         with_version,
     )
 
-_TABLES = frozenset(
-    {
-        "COSTS",
-        "DOCUMENT_RESULTS",
-        "MANIFEST",
-        "METADATA_COLUMNS",
-        "PROBES",
-        "SCHEMA_VERSION",
-        "SEGMENT",
-        "TRANSCRIPTS",
-        "with_version",
-    }
-)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _TABLES:
-        from overnight.schemas import tables
-
-        return getattr(tables, name)
-    raise AttributeError(f"module 'schemas' has no attribute {name!r}")
-
-
 __all__ = [
     "COSTS",
     "DOCUMENT_RESULTS",
@@ -61,3 +38,14 @@ __all__ = [
     "ErrorCode",
     "with_version",
 ]
+
+_TABLES = frozenset(__all__) - {"ERROR_CODES", "ErrorCode"}  # loaded from tables.py on use
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TABLES:
+        from overnight.schemas import tables
+
+        return getattr(tables, name)
+    raise AttributeError(f"module 'schemas' has no attribute {name!r}")
+

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import overnight.jobs.api as overnight_api
+import overnight as overnight_api  # the public API: overnight.transcribe, .process, .run
 from overnight.jobs.errors import ConfigError, ErrorRateExceeded
 
 pytestmark = pytest.mark.usefixtures("ray_local")
