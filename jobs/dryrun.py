@@ -40,7 +40,9 @@ def _plans(spec: JobSpec) -> list[runner.JobPlan]:
     return [process_plan(spec, spec.job.input, t, model_path) for t in spec.process.tasks]
 
 
-def _audio_seconds(pending: list[dict[str, Any]]) -> tuple[float | None, int]:
+def _audio_seconds(
+    pending: list[dict[str, Any]], within: list[str] | None
+) -> tuple[float | None, int]:
     """Audio seconds of ``pending`` estimated from a sample's headers; (None, 0) when no
     sampled header states a duration."""
     from overnight.workers.probe import ProbeError, read_header
@@ -50,10 +52,9 @@ def _audio_seconds(pending: list[dict[str, Any]]) -> tuple[float | None, int]:
     read = 0
     for row in sample:
         try:
-            loc = storage.resolve(row["uri"])
-            with loc.fs.open(loc.path, "rb") as f:
+            with storage.open_object(row["uri"], within=within) as f:
                 header = read_header(f)
-        except (ProbeError, OSError):
+        except (ProbeError, storage.Unreadable, OSError):
             continue
         if header.duration_s and row.get("size"):
             seconds += header.duration_s
@@ -100,7 +101,7 @@ def dry_run(spec: JobSpec) -> dict[str, Any]:
         }
         unit_cost, runs = _past_unit_cost(output, plan.kind)
         if plan.kind == "transcribe" and pending:
-            seconds, sampled = _audio_seconds(pending)
+            seconds, sampled = _audio_seconds(pending, spec.job.allowed_input_prefixes)
             stage["pending_audio_hours_estimate"] = (
                 None if seconds is None else round(seconds / 3600.0, 4)
             )

@@ -38,8 +38,14 @@ _MAX_ACTORS = 4
 class Prober:
     """``map_batches`` callable: manifest rows in, their header columns out (same order)."""
 
-    def __init__(self, storage_config: storage.StorageConfig, max_bytes: int):
+    def __init__(
+        self,
+        storage_config: storage.StorageConfig,
+        max_bytes: int,
+        allowed_input_prefixes: list[str] | None = None,
+    ):
         self.storage_config, self.max_bytes = storage_config, max_bytes
+        self.within = allowed_input_prefixes
         self.worker = worker_id()
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -64,8 +70,7 @@ class Prober:
                 )
             if row["size"] == 0:
                 raise ProbeError(ErrorCode.EMPTY_FILE, "the file is empty (0 bytes)")
-            loc = storage.resolve(row["uri"], self.storage_config)
-            with loc.fs.open(loc.path, "rb") as f:
+            with storage.open_object(row["uri"], self.storage_config, within=self.within) as f:
                 header = read_header(f)
             out.update(
                 duration_s=header.duration_s,
@@ -74,8 +79,10 @@ class Prober:
                 codec=header.codec,
                 container=header.container,
             )
-        except ProbeError as exc:
-            out.update(status="error", error_code=exc.code.value, error_message=str(exc))
+        except (ProbeError, storage.Unreadable) as exc:
+            out.update(
+                status="error", error_code=exc.code.value, error_message=storage.redact(str(exc))
+            )
         except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
             out.update(
                 status="error",
@@ -118,7 +125,11 @@ def probe_plan(spec: JobSpec) -> runner.JobPlan:
             Prober,
             consumes=MANIFEST,
             produces=PROBE_OUTPUT,
-            kwargs={"storage_config": storage.StorageConfig.from_env(), "max_bytes": max_bytes},
+            kwargs={
+                "storage_config": storage.StorageConfig.from_env(),
+                "max_bytes": max_bytes,
+                "allowed_input_prefixes": spec.job.allowed_input_prefixes,
+            },
             num_cpus=_ACTOR_CPUS,
             actors=at.pool.actors,
             batch_size=16,

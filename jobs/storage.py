@@ -16,9 +16,9 @@ import random
 import re
 import stat as _stat
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 import fsspec
 
@@ -315,9 +315,7 @@ def read_bytes(
     StorageUnavailable when storage itself is down."""
     loc = resolve(uri, config)
     if loc.scheme == "file":
-        folders = None
-        if within is not None:
-            folders = [resolve(w).path for w in within if w.startswith("/") or "file://" in w]
+        folders = _local_folders(within)
         return with_retries(
             f"read {uri}", lambda: _read_local(loc.path, max_bytes, timeout_s, folders)
         )
@@ -383,12 +381,9 @@ def _confined(path: str, fd: int, folders: Sequence[str]) -> bool:
     return False
 
 
-def _read_local(
-    path: str,
-    max_bytes: int | None = None,
-    timeout_s: float | None = None,
-    within: Sequence[str] | None = None,
-) -> bytes:
+def _open_local(path: str, within: Sequence[str] | None = None) -> int:
+    """A descriptor of the regular file at ``path``, checked on the open file (kind, and
+    confinement to ``within``); ``Unreadable`` with the item's error code otherwise."""
     # O_NONBLOCK: opening a FIFO with no writer returns at once instead of waiting forever;
     # what was opened is then checked before a single byte is read.
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -424,8 +419,39 @@ def _read_local(
             "when opened, it resolves outside the folders this job may read (a folder on its "
             "path was replaced by a link?); it was not read",
         )
-    with open(fd, "rb", buffering=0) as f:
+    return fd
+
+
+def _read_local(
+    path: str,
+    max_bytes: int | None = None,
+    timeout_s: float | None = None,
+    within: Sequence[str] | None = None,
+) -> bytes:
+    with open(_open_local(path, within), "rb", buffering=0) as f:
         return _read_bounded(f, max_bytes, timeout_s)
+
+
+def _local_folders(within: Sequence[str] | None) -> list[str] | None:
+    if within is None:
+        return None
+    return [resolve(w).path for w in within if w.startswith("/") or "file://" in w]
+
+
+@contextlib.contextmanager
+def open_object(
+    uri: str, config: StorageConfig | None = None, *, within: Sequence[str] | None = None
+) -> Iterator[IO[bytes]]:
+    """The object as a seekable binary file, for readers that take only what they need (a
+    container header). A local file gets the same checks as ``read_bytes`` (a regular file,
+    confined to ``within``)."""
+    loc = resolve(uri, config)
+    if loc.scheme == "file":
+        with open(_open_local(loc.path, _local_folders(within)), "rb") as f:
+            yield f
+        return
+    with loc.fs.open(loc.path, "rb") as f:
+        yield f
 
 
 def write_bytes_atomic(loc: Location, data: bytes) -> None:

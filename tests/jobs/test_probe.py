@@ -82,3 +82,29 @@ def test_a_probe_rerun_does_no_work_and_still_reports_the_inputs_audio_hours(tmp
     assert table.num_rows == 1
     assert table.schema.remove_metadata().equals(PROBES.remove_metadata())
     assert table.schema.metadata[b"overnight.table"] == b"probes"
+
+
+def test_a_probe_reads_no_file_outside_the_folders_the_job_may_read(tmp_path: Path):
+    allowed, other = tmp_path / "tenant", tmp_path / "elsewhere"
+    allowed.mkdir()
+    other.mkdir()
+    write_wav(allowed / "mine.wav", noise(1.0))
+    write_wav(other / "theirs.wav", noise(1.0))
+    (allowed / "link.wav").symlink_to(other / "theirs.wav")  # a link out of the tenant's folder
+    job = build_spec(
+        overrides={
+            "job": {
+                "kind": "probe",
+                "input": str(allowed),
+                "output": str(tmp_path / "out"),
+                "progress": False,
+                "allowed_input_prefixes": [str(allowed)],
+            }
+        }
+    )
+    run_probe(job)
+    rows = by_name(tmp_path / "out", "probes")
+    assert rows["mine.wav"]["status"] == "ok"
+    assert rows["link.wav"]["status"] == "error"
+    assert rows["link.wav"]["error_code"] == "fetch_failed"
+    assert "elsewhere" not in rows["link.wav"]["error_message"]  # the real path is not shown
