@@ -148,10 +148,11 @@ def tune(
     device = "cpu"
     if runner is None:
         from overnight.jobs.pipeline import cluster_has_gpu, ensure_ray
+        from overnight.workers.devices import resolve_device
 
         ensure_ray(address)
         wanted = (base.get(task) or {}).get("device", "auto")
-        device = ("cuda" if cluster_has_gpu() else "cpu") if wanted == "auto" else wanted
+        device = resolve_device(wanted, cluster_has_gpu)
     backend = str((base.get("process") or {}).get("backend", "auto"))
     candidates = grid if grid is not None else default_grid(device, task, backend)
     if not candidates:

@@ -39,11 +39,9 @@ def resolve_device(device: str) -> str:
     """``auto`` becomes ``cuda`` when CTranslate2 sees a CUDA device, else ``cpu``."""
     if device not in ("auto", "cpu", "cuda"):
         raise BackendConfigError(f"device={device!r}: use auto, cpu or cuda")
-    if device != "auto":
-        return device
-    import ctranslate2
+    from overnight.workers import devices
 
-    return "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
+    return devices.resolve_device(device)  # the one auto rule (CUDA visible to CTranslate2)
 
 
 def load_backend(
