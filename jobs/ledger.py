@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from overnight.jobs import storage
 from overnight.jobs.commits import committed_ids, read_results, write_table
-from overnight.schemas import COSTS, SCHEMA_VERSION
+from overnight.schemas import COSTS, RUNS, SCHEMA_VERSION
 
 # (stage, seconds column, resource column, units column, what it bought)
 TRANSCRIBE_STAGES = (
@@ -194,7 +195,23 @@ def summarize_run(
     return summary
 
 
-def write_summary(output: storage.Location, summary: dict[str, Any]) -> str:
+def write_summary(
+    output: storage.Location, summary: dict[str, Any], run_date: date | None = None
+) -> str:
+    """``runs/<run_id>.json``, and the run's row in the ``run_table/`` (one file a run, under
+    its date's partition; a rerun of the same run id replaces it). Returns the JSON's URL."""
     loc = output.join("runs", f"{summary['run_id']}.json")
     storage.write_bytes_atomic(loc, json.dumps(summary, indent=2, sort_keys=True).encode())
+    _write_run_row(output, summary, run_date or datetime.now(UTC).date())
     return loc.url()
+
+
+def _write_run_row(output: storage.Location, summary: dict[str, Any], run_date: date) -> None:
+    row = {name: summary.get(name) for name in RUNS.names}
+    row["finished_at"] = datetime.fromisoformat(summary["finished_at"])
+    row["summary_json"] = json.dumps(summary, sort_keys=True, default=str)
+    table = pa.Table.from_pylist([row], schema=RUNS)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    part = output.join("run_table", f"run_date={run_date.isoformat()}", f"{summary['run_id']}.parquet")
+    storage.write_bytes_atomic(part, sink.getvalue().to_pybytes())

@@ -151,7 +151,7 @@ def run(plan: JobPlan) -> dict[str, Any]:
             "costs": output.join("costs").url(),
         },
     )
-    summary["summary_path"] = ledger.write_summary(output, summary)
+    summary["summary_path"] = ledger.write_summary(output, summary, job.run_date)
     return summary
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import secrets
 import tomllib
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -326,6 +326,11 @@ class RunOptions(_Model):
     run_id: str | None = Field(
         None,
         description="default: <kind>-<UTC time>-<random>; set it for deterministic scheduled runs",
+    )
+    run_date: date | None = Field(
+        None,
+        description="the run's logical date (YYYY-MM-DD): the partition of its row in "
+        "OUTPUT/run_table/; default: today (UTC). Set it for backfills",
     )
     ray_address: str | None = Field(
         None, description="join this Ray cluster; default: start a local one"

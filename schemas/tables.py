@@ -238,3 +238,33 @@ CALL_ANALYTICS = pa.struct(
         pa.field("speakers", pa.list_(SPEAKER_ANALYTICS)),
     ]
 )
+
+# One row per finished run, partitioned by the run's date (OUTPUT/run_table/run_date=YYYY-MM-DD/
+# <run_id>.parquet, the partition column in the path only): what `runs/<run_id>.json` holds,
+# as a table that DuckDB, Polars, pandas and Spark read and prune by date.
+RUNS = with_version(
+    pa.schema(
+        [
+            pa.field("run_id", pa.string(), nullable=False),
+            pa.field("kind", pa.string()),
+            pa.field("finished_at", pa.timestamp("us", tz="UTC")),
+            pa.field("output", pa.string()),
+            pa.field("items_listed", pa.int64()),
+            pa.field("items_already_done", pa.int64()),
+            pa.field("items", pa.int64()),
+            pa.field("succeeded", pa.int64()),
+            pa.field("failed", pa.int64()),
+            pa.field("audio_seconds", pa.float64()),
+            pa.field("input_tokens", pa.int64()),
+            pa.field("output_tokens", pa.int64()),
+            pa.field("wall_seconds", pa.float64()),
+            pa.field("accelerator", pa.string()),
+            pa.field("device", pa.string()),
+            pa.field("cost_usd", pa.float64()),
+            pa.field("reserved_cost_usd", pa.float64()),
+            # the whole summary, as runs/<run_id>.json holds it
+            pa.field("summary_json", pa.string()),
+        ]
+    ),
+    "runs",
+)

@@ -30,7 +30,9 @@ def _cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
 def api_run(synth_calls, tmp_path_factory):
     folder, _ = synth_calls
     out = tmp_path_factory.mktemp("api") / "out"
-    return out, overnight_api.transcribe(folder, out, progress=False, batch_size=8)
+    return out, overnight_api.transcribe(
+        folder, out, progress=False, batch_size=8, run_date="2026-11-30"
+    )
 
 
 def test_the_python_api_returns_the_summary_the_run_wrote(api_run):
@@ -42,6 +44,9 @@ def test_the_python_api_returns_the_summary_the_run_wrote(api_run):
     assert summary.kind == "transcribe" and summary.items == summary.succeeded + summary.failed
     assert summary.failed == 1 and summary.errors_by_code  # the demo's broken file
     assert summary.error_rate == pytest.approx(1 / summary.items)
+    # and its row in the run table, under the logical date it was given (a backfill)
+    [part] = (out / "run_table" / "run_date=2026-11-30").glob("*.parquet")
+    assert part.name == f"{summary.run_id}.parquet"
 
 
 def test_the_api_names_a_mistyped_option_before_any_work(tmp_path):
