@@ -49,7 +49,7 @@ def test_a_rerun_of_the_same_run_id_replaces_its_row(output: Path):
     write_summary(storage.resolve(str(output)), _summary("run-2-0", cost=9.0), run_date=DAYS[2])
     t = pads.dataset(str(output / "run_table"), format="parquet", partitioning="hive").to_table()
     assert t.num_rows == 6
-    row = [r for r in t.to_pylist() if r["run_id"] == "run-2-0"][0]
+    [row] = [r for r in t.to_pylist() if r["run_id"] == "run-2-0"]
     assert row["cost_usd"] == 9.0 and json.loads(row["summary_json"])["cost_usd"] == 9.0
 
 
