@@ -2,7 +2,7 @@
 text → LLM actors → OUTPUT/results, costs, summary.
 
     manifest blocks (recorded in OUTPUT/_manifests/)    documents, or transcript rows
-      → fetch_and_extract                                CPU tasks: bytes → text
+      → documents.fetch_and_extract                      CPU tasks: bytes → text
                                                          (``schemas.stages.DOC_INPUT``)
       → LLMWorker, actor pool                            one engine per actor; each call
                                                          committed as one Parquet file
@@ -17,7 +17,6 @@ transcripts just written: the dialogue of each call is the document.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import replace
@@ -26,17 +25,17 @@ from typing import Any
 
 import pyarrow as pa
 
-from overnight.jobs import commits, ledger, pipeline, preflight, runner, sizing, storage
+from overnight.jobs import documents, ledger, preflight, runner, sizing, storage
 from overnight.jobs.errors import ConfigError
 from overnight.jobs.manifest import Listing, Selection, select_items
 from overnight.jobs.spec import JobSpec, ProcessOptions
 from overnight.jobs.stage import Stage
-from overnight.schemas import DOCUMENT_RESULTS, ErrorCode
+from overnight.schemas import DOCUMENT_RESULTS
 from overnight.schemas.stages import DOC_INPUT, LLM_OUTPUT
 from overnight.workers.llm.adapter import EngineUnavailable
 from overnight.workers.llm.tasks import TaskParams, TaskSpec, TaskSpecError, build_task
 from overnight.workers.llm.worker import LLMWorker, LLMWorkerConfig
-from overnight.workers.text import DOCUMENT_EXTENSIONS, TextOptions, extract_text
+from overnight.workers.text import DOCUMENT_EXTENSIONS
 
 _SLIM = [
     "item_id",
@@ -86,132 +85,6 @@ def task_spec(name: str, opts: ProcessOptions) -> TaskSpec:
         return build_task(name, params)
     except TaskSpecError as exc:
         raise ConfigError(f"process.{exc}") from None
-
-
-def result_id(source_item_id: str, task: str) -> str:
-    return hashlib.sha256(f"{source_item_id}\n{task}".encode()).hexdigest()[:32]
-
-
-def _is_transcripts(url: str) -> storage.Location | None:
-    """The transcripts dataset an input points at (OUTPUT/ or OUTPUT/transcripts/), if any."""
-    if "://" not in url and os.path.isfile(url):
-        return None
-    loc = storage.resolve(url)
-    for candidate in (loc, loc.join("transcripts")):
-        files = storage.list_files(candidate, ".parquet")
-        if not files or any("/_manifests/" in f for f in files):
-            continue
-        import pyarrow.parquet as pq
-
-        with candidate.fs.open(files[0], "rb") as f:
-            meta = pq.read_schema(f).metadata or {}
-        if meta.get(b"overnight.table") == b"transcripts":
-            return candidate
-    return None
-
-
-def _transcript_records(dataset: storage.Location, task: str) -> list[dict[str, Any]]:
-    table = commits.read_results(
-        dataset,
-        [
-            "item_id",
-            "source_uri",
-            "source_size",
-            "source_etag",
-            "tenant",
-            "submission_id",
-            "external_id",
-            "metadata",
-            "language",
-            "channel_labels",
-            "status",
-            "error_code",
-            "text",
-        ],
-    )
-    records = []
-    for row in table.to_pylist() if table is not None else []:
-        text, status, code, message = row["text"], "ok", None, None
-        if row["status"] != "ok":
-            status, code = "error", ErrorCode.INVALID_INPUT.value
-            message = f"the transcription of this recording failed ({row['error_code']})"
-        elif not (text or "").strip():
-            status, code, message = (
-                "error",
-                ErrorCode.NO_TEXT.value,
-                "the call has no speech to process",
-            )
-        records.append(
-            {
-                "item_id": result_id(row["item_id"], task),
-                "source_item_id": row["item_id"],
-                "uri": row["source_uri"],
-                "size": row["source_size"],
-                "etag": row["source_etag"],
-                "tenant": row["tenant"],
-                "submission_id": row["submission_id"],
-                "external_id": row["external_id"],
-                "metadata": row["metadata"],
-                "language": row["language"],
-                "channel_labels": row["channel_labels"],
-                "text": text if status == "ok" else None,
-                "status": status,
-                "error_code": code,
-                "error_message": message,
-                "fetch_s": 0.0,
-                "extract_s": 0.0,
-                "extract_resource": "cpu",
-                "document_chars": len(text or ""),
-            }
-        )
-    return records
-
-
-def _document_records(listing: Listing, task: str) -> list[dict[str, Any]]:
-    records = []
-    for r in listing.items:
-        records.append(
-            {
-                **r,
-                "source_item_id": r["item_id"],
-                "item_id": result_id(r["item_id"], task),
-                "text": None,
-                "status": None,
-                "error_code": None,
-                "error_message": None,
-                "fetch_s": None,
-                "extract_s": None,
-                "extract_resource": "cpu",
-                "document_chars": None,
-            }
-        )
-    return records
-
-
-def fetch_and_extract(
-    batch: pa.Table, *, options: TextOptions, max_bytes: int, storage_config: storage.StorageConfig
-) -> pa.Table:
-    """CPU stage: object bytes → text. Rows that already carry text or a status pass through."""
-    out = []
-    for row in batch.to_pylist():
-        if row["status"] is not None:
-            out.append(row)
-            continue
-        row.update(status="ok", fetch_s=0.0, extract_s=0.0)
-        data = pipeline.fetch_item(row, max_bytes, storage_config)
-        if data is None:
-            out.append(row)
-            continue
-        result = extract_text(data, row["uri"].rsplit("/", 1)[-1], options)
-        row["extract_s"] = result.seconds
-        if result.error_code:
-            row.update(
-                status="error", error_code=result.error_code, error_message=result.error_message
-            )
-        else:
-            row["text"], row["document_chars"] = result.text, len(result.text or "")
-        out.append(row)
-    return pa.Table.from_pylist(out, schema=DOC_INPUT)
 
 
 class _TaskRows:
@@ -285,19 +158,6 @@ def check_process(spec: JobSpec) -> str | None:
     )
 
 
-def text_options(opts: ProcessOptions) -> TextOptions:
-    """How documents are read; the PDF password comes from the environment variable the
-    job names (``pdf_password_env``), and messages name that variable."""
-    return TextOptions(
-        pdf_password=os.environ.get(opts.pdf_password_env) or None,
-        pdf_password_source=f"${opts.pdf_password_env}",
-        timeout_s=opts.extract_timeout_s,
-        max_chars=opts.max_chars,
-        max_memory_mb=opts.extract_memory_mb,
-        json_text_field=opts.json_text_field,
-    )
-
-
 def _run_task(
     spec: JobSpec, input_url: str, task_name: str, model_path: str | None = None
 ) -> dict[str, Any]:
@@ -311,7 +171,7 @@ def process_plan(
     opts = spec.process
     task = task_spec(task_name, opts)
     single = len(opts.tasks) == 1 and spec.job.kind == "process"
-    transcripts = _is_transcripts(input_url)
+    transcripts = documents.transcripts_dataset(input_url)
     listing = Listing([])
     if not transcripts:
         selection = Selection.of(
@@ -319,9 +179,9 @@ def process_plan(
         )
         listing = select_items(input_url, selection)
     records = (
-        _transcript_records(transcripts, task_name)
+        documents.transcript_records(transcripts, task_name)
         if transcripts
-        else _document_records(listing, task_name)
+        else documents.document_records(listing, task_name)
     )
     input_kind = "transcripts" if transcripts else "documents"
     items_per_call, calls_per_actor = opts.call_shape
@@ -342,11 +202,11 @@ def process_plan(
         )
         extract = Stage(
             "extract",
-            fetch_and_extract,
+            documents.fetch_and_extract,
             consumes=DOC_INPUT,
             produces=DOC_INPUT,
             kwargs={
-                "options": text_options(opts),
+                "options": documents.text_options(opts),
                 "max_bytes": int(opts.max_file_mb * 2**20),
                 "storage_config": storage.StorageConfig.from_env(),
             },

@@ -79,9 +79,9 @@ def _sample_input(
     from overnight.jobs.manifest import is_manifest, records_from_manifest
 
     if task == "process" and not is_manifest(sample):
-        from overnight.jobs.process import _is_transcripts
+        from overnight.jobs.documents import transcripts_dataset
 
-        transcripts = _is_transcripts(sample)
+        transcripts = transcripts_dataset(sample)
         if transcripts is not None:
             return sample, len(storage.list_files(transcripts, ".parquet")), {}
     if is_manifest(sample):

@@ -407,7 +407,7 @@ def test_plan_without_a_profile_suggests_stating_a_gpu_throughput():
 def test_the_encrypted_pdf_message_names_the_environment_variable_the_job_reads(monkeypatch):
     """The document is read as the process job reads it (its TextOptions from the spec);
     running the whole job would load the LLM for a row that never reaches it."""
-    from overnight.jobs.process import text_options
+    from overnight.jobs.documents import text_options
     from overnight.jobs.spec import build_spec
     from overnight.workers.text import extract_text
 
