@@ -26,8 +26,9 @@ pytestmark = pytest.mark.skipif(not espeak_available(), reason="espeak-ng not in
 
 # Names tiny.en misspells without help and spells right with it. Measured (beam 5, espeak-ng
 # en-us at 150 wpm): without a prompt "quite cow-ski plumbing", "maximum subscription",
-# "and for real will never enter"; with the term as initial prompt or hotwords, all three
-# right, both in plain faster-whisper and in this worker's batched decode.
+# "and for real will never enter"; with the term as initial prompt, and again as hotwords, all
+# three right in plain faster-whisper. This worker's batched decode is tested below with one
+# of the two per name.
 CASES = {
     "kwiatkowski": ("The technician from Kwiatkowski Plumbing never arrived.", "Kwiatkowski"),
     "vexorium": ("I want to cancel my Vexorium subscription today.", "Vexorium"),
