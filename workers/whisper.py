@@ -225,9 +225,8 @@ class ContinuousBatcher:
     ending with each call's leftovers.
 
     A free worker takes the pending (language, prompt, window) group with the most encoder
-    work,
-    plans it with ``plan_batches`` (even sizes, split into one part per worker) and runs
-    the costliest planned batch. A chunk passed over by ``patience`` batches is served
+    work, plans it with ``plan_batches`` (even sizes, split into one part per worker) and
+    runs the costliest planned batch. A chunk passed over by ``patience`` batches is served
     next, with its group, so no call waits behind later ones for long.
     """
 
@@ -447,8 +446,8 @@ class WhisperWorker:
         opts = self.config.whisper
         initial_prompt, hotwords = prompt
         if initial_prompt is not None:
-            # The sequential transcribe() encodes " " + the stripped prompt; the batched
-            # generate_segment_batched encodes it as given: the same tokens either way.
+            # The sequential transcribe() encodes " " + the stripped prompt, the batched
+            # generate_segment_batched the text as given: given this, both see the same tokens.
             initial_prompt = " " + initial_prompt.strip()
         # The batched pipeline's own defaults, pinned here so that the sequential and batched
         # code paths of faster-whisper cannot silently change what a job does.
