@@ -25,7 +25,9 @@ from overnight.jobs.errors import ConfigError, InputNotFound
 from overnight.schemas import MANIFEST, METADATA_COLUMNS
 
 MANIFEST_SUFFIXES = (".csv", ".jsonl", ".parquet")
-_KNOWN = {"uri", "language", "channel_labels", *METADATA_COLUMNS}
+# Per-item decoding vocabulary: a non-empty value overrides the job's option of that name.
+PROMPT_COLUMNS: tuple[str, ...] = ("hotwords", "initial_prompt")
+_KNOWN = {"uri", "language", "channel_labels", *PROMPT_COLUMNS, *METADATA_COLUMNS}
 
 
 def item_id(
@@ -122,6 +124,7 @@ def _record(row: dict[str, Any], uri: str, size: int | None, etag: str | None) -
         "metadata": sorted(extra.items()) or None,
         "language": text("language"),
         "channel_labels": _labels(row.get("channel_labels")),
+        **{key: text(key) for key in PROMPT_COLUMNS},
     }
     record["item_id"] = item_id(uri, size, etag, text("submission_id"), text("external_id"))
     return record

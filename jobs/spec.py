@@ -72,6 +72,12 @@ class TranscribeOptions(DecodingOptions):
     split_channels: bool = Field(
         False, description="transcribe each channel separately (stereo call recordings)"
     )
+    channel_labels: list[str] | None = Field(
+        None,
+        description="speaker names of the channels in order, e.g. ['agent', 'customer'] "
+        "(--channel-labels agent,customer); implies split_channels. A manifest's "
+        "`channel_labels` column wins per item",
+    )
     max_channels: int = Field(
         8,
         ge=1,
@@ -145,6 +151,15 @@ class TranscribeOptions(DecodingOptions):
     resource: str | None = Field(
         None, description="price-table key of what an actor holds; default detected"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _labels_split_channels(cls, data: Any) -> Any:
+        # Labels name channels, so a job that gives them transcribes the channels apart; the
+        # recorded options say so too.
+        if isinstance(data, dict) and data.get("channel_labels"):
+            data = {**data, "split_channels": True}
+        return data
 
 
 class ProcessOptions(_Model):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import time
 from dataclasses import asdict, fields
 from typing import Any
@@ -30,7 +31,12 @@ from overnight.schemas import MANIFEST, TRANSCRIPTS
 from overnight.schemas.stages import DECODED, WHISPER_OUTPUT
 from overnight.workers.audio import MEDIA_EXTENSIONS, AudioChunker, AudioOptions
 from overnight.workers.whisper import ModelLoadError, WhisperWorker, WhisperWorkerConfig
-from overnight.workers.whisper_options import DecodingOptions, WhisperOptions
+from overnight.workers.whisper_options import (
+    DecodingOptions,
+    WhisperOptions,
+    english_only,
+    is_english,
+)
 
 _SLIM = [
     "item_id",
@@ -42,6 +48,7 @@ _SLIM = [
     "asr_resource",
     "asr_units",
     "source_uri",
+    "language_mismatch",
 ]
 
 
@@ -155,6 +162,23 @@ def fetch_and_decode(
     return pa.Table.from_pylist(out, schema=DECODED)
 
 
+def with_channel_labels(records: list[dict[str, Any]], labels: list[str] | None) -> None:
+    """The job's ``channel_labels`` on every record whose manifest row names none (a row's
+    own labels win); labels make the decode stage split the channels."""
+    if labels:
+        for r in records:
+            r["channel_labels"] = r.get("channel_labels") or list(labels)
+
+
+def language_mismatches(records: list[dict[str, Any]], opts: TranscribeOptions) -> int:
+    """Items whose language hint (their manifest ``language``, else the job's) is not English
+    while the model is English-only: the worker decodes them as English and marks the row
+    ``language_mismatch``."""
+    if not english_only(opts.model):
+        return 0
+    return sum(1 for r in records if not is_english(r.get("language") or opts.language))
+
+
 def run_transcribe(spec: JobSpec) -> dict[str, Any]:
     """Run the job; returns the run summary (also written to OUTPUT/runs/<run_id>.json)."""
     return runner.run(transcribe_plan(spec))
@@ -170,6 +194,19 @@ def transcribe_plan(spec: JobSpec) -> runner.JobPlan:
     )
     selection = Selection.of(MEDIA_EXTENSIONS, "media", spec.job.include, spec.job.exclude)
     listing = select_items(spec.job.input, selection)
+    with_channel_labels(listing.items, opts.channel_labels)
+    mismatched = language_mismatches(listing.items, opts)
+    if mismatched:
+        # Once per run, not per item: a backlog of German calls is one message.
+        print(
+            f"[overnight] warning: {mismatched} of {len(listing.items)} items ask for a "
+            f"language other than English, but {opts.model!r} is English-only: they are "
+            "transcribed as English and marked language_mismatch (use a multilingual model, "
+            "e.g. --model large-v3)",
+            file=sys.stderr,
+            flush=True,
+        )
+    own_prompts = sum(1 for r in listing.items if r.get("initial_prompt") or r.get("hotwords"))
     # Small calls, many in flight: the model starts as soon as one decode task is done, and
     # its batches are filled from every call in flight (workers.whisper.ContinuousBatcher).
     items_per_call = opts.items_per_call or 8
@@ -232,6 +269,10 @@ def transcribe_plan(spec: JobSpec) -> runner.JobPlan:
             "no_speech": sum(1 for r in rows if r["status"] == "ok" and not (r["speech_s"] or 0)),
             "skipped": listing.skipped,
             "skipped_examples": listing.skipped_examples,
+            "language_mismatch": sum(1 for r in rows if r.get("language_mismatch")),
+            # Items decoded with their manifest's initial_prompt/hotwords (each row's
+            # `options` holds the values); the job's own are in `options`.
+            "items_with_own_prompt": own_prompts,
         }
 
     return runner.JobPlan(

@@ -88,6 +88,7 @@ WHISPER_OUTPUT = pa.schema(
             "text",
             "language",
             "language_probability",
+            "language_mismatch",
             "duration_s",
             "speech_s",
             "segments",

@@ -3,7 +3,8 @@
 import pyarrow as pa
 
 # Bump on any change below. Stored in every file's schema metadata.
-SCHEMA_VERSION = "2"  # 2: document_results.label_score (null in version 1 files)
+SCHEMA_VERSION = "3"  # 2: document_results.label_score (null in version 1 files)
+# 3: manifest.hotwords, manifest.initial_prompt, transcripts.language_mismatch (null before)
 
 _VERSION_KEY = b"overnight.schema_version"
 
@@ -40,6 +41,9 @@ MANIFEST = with_version(
             # Labels of the channels of a stereo recording, e.g. ["agent", "customer"];
             # non-empty means "transcribe each channel separately".
             pa.field("channel_labels", pa.list_(pa.string())),
+            # Per-item decoding vocabulary ("" or null: the job's `hotwords` / `initial_prompt`).
+            pa.field("hotwords", pa.string()),
+            pa.field("initial_prompt", pa.string()),
         ]
     ),
     "manifest",
@@ -88,6 +92,10 @@ TRANSCRIPTS = with_version(
             pa.field("text", pa.string()),
             pa.field("language", pa.string()),
             pa.field("language_probability", pa.float32()),
+            # True: the item asked for a language (manifest or job `language`) that the
+            # English-only model cannot transcribe; it was decoded as English. Null: no clash
+            # (and in files before schema version 3).
+            pa.field("language_mismatch", pa.bool_()),
             pa.field("duration_s", pa.float64()),
             # Seconds the VAD kept (summed over channels when split).
             pa.field("speech_s", pa.float64()),

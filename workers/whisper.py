@@ -35,7 +35,7 @@ from overnight.schemas import ErrorCode
 from overnight.schemas.stages import WHISPER_OUTPUT
 from overnight.workers.audio import FRAMES_PER_SECOND, to_original_time
 from overnight.workers.devices import detect_gpu_kind, resolve_device, worker_id
-from overnight.workers.whisper_options import BUNDLED_MODEL, WhisperOptions
+from overnight.workers.whisper_options import BUNDLED_MODEL, WhisperOptions, is_english
 
 # faster-whisper names whose feature extractor uses 128 mel bins (large-v3 family); every
 # other Whisper uses 80. Decode tasks need this before any model is loaded.
@@ -104,6 +104,9 @@ class WhisperWorkerConfig:
     extra_options: tuple[tuple[str, Any], ...] = ()
 
 
+Prompt = tuple[str | None, str | None]  # (initial_prompt, hotwords)
+
+
 @dataclass
 class _ChunkRef:
     row: int
@@ -111,6 +114,9 @@ class _ChunkRef:
     clips: list[tuple[float, float]]
     features: np.ndarray
     language: str
+    # (initial_prompt, hotwords) of its recording: faster-whisper builds one decoder prompt
+    # per model batch, so only chunks with the same prompt may share a batch.
+    prompt: Prompt = (None, None)
     call: Any = field(default=None, compare=False, repr=False)  # the _Call it belongs to
     queued_at: int = field(default=0, compare=False, repr=False)  # batches taken before it came
 
@@ -154,7 +160,8 @@ def plan_batches(
 ) -> list[tuple[str, list[_ChunkRef]]]:
     """Model batches for ``chunks`` (the batcher plans one pending group at a time).
 
-    - Batch-mates share a language (one prompt per batch) and an encoder window
+    - Batch-mates share a language and a prompt (initial prompt and hotwords: faster-whisper
+      builds one decoder prompt per batch) and an encoder window
       (``window(chunk)`` frames), and are neighbours by duration, so they decode to similar
       lengths.
     - A group becomes the fewest batches of at most ``batch_size``, sized evenly: 33 chunks
@@ -163,11 +170,11 @@ def plan_batches(
       worker (each holding a share of the cores) has a part to take.
     - Costliest first (window x chunks): the batcher runs the first one.
     """
-    groups: dict[tuple[str, int], list[_ChunkRef]] = defaultdict(list)
+    groups: dict[tuple[str, Prompt, int], list[_ChunkRef]] = defaultdict(list)
     for c in chunks:
-        groups[c.language, window(c)].append(c)
+        groups[c.language, c.prompt, window(c)].append(c)
     planned: list[tuple[str, int, list[_ChunkRef]]] = []
-    for (language, frames), group in groups.items():
+    for (language, _, frames), group in groups.items():
         group.sort(key=lambda c: c.duration)
         parts = -(-len(group) // batch_size)
         bounds = [round(k * len(group) / parts) for k in range(parts + 1)]
@@ -217,9 +224,9 @@ class ContinuousBatcher:
     recordings are still being decoded, and a batch is filled across calls instead of
     ending with each call's leftovers.
 
-    A free worker takes the pending (language, window) group with the most encoder work,
-    plans it with ``plan_batches`` (even sizes, split into one part per worker) and runs
-    the costliest planned batch. A chunk passed over by ``patience`` batches is served
+    A free worker takes the pending (language, prompt, window) group with the most encoder
+    work, plans it with ``plan_batches`` (even sizes, split into one part per worker) and
+    runs the costliest planned batch. A chunk passed over by ``patience`` batches is served
     next, with its group, so no call waits behind later ones for long.
     """
 
@@ -260,15 +267,17 @@ class ContinuousBatcher:
         return call.results
 
     def _take(self) -> tuple[str, list[_ChunkRef]]:
-        groups: dict[tuple[str, int], list[_ChunkRef]] = defaultdict(list)
+        # Chunks with different prompts form separate groups (one decoder prompt per model
+        # batch); items that share a prompt, the job's or none, still batch across calls.
+        groups: dict[tuple[str, Prompt, int], list[_ChunkRef]] = defaultdict(list)
         for c in self._pending:
-            groups[c.language, self.window(c)].append(c)
+            groups[c.language, c.prompt, self.window(c)].append(c)
         oldest = self._pending[0]
-        oldest_key = (oldest.language, self.window(oldest))
+        oldest_key = (oldest.language, oldest.prompt, self.window(oldest))
         if self._taken - oldest.queued_at >= self.patience:
             key = oldest_key
         else:  # the fullest group (by encoder work): the biggest batches
-            key = max(groups, key=lambda k: k[1] * len(groups[k]))
+            key = max(groups, key=lambda k: k[2] * len(groups[k]))
         # Planned for all workers, not just the free ones: a group smaller than a batch is
         # halved even while the other worker is busy, so the other half is there when it
         # frees up, and the job's last group does not end on one worker while others idle
@@ -389,6 +398,10 @@ class WhisperWorker:
             self.model.encode(np.zeros((1, self.model.model.n_mels, 100), np.float32))
         except Exception as exc:  # any load failure stops the job: nothing could run
             raise ModelLoadError(f"cannot load Whisper model {opts.model!r}: {exc}") from exc
+        if opts.task == "translate" and not self.model.model.is_multilingual:
+            raise ModelLoadError(
+                f"task 'translate' needs a multilingual model; {opts.model!r} is English-only"
+            )
         self.pipeline = BatchedInferencePipeline(self.model)
         self.resource = opts.resource or ("cpu" if self.device != "cuda" else detect_gpu_kind())
         self.worker = worker_id()
@@ -399,6 +412,7 @@ class WhisperWorker:
             "encoder_batch_size": self.encoder_batch,
         }
         effective.update(dict(config.extra_options))
+        self.effective_options = effective
         self.options_json = json.dumps(effective, sort_keys=True)
         self._tokenizers: dict[str, Any] = {}
         self._tokenizer_lock = threading.Lock()
@@ -421,15 +435,20 @@ class WhisperWorker:
                 self._tokenizers[language] = Tokenizer(
                     self.model.hf_tokenizer,
                     self.model.model.is_multilingual,
-                    task="transcribe",
+                    task=self.config.whisper.task,
                     language=language,
                 )
             return self._tokenizers[language]
 
-    def _transcription_options(self, tokenizer):
+    def _transcription_options(self, tokenizer, prompt: Prompt = (None, None)):
         from faster_whisper.transcribe import TranscriptionOptions, get_suppressed_tokens
 
         opts = self.config.whisper
+        initial_prompt, hotwords = prompt
+        if initial_prompt is not None:
+            # The sequential transcribe() encodes " " + the stripped prompt, the batched
+            # generate_segment_batched the text as given: given this, both see the same tokens.
+            initial_prompt = " " + initial_prompt.strip()
         # The batched pipeline's own defaults, pinned here so that the sequential and batched
         # code paths of faster-whisper cannot silently change what a job does.
         return TranscriptionOptions(
@@ -445,7 +464,7 @@ class WhisperWorker:
             condition_on_previous_text=False,
             prompt_reset_on_temperature=0.5,
             temperatures=[0.0],
-            initial_prompt=None,
+            initial_prompt=initial_prompt,
             prefix=None,
             suppress_blank=True,
             suppress_tokens=get_suppressed_tokens(tokenizer, [-1]),
@@ -458,7 +477,7 @@ class WhisperWorker:
             max_new_tokens=None,
             clip_timestamps=[],
             hallucination_silence_threshold=None,
-            hotwords=None,
+            hotwords=hotwords,
         )
 
     def _window_frames(self, frames: int) -> int:
@@ -476,7 +495,8 @@ class WhisperWorker:
 
     def _forward(self, batch: list[_ChunkRef], language: str) -> list[list[dict]]:
         tokenizer = self._tokenizer(language)
-        options = self._transcription_options(tokenizer)
+        # Batch-mates share one prompt (plan_batches groups by it).
+        options = self._transcription_options(tokenizer, batch[0].prompt)
 
         def forward(chunks: list[_ChunkRef], frames: int) -> list[list[dict]]:
             meta = [{"offset": 0.0, "duration": c.duration} for c in chunks]
@@ -509,6 +529,8 @@ class WhisperWorker:
         fills: list[list[float]] = [[] for _ in range(n)]
         languages: list[str | None] = [None] * n
         lang_probs: list[float | None] = [None] * n
+        mismatch: list[bool | None] = [None] * n
+        prompts: list[Prompt] = [(None, None)] * n
         failed: dict[int, str] = {}
 
         chunks: list[_ChunkRef] = []
@@ -517,16 +539,27 @@ class WhisperWorker:
             if row["status"] != "ok":
                 continue
             hint = row.get("language") or opts.language
+            mismatch[i] = False
             if not self.model.model.is_multilingual:
+                # An English-only model can only write English: the row says so
+                # (language_mismatch) rather than passing off the forced "en" as the answer;
+                # the driver warns once per run (jobs.transcribe).
+                mismatch[i] = not is_english(hint)
                 hint = "en"
             if hint:
                 languages[i], lang_probs[i] = hint, 1.0
+            prompts[i] = self.item_prompt(row)
             for ch in row["chunks"] or []:
                 feats = np.frombuffer(ch["features"], dtype=np.float32).reshape(
                     ch["feature_size"], -1
                 )
                 ref = _ChunkRef(
-                    i, ch["channel"], [tuple(c) for c in ch["clips"]], feats, hint or ""
+                    i,
+                    ch["channel"],
+                    [tuple(c) for c in ch["clips"]],
+                    feats,
+                    hint or "",
+                    prompts[i],
                 )
                 chunks.append(ref)
                 first_chunk.setdefault(i, ref)
@@ -569,7 +602,32 @@ class WhisperWorker:
                     failed.get(i),
                 )
             )
+            out_rows[-1]["language_mismatch"] = (
+                mismatch[i] if out_rows[-1]["status"] == "ok" else None
+            )
+            out_rows[-1]["options"] = self._options_json(prompts[i])
         return pa.Table.from_pylist(out_rows, schema=WHISPER_OUTPUT)
+
+    def item_prompt(self, row: dict) -> Prompt:
+        """(initial_prompt, hotwords) for a recording: its manifest columns, else the job's."""
+        opts = self.config.whisper
+        return (
+            row.get("initial_prompt") or opts.initial_prompt,
+            row.get("hotwords") or opts.hotwords,
+        )
+
+    def _options_json(self, prompt: Prompt) -> str:
+        """The row's ``options``: the actor's, with the prompt its recording was decoded with."""
+        opts = self.config.whisper
+        if prompt == (opts.initial_prompt, opts.hotwords):
+            return self.options_json
+        initial_prompt, hotwords = prompt
+        effective = {
+            **self.effective_options,
+            "initial_prompt": initial_prompt,
+            "hotwords": hotwords,
+        }
+        return json.dumps(effective, sort_keys=True)
 
     def _forward_isolating(
         self, part: list[_ChunkRef], language: str, failed: dict[int, str]

@@ -11,9 +11,23 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 BUNDLED_MODEL = "bundled:tiny.en"
+
+
+def english_only(model: str) -> bool:
+    """Whether a model reference names an English-only Whisper (``tiny.en``, ``org/x.en``,
+    ``bundled:tiny.en``): known from the name, before any model is loaded. The worker checks
+    the loaded model too (``is_multilingual``), for folders named otherwise."""
+    return model.rstrip("/").lower().endswith(".en")
+
+
+def is_english(language: str | None) -> bool:
+    """Whether a language hint means English ("en", "en-US", "english"); None is no hint."""
+    if not language:
+        return True
+    return language.strip().lower().replace("_", "-").split("-")[0] in ("en", "eng", "english")
 
 
 class DecodingOptions(BaseModel):
@@ -69,6 +83,30 @@ class DecodingOptions(BaseModel):
     log_prob_threshold: float = Field(
         -1.0, description="...when its average log-probability is also below this"
     )
+    task: Literal["transcribe", "translate"] = Field(
+        "transcribe",
+        description="translate: English text from speech in any language (multilingual "
+        "models only; an English-only .en model is refused)",
+    )
+    initial_prompt: str | None = Field(
+        None,
+        description="text the decoder sees as the previous window (spelling, names, style); a "
+        "manifest `initial_prompt` column overrides it per item",
+    )
+    hotwords: str | None = Field(
+        None,
+        description="words or phrases to favour (product names, people); a manifest `hotwords` "
+        "column overrides it per item. Items with different prompts batch apart",
+    )
+
+    @model_validator(mode="after")
+    def _translate_needs_multilingual(self) -> DecodingOptions:
+        if self.task == "translate" and english_only(self.model):
+            raise ValueError(
+                f"task = 'translate' needs a multilingual model; {self.model!r} is English-only "
+                "(.en): choose e.g. model = 'large-v3' or 'small', or task = 'transcribe'"
+            )
+        return self
 
 
 class WhisperOptions(DecodingOptions):

@@ -33,6 +33,28 @@ def _transcribe_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         help="transcribe each channel separately (agent/customer stereo calls)",
     )
+    p.add_argument(
+        "--channel-labels",
+        metavar="NAMES",
+        help="speaker names of the channels in order, e.g. agent,customer (implies "
+        "--split-channels; a manifest's channel_labels column wins per item)",
+    )
+    p.add_argument(
+        "--initial-prompt",
+        metavar="TEXT",
+        help="text the decoder sees first: names, spelling, style (a manifest's "
+        "initial_prompt column wins per item)",
+    )
+    p.add_argument(
+        "--hotwords",
+        metavar="TEXT",
+        help="words to favour, e.g. product names (a manifest's hotwords column wins per item)",
+    )
+    p.add_argument(
+        "--task",
+        choices=["transcribe", "translate"],
+        help="translate: English text from any language (multilingual models only)",
+    )
     p.add_argument("--no-vad", dest="vad", action="store_false", default=None)
 
 
@@ -227,8 +249,14 @@ def _overrides(args: argparse.Namespace, kind: str) -> dict[str, Any]:
             "actors",
             "split_channels",
             "vad",
+            "initial_prompt",
+            "hotwords",
+            "task",
         )
     }
+    labels = getattr(args, "channel_labels", None)
+    if labels is not None:
+        transcribe["channel_labels"] = [x.strip() for x in labels.split(",") if x.strip()]
     return {"job": job, "transcribe": transcribe}
 
 

@@ -249,7 +249,14 @@ def test_an_s3_manifest_row_without_credentials_exits_3_with_advice_not_a_traceb
         "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
     }
     result = subprocess.run(
-        [sys.executable, "-m", "overnight.jobs.cli", "transcribe", str(manifest), str(tmp_path / "out")],
+        [
+            sys.executable,
+            "-m",
+            "overnight.jobs.cli",
+            "transcribe",
+            str(manifest),
+            str(tmp_path / "out"),
+        ],
         env=env,
         capture_output=True,
         text=True,
@@ -280,3 +287,63 @@ def test_the_spec_and_the_task_names_load_without_an_engine_or_pyarrow():
         check=True,
     )
     assert out.stdout.strip() == ""
+
+
+def test_manifest_prompt_columns_are_read_per_item_and_blank_ones_leave_the_jobs(tmp_path):
+    (tmp_path / "a.wav").write_bytes(b"RIFF")
+    (tmp_path / "b.wav").write_bytes(b"RIFFF")
+    manifest = tmp_path / "m.csv"
+    manifest.write_text(
+        "uri,hotwords,initial_prompt,language,queue\n"
+        "a.wav,Vexorium,Kwiatkowski Plumbing,de,billing\n"
+        "b.wav,,,,sales\n"
+    )
+    a, b = list_items(str(manifest))
+    assert (a["hotwords"], a["initial_prompt"], a["language"]) == (
+        "Vexorium",
+        "Kwiatkowski Plumbing",
+        "de",
+    )
+    assert (b["hotwords"], b["initial_prompt"], b["language"]) == (None, None, None)
+    # Known columns, not free metadata.
+    assert a["metadata"] == [("queue", "billing")]
+
+
+def test_the_cli_takes_channel_labels_prompts_and_task_into_the_spec():
+    from overnight.jobs.cli import parse_args
+    from overnight.jobs.cli.job import _overrides
+
+    argv = [
+        "transcribe",
+        "in",
+        "out",
+        "--channel-labels",
+        "agent, customer",
+        "--initial-prompt",
+        "Kwiatkowski Plumbing",
+        "--hotwords",
+        "Vexorium",
+    ]
+    spec = build_spec(overrides=_overrides(parse_args(argv), "transcribe"))
+    t = spec.transcribe
+    assert t.channel_labels == ["agent", "customer"] and t.split_channels  # labels imply split
+    assert (t.initial_prompt, t.hotwords, t.task) == (
+        "Kwiatkowski Plumbing",
+        "Vexorium",
+        "transcribe",
+    )
+    assert not build_spec(
+        overrides={"job": {"input": "a", "output": "b"}}
+    ).transcribe.split_channels
+
+
+def test_translate_with_an_english_only_model_is_a_config_error_naming_the_fix():
+    job = {"input": "a", "output": "b"}
+    with pytest.raises(ConfigError, match=r"transcribe.*multilingual.*English-only"):
+        build_spec(overrides={"job": job, "transcribe": {"task": "translate"}})
+    with pytest.raises(ConfigError, match="English-only"):
+        build_spec(
+            overrides={"job": job, "transcribe": {"task": "translate", "model": "distil-small.en"}}
+        )
+    spec = build_spec(overrides={"job": job, "transcribe": {"task": "translate", "model": "small"}})
+    assert spec.transcribe.task == "translate"
