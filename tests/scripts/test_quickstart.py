@@ -32,9 +32,10 @@ def checkout(tmp_path: Path) -> Path:
     (root / "scripts").mkdir(parents=True)
     shutil.copy(REPO / "scripts" / "quickstart.sh", root / "scripts" / "quickstart.sh")
     (root / "scripts" / "install.sh").write_text(INSTALL)
-    (root / "jobs").mkdir()
-    (root / "jobs" / "__init__.py").write_text("")
-    (root / "jobs" / "cli.py").write_text(DEMO)
+    (root / "overnight" / "jobs").mkdir(parents=True)
+    (root / "overnight" / "__init__.py").write_text("")
+    (root / "overnight" / "jobs" / "__init__.py").write_text("")
+    (root / "overnight" / "jobs" / "cli.py").write_text(DEMO)
     return root
 
 
