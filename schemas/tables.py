@@ -3,7 +3,9 @@
 import pyarrow as pa
 
 # Bump on any change below. Stored in every file's schema metadata.
-SCHEMA_VERSION = "2"  # 2: document_results.label_score (null in version 1 files)
+# 2: document_results.label_score (null in version 1 files).
+# 3: transcripts.segments.words and transcripts.analytics (null in older files).
+SCHEMA_VERSION = "3"
 
 _VERSION_KEY = b"overnight.schema_version"
 
@@ -45,6 +47,15 @@ MANIFEST = with_version(
     "manifest",
 )
 
+WORD = pa.struct(
+    [
+        pa.field("word", pa.string()),
+        pa.field("start", pa.float64()),
+        pa.field("end", pa.float64()),
+        pa.field("probability", pa.float32()),
+    ]
+)
+
 SEGMENT = pa.struct(
     [
         pa.field("start", pa.float64()),
@@ -54,6 +65,46 @@ SEGMENT = pa.struct(
         pa.field("speaker", pa.string()),
         pa.field("avg_logprob", pa.float32()),
         pa.field("no_speech_prob", pa.float32()),
+        # Per-word timings (recording time, the segment's channel) when the job asked for
+        # word_timestamps; null otherwise.
+        pa.field("words", pa.list_(WORD)),
+    ]
+)
+
+# Call analytics of a split-channel call (workers.analytics defines each measure).
+SPEAKER_ANALYTICS = pa.struct(
+    [
+        pa.field("speaker", pa.string()),
+        pa.field("talk_s", pa.float64()),
+        pa.field("talk_ratio", pa.float64()),
+        pa.field("turns", pa.int32()),
+        pa.field("words", pa.int32()),
+        pa.field("words_per_minute", pa.float64()),
+        pa.field("longest_monologue_s", pa.float64()),
+        pa.field("interruptions_made", pa.int32()),
+        pa.field("interrupted", pa.int32()),
+    ]
+)
+CALL_ANALYTICS = pa.struct(
+    [
+        pa.field("duration_s", pa.float64()),
+        pa.field("talk_s", pa.float64()),
+        pa.field("non_talk_s", pa.float64()),
+        pa.field("longest_silence_s", pa.float64()),
+        pa.field("overtalk_s", pa.float64()),
+        pa.field(
+            "interruptions",
+            pa.list_(
+                pa.struct(
+                    [
+                        pa.field("by", pa.string()),
+                        pa.field("of", pa.string()),
+                        pa.field("count", pa.int32()),
+                    ]
+                )
+            ),
+        ),
+        pa.field("speakers", pa.list_(SPEAKER_ANALYTICS)),
     ]
 )
 
@@ -93,6 +144,8 @@ TRANSCRIPTS = with_version(
             pa.field("speech_s", pa.float64()),
             pa.field("segments", pa.list_(SEGMENT)),
             pa.field("num_chunks", pa.int32()),
+            # Split-channel calls: talk, silence, overtalk, interruptions (null otherwise).
+            pa.field("analytics", CALL_ANALYTICS),
             *PROVENANCE_FIELDS,
             # Timings for accounting. *_s are wall seconds spent on this item alone, or its
             # share of a shared batch (apportioned by audio seconds).
@@ -200,41 +253,4 @@ COSTS = with_version(
         ]
     ),
     "costs",
-)
-
-# Call analytics of a split-channel call (workers.analytics defines each measure).
-SPEAKER_ANALYTICS = pa.struct(
-    [
-        pa.field("speaker", pa.string()),
-        pa.field("talk_s", pa.float64()),
-        pa.field("talk_ratio", pa.float64()),
-        pa.field("turns", pa.int32()),
-        pa.field("words", pa.int32()),
-        pa.field("words_per_minute", pa.float64()),
-        pa.field("longest_monologue_s", pa.float64()),
-        pa.field("interruptions_made", pa.int32()),
-        pa.field("interrupted", pa.int32()),
-    ]
-)
-CALL_ANALYTICS = pa.struct(
-    [
-        pa.field("duration_s", pa.float64()),
-        pa.field("talk_s", pa.float64()),
-        pa.field("non_talk_s", pa.float64()),
-        pa.field("longest_silence_s", pa.float64()),
-        pa.field("overtalk_s", pa.float64()),
-        pa.field(
-            "interruptions",
-            pa.list_(
-                pa.struct(
-                    [
-                        pa.field("by", pa.string()),
-                        pa.field("of", pa.string()),
-                        pa.field("count", pa.int32()),
-                    ]
-                )
-            ),
-        ),
-        pa.field("speakers", pa.list_(SPEAKER_ANALYTICS)),
-    ]
 )

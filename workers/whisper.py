@@ -33,6 +33,7 @@ import pyarrow as pa
 
 from overnight.schemas import ErrorCode
 from overnight.schemas.stages import WHISPER_OUTPUT
+from overnight.workers.analytics import call_analytics
 from overnight.workers.audio import FRAMES_PER_SECOND, to_original_time
 from overnight.workers.devices import detect_gpu_kind, resolve_device, worker_id
 from overnight.workers.whisper_options import BUNDLED_MODEL, WhisperOptions
@@ -389,7 +390,7 @@ class WhisperWorker:
             self.model.encode(np.zeros((1, self.model.model.n_mels, 100), np.float32))
         except Exception as exc:  # any load failure stops the job: nothing could run
             raise ModelLoadError(f"cannot load Whisper model {opts.model!r}: {exc}") from exc
-        self.pipeline = BatchedInferencePipeline(self.model)
+        self._pipeline_class = BatchedInferencePipeline
         self.resource = opts.resource or ("cpu" if self.device != "cuda" else detect_gpu_kind())
         self.worker = worker_id()
         effective = {
@@ -451,7 +452,7 @@ class WhisperWorker:
             suppress_tokens=get_suppressed_tokens(tokenizer, [-1]),
             without_timestamps=not opts.timestamps,
             max_initial_timestamp=0.0,
-            word_timestamps=False,
+            word_timestamps=opts.word_timestamps,
             prepend_punctuations="\"'“¿([{-",
             append_punctuations="\"'.。,，!！?？:：”)]}、",
             multilingual=False,
@@ -481,7 +482,13 @@ class WhisperWorker:
         def forward(chunks: list[_ChunkRef], frames: int) -> list[list[dict]]:
             meta = [{"offset": 0.0, "duration": c.duration} for c in chunks]
             feats = self._pad([c.features for c in chunks], frames)
-            return self.pipeline.forward(feats, tokenizer, meta, options)
+            # With word_timestamps the pipeline's forward aligns the words of the whole batch
+            # on the encoder output it just computed (``add_word_timestamps``): one
+            # cross-attention pass per model batch, no second pass over the audio. A pipeline
+            # per batch because it keeps state (``last_speech_timestamp``) across forward
+            # calls, and batches run on several threads here.
+            pipeline = self._pipeline_class(self.model)
+            return pipeline.forward(feats, tokenizer, meta, options)
 
         full = 30 * FRAMES_PER_SECOND
         frames = max(self._window_frames(c.frames) for c in batch)
@@ -606,6 +613,10 @@ class WhisperWorker:
         if speaker is None and row.get("_split"):
             speaker = f"ch{chunk.channel}"
         result = []
+
+        def at(t: float) -> float:  # chunk time → recording time (this channel's)
+            return round(to_original_time(chunk.clips, t), 3)
+
         for seg in output:
             text = seg["text"].strip()
             # Whisper's own rule against hallucinated text on non-speech.
@@ -616,13 +627,24 @@ class WhisperWorker:
                 continue
             result.append(
                 {
-                    "start": round(to_original_time(chunk.clips, seg["start"]), 3),
-                    "end": round(to_original_time(chunk.clips, seg["end"]), 3),
+                    "start": at(seg["start"]),
+                    "end": at(seg["end"]),
                     "text": text,
                     "channel": chunk.channel,
                     "speaker": speaker,
                     "avg_logprob": float(seg["avg_logprob"]),
                     "no_speech_prob": float(seg["no_speech_prob"]),
+                    "words": [
+                        {
+                            "word": w["word"].strip(),
+                            "start": at(w["start"]),
+                            "end": at(w["end"]),
+                            "probability": float(w["probability"]),
+                        }
+                        for w in seg["words"]
+                    ]
+                    if opts.word_timestamps
+                    else None,
                 }
             )
         return result
@@ -638,6 +660,9 @@ class WhisperWorker:
         if status == "ok" and failure is not None:
             status, code, message = "error", ErrorCode.MODEL_ERROR.value, failure
         ok = status == "ok"
+        # Split-channel calls only: one speaker a channel is what makes talk, overtalk and
+        # interruptions attributable. Words when the row has them, else segment timings.
+        analytics = call_analytics(segments, row["duration_s"] or 0.0) if ok and split else None
         return {
             "item_id": row["item_id"],
             "status": status,
@@ -649,6 +674,7 @@ class WhisperWorker:
             "duration_s": row["duration_s"],
             "speech_s": row["speech_s"],
             "segments": segments if ok else [],
+            "analytics": analytics,
             "num_chunks": len(row["chunks"] or []),
             "model": self.config.whisper.model,
             "options": self.options_json,

@@ -373,11 +373,11 @@ def test_outputs_read_back_with_pyarrow_pandas_polars_and_duckdb(synth_run):
 
     refs, out, _ = synth_run
     path = str(out / "transcripts")
-    from overnight.schemas import TRANSCRIPTS
+    from overnight.schemas import SCHEMA_VERSION, TRANSCRIPTS
 
     table = pq.read_table(path)
     assert table.schema.remove_metadata().equals(TRANSCRIPTS.remove_metadata())
-    assert table.schema.metadata[b"overnight.schema_version"] == b"2"
+    assert table.schema.metadata[b"overnight.schema_version"] == SCHEMA_VERSION.encode()
     assert len(pd.read_parquet(path)) == len(refs)
     assert pl.read_parquet(path + "/*.parquet").height == len(refs)
     con = duckdb.connect()
