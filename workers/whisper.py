@@ -150,6 +150,39 @@ def repeats_itself(text: str, min_words: int = 3) -> bool:
     return False
 
 
+def voiced_frames(features: np.ndarray, share: float = 0.3) -> np.ndarray | None:
+    """Per feature frame (10 ms) of a chunk: whether it is loud, i.e. its mean log-mel level is
+    ``share`` of the way from the chunk's quiet floor (5th percentile) to its speech level
+    (95th). None for a chunk too even to tell (all speech or all silence)."""
+    level = features.mean(axis=0)
+    floor, loud = np.percentile(level, [5, 95])
+    if loud - floor < 0.1:  # log-mel units over 4: a tenth is a 2.5x power step
+        return None
+    return level > floor + share * (loud - floor)
+
+
+def trim_to_speech(words: list[dict], voiced: np.ndarray | None) -> None:
+    """Move the first word's start and the last word's end of a segment (chunk times, in
+    place) off the quiet frames at its edges, onto the first and last loud frame.
+
+    Whisper's alignment (DTW on cross-attention) lets the first word after a pause absorb
+    the silence before it: every VAD chunk starts with 0.4 s of padding, and its first word
+    began there (0.3 s early on synthesized calls), which adds to talk time and takes from
+    overtalk. Only the segment's edges move, and only within the word, never across it,
+    as stable-ts's ``suppress_silence`` does with its own silence mask."""
+    if voiced is None or not words:
+        return
+    first, last = words[0], words[-1]
+    a, b = int(first["start"] * FRAMES_PER_SECOND), int(first["end"] * FRAMES_PER_SECOND)
+    loud = np.flatnonzero(voiced[a:b])
+    if loud.size:
+        first["start"] = max(first["start"], (a + loud[0]) / FRAMES_PER_SECOND)
+    a, b = int(last["start"] * FRAMES_PER_SECOND), int(np.ceil(last["end"] * FRAMES_PER_SECOND))
+    loud = np.flatnonzero(voiced[a:b])
+    if loud.size:
+        last["end"] = min(last["end"], (a + loud[-1] + 1) / FRAMES_PER_SECOND)
+
+
 def plan_batches(
     chunks: list[_ChunkRef], batch_size: int, workers: int, window: Callable[[_ChunkRef], int]
 ) -> list[tuple[str, list[_ChunkRef]]]:
@@ -324,6 +357,10 @@ class ContinuousBatcher:
                 call.finished.set()
 
 
+# Seconds between chunks on the timeline a model batch is aligned on (``_forward``): more than
+# a 30 s chunk plus faster-whisper's pause (4 median word lengths, at most 2.8 s).
+_CHUNK_SPACING_S = 60.0
+
 CPU_ENCODER_BATCH = 1  # see WhisperOptions.encoder_batch_size; scripts/profile_whisper.py
 
 
@@ -480,15 +517,29 @@ class WhisperWorker:
         options = self._transcription_options(tokenizer)
 
         def forward(chunks: list[_ChunkRef], frames: int) -> list[list[dict]]:
-            meta = [{"offset": 0.0, "duration": c.duration} for c in chunks]
+            # Chunk k sits at minute k + 1 of a made-up timeline, and its times are taken back
+            # to the chunk's own below. With word_timestamps the pipeline aligns the words of
+            # the whole batch on the encoder output it just computed (``add_word_timestamps``:
+            # one alignment pass per model batch, none over the audio again), and it carries
+            # the last speech time from one chunk to the next: a first word that ends long
+            # after it is cut to twice the median word length (faster-whisper's fix for the
+            # silence the first word after a pause absorbs). Every chunk here starts after a
+            # pause, the VAD's, so each is placed long after the one before: the same rule
+            # for every chunk, whichever recordings share its batch.
+            meta = [
+                {"offset": _CHUNK_SPACING_S * (k + 1), "duration": c.duration}
+                for k, c in enumerate(chunks)
+            ]
             feats = self._pad([c.features for c in chunks], frames)
-            # With word_timestamps the pipeline's forward aligns the words of the whole batch
-            # on the encoder output it just computed (``add_word_timestamps``): one
-            # cross-attention pass per model batch, no second pass over the audio. A pipeline
-            # per batch because it keeps state (``last_speech_timestamp``) across forward
-            # calls, and batches run on several threads here.
-            pipeline = self._pipeline_class(self.model)
-            return pipeline.forward(feats, tokenizer, meta, options)
+            # A pipeline per batch: it keeps that last speech time, and batches run on several
+            # threads here.
+            outputs = self._pipeline_class(self.model).forward(feats, tokenizer, meta, options)
+            for m, output in zip(meta, outputs, strict=True):
+                for seg in output:
+                    for timed in [seg, *(seg.get("words") or [])]:
+                        timed["start"] -= m["offset"]
+                        timed["end"] -= m["offset"]
+            return outputs
 
         full = 30 * FRAMES_PER_SECOND
         frames = max(self._window_frames(c.frames) for c in batch)
@@ -617,6 +668,7 @@ class WhisperWorker:
         def at(t: float) -> float:  # chunk time → recording time (this channel's)
             return round(to_original_time(chunk.clips, t), 3)
 
+        voiced = voiced_frames(chunk.features) if opts.word_timestamps else None
         for seg in output:
             text = seg["text"].strip()
             # Whisper's own rule against hallucinated text on non-speech.
@@ -625,6 +677,10 @@ class WhisperWorker:
                 and seg["avg_logprob"] < opts.log_prob_threshold
             ):
                 continue
+            if opts.word_timestamps:
+                trim_to_speech(seg["words"], voiced)
+                if seg["words"]:
+                    seg["start"], seg["end"] = seg["words"][0]["start"], seg["words"][-1]["end"]
             result.append(
                 {
                     "start": at(seg["start"]),

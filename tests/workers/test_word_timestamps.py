@@ -162,3 +162,20 @@ def test_words_of_batched_synthesized_calls_are_in_recording_time_and_agree(
     median, p90 = statistics.median(errors), float(np.percentile(errors, 90))
     print(f"synthesized calls: {len(errors)} boundaries, median {median:.3f} s, p90 {p90:.3f} s")
     assert median <= MEDIAN_LIMIT_S
+
+
+def test_a_segment_edge_in_silence_moves_to_the_speech_and_inner_words_stay():
+    from overnight.workers.whisper import trim_to_speech, voiced_frames
+
+    # 1 s of quiet, 2 s loud, 1 s quiet (log-mel levels, 100 frames a second).
+    level = np.r_[np.full(100, -1.0), np.full(200, 0.5), np.full(100, -1.0)]
+    voiced = voiced_frames(np.tile(level, (80, 1)))
+    words = [
+        {"word": "hello", "start": 0.6, "end": 1.5},  # absorbed 0.4 s of the silence
+        {"word": "there", "start": 1.5, "end": 2.2},
+        {"word": "friend", "start": 2.2, "end": 3.5},  # ran 0.5 s into the silence
+    ]
+    trim_to_speech(words, voiced)
+    assert [(w["start"], w["end"]) for w in words] == [(1.0, 1.5), (1.5, 2.2), (2.2, 3.0)]
+    # A chunk all one level gives no mask, and nothing moves.
+    assert voiced_frames(np.zeros((80, 300))) is None
