@@ -160,7 +160,10 @@ def drop_duplicates(dataset: storage.Location, schema: pa.Schema, keep_run: str)
         table = tables[path]
         rest = table.filter(pc.invert(pc.is_in(table["item_id"], pa.array(sorted(items)))))
         if rest.num_rows:
-            write_table(dataset, rest.select(schema.names).cast(schema))
+            # A file of an older schema version keeps its own schema (and version): readers
+            # take both, and a cast cannot add fields to the nested structs of older rows.
+            same = rest.schema.remove_metadata().equals(schema.remove_metadata())
+            write_table(dataset, rest.select(schema.names).cast(schema) if same else rest)
         storage.delete(storage.Location(dataset.fs, path, dataset.scheme))
         removed += table.num_rows - rest.num_rows
     return removed

@@ -93,6 +93,7 @@ WHISPER_OUTPUT = pa.schema(
             "speech_s",
             "segments",
             "num_chunks",
+            "analytics",
             "model",
             "options",
             "worker",

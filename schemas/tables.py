@@ -3,8 +3,10 @@
 import pyarrow as pa
 
 # Bump on any change below. Stored in every file's schema metadata.
-SCHEMA_VERSION = "3"  # 2: document_results.label_score (null in version 1 files)
-# 3: manifest.hotwords, manifest.initial_prompt, transcripts.language_mismatch (null before)
+# 2: document_results.label_score (null in version 1 files).
+# 3: manifest.hotwords, manifest.initial_prompt; transcripts.language_mismatch,
+#    transcripts.segments.words and transcripts.analytics (null in older files); the runs table.
+SCHEMA_VERSION = "3"
 
 _VERSION_KEY = b"overnight.schema_version"
 
@@ -49,6 +51,15 @@ MANIFEST = with_version(
     "manifest",
 )
 
+WORD = pa.struct(
+    [
+        pa.field("word", pa.string()),
+        pa.field("start", pa.float64()),
+        pa.field("end", pa.float64()),
+        pa.field("probability", pa.float32()),
+    ]
+)
+
 SEGMENT = pa.struct(
     [
         pa.field("start", pa.float64()),
@@ -58,6 +69,46 @@ SEGMENT = pa.struct(
         pa.field("speaker", pa.string()),
         pa.field("avg_logprob", pa.float32()),
         pa.field("no_speech_prob", pa.float32()),
+        # Per-word timings (recording time, the segment's channel) when the job asked for
+        # word_timestamps; null otherwise.
+        pa.field("words", pa.list_(WORD)),
+    ]
+)
+
+# Call analytics of a split-channel call (workers.analytics defines each measure).
+SPEAKER_ANALYTICS = pa.struct(
+    [
+        pa.field("speaker", pa.string()),
+        pa.field("talk_s", pa.float64()),
+        pa.field("talk_ratio", pa.float64()),
+        pa.field("turns", pa.int32()),
+        pa.field("words", pa.int32()),
+        pa.field("words_per_minute", pa.float64()),
+        pa.field("longest_monologue_s", pa.float64()),
+        pa.field("interruptions_made", pa.int32()),
+        pa.field("interrupted", pa.int32()),
+    ]
+)
+CALL_ANALYTICS = pa.struct(
+    [
+        pa.field("duration_s", pa.float64()),
+        pa.field("talk_s", pa.float64()),
+        pa.field("non_talk_s", pa.float64()),
+        pa.field("longest_silence_s", pa.float64()),
+        pa.field("overtalk_s", pa.float64()),
+        pa.field(
+            "interruptions",
+            pa.list_(
+                pa.struct(
+                    [
+                        pa.field("by", pa.string()),
+                        pa.field("of", pa.string()),
+                        pa.field("count", pa.int32()),
+                    ]
+                )
+            ),
+        ),
+        pa.field("speakers", pa.list_(SPEAKER_ANALYTICS)),
     ]
 )
 
@@ -101,6 +152,8 @@ TRANSCRIPTS = with_version(
             pa.field("speech_s", pa.float64()),
             pa.field("segments", pa.list_(SEGMENT)),
             pa.field("num_chunks", pa.int32()),
+            # Split-channel calls: talk, silence, overtalk, interruptions (null otherwise).
+            pa.field("analytics", CALL_ANALYTICS),
             *PROVENANCE_FIELDS,
             # Timings for accounting. *_s are wall seconds spent on this item alone, or its
             # share of a shared batch (apportioned by audio seconds).
@@ -209,44 +262,6 @@ COSTS = with_version(
     ),
     "costs",
 )
-
-# Call analytics of a split-channel call (workers.analytics defines each measure).
-SPEAKER_ANALYTICS = pa.struct(
-    [
-        pa.field("speaker", pa.string()),
-        pa.field("talk_s", pa.float64()),
-        pa.field("talk_ratio", pa.float64()),
-        pa.field("turns", pa.int32()),
-        pa.field("words", pa.int32()),
-        pa.field("words_per_minute", pa.float64()),
-        pa.field("longest_monologue_s", pa.float64()),
-        pa.field("interruptions_made", pa.int32()),
-        pa.field("interrupted", pa.int32()),
-    ]
-)
-CALL_ANALYTICS = pa.struct(
-    [
-        pa.field("duration_s", pa.float64()),
-        pa.field("talk_s", pa.float64()),
-        pa.field("non_talk_s", pa.float64()),
-        pa.field("longest_silence_s", pa.float64()),
-        pa.field("overtalk_s", pa.float64()),
-        pa.field(
-            "interruptions",
-            pa.list_(
-                pa.struct(
-                    [
-                        pa.field("by", pa.string()),
-                        pa.field("of", pa.string()),
-                        pa.field("count", pa.int32()),
-                    ]
-                )
-            ),
-        ),
-        pa.field("speakers", pa.list_(SPEAKER_ANALYTICS)),
-    ]
-)
-
 # One row per finished run, partitioned by the run's date (OUTPUT/run_table/run_date=YYYY-MM-DD/
 # <run_id>.parquet, the partition column in the path only): what `runs/<run_id>.json` holds,
 # as a table that DuckDB, Polars, pandas and Spark read and prune by date.

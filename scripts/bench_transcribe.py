@@ -657,6 +657,8 @@ class PeakRSS:
 
 # Options every variant shares (the job's defaults, pinned).
 BEAM, VAD, BATCH = 5, True, 32
+# --word-timestamps: every variant also times each word (set once in main).
+WORD_TIMESTAMPS = False
 
 # A variant's run: the pass number -> (file name -> transcript, what else it reports).
 Runner = Callable[[int], tuple[dict[str, str], dict[str, Any]]]
@@ -680,6 +682,7 @@ def run_plain(files: list[Path], threads: int) -> dict[str, str]:
             condition_on_previous_text=False,
             without_timestamps=True,
             language="en",
+            word_timestamps=WORD_TIMESTAMPS,
         )
         out[f.name] = " ".join(s.text.strip() for s in segments)
     return out
@@ -697,7 +700,12 @@ def run_batched(files: list[Path], threads: int) -> dict[str, str]:
     out = {}
     for f in files:
         segments, _ = pipe.transcribe(
-            str(f), beam_size=BEAM, vad_filter=VAD, batch_size=BATCH, language="en"
+            str(f),
+            beam_size=BEAM,
+            vad_filter=VAD,
+            batch_size=BATCH,
+            language="en",
+            word_timestamps=WORD_TIMESTAMPS,
         )
         out[f.name] = " ".join(s.text.strip() for s in segments)
     return out
@@ -793,6 +801,7 @@ def run_overnight(
                 "calls_per_actor": args.calls_per_actor,
                 "model_workers": args.model_workers,
                 "window_step_s": window_step,
+                "word_timestamps": WORD_TIMESTAMPS,
             },
         }
     )
@@ -1253,8 +1262,15 @@ def main() -> int:
     ap.add_argument(
         "--repeat", type=int, default=2, help="passes; the variants take turns, fastest kept"
     )
+    ap.add_argument(
+        "--word-timestamps",
+        action="store_true",
+        help="(a), (b), (c): word timestamps on (the CLI variant (d) runs as a user types it)",
+    )
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
+    global WORD_TIMESTAMPS
+    WORD_TIMESTAMPS = args.word_timestamps
 
     have_real = (
         bool(real_sources(Path(args.real_audio))) if Path(args.real_audio).is_dir() else False

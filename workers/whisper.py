@@ -33,6 +33,7 @@ import pyarrow as pa
 
 from overnight.schemas import ErrorCode
 from overnight.schemas.stages import WHISPER_OUTPUT
+from overnight.workers.analytics import call_analytics
 from overnight.workers.audio import FRAMES_PER_SECOND, to_original_time
 from overnight.workers.devices import detect_gpu_kind, resolve_device, worker_id
 from overnight.workers.whisper_options import BUNDLED_MODEL, WhisperOptions, is_english
@@ -153,6 +154,39 @@ def repeats_itself(text: str, min_words: int = 3) -> bool:
             if words[i : i + n] == words[i + n : i + 2 * n]:
                 return True
     return False
+
+
+def voiced_frames(features: np.ndarray, share: float = 0.3) -> np.ndarray | None:
+    """Per feature frame (10 ms) of a chunk: whether it is loud, i.e. its mean log-mel level is
+    ``share`` of the way from the chunk's quiet floor (5th percentile) to its speech level
+    (95th). None for a chunk too even to tell (all speech or all silence)."""
+    level = features.mean(axis=0)
+    floor, loud = np.percentile(level, [5, 95])
+    if loud - floor < 0.1:  # log-mel units over 4: a tenth is a 2.5x power step
+        return None
+    return level > floor + share * (loud - floor)
+
+
+def trim_to_speech(words: list[dict], voiced: np.ndarray | None) -> None:
+    """Move the first word's start and the last word's end of a segment (chunk times, in
+    place) off the quiet frames at its edges, onto the first and last loud frame.
+
+    Whisper's alignment (DTW on cross-attention) lets the first word after a pause absorb
+    the silence before it: every VAD chunk starts with 0.4 s of padding, and its first word
+    began there (0.3 s early on synthesized calls), which adds to talk time and takes from
+    overtalk. Only the segment's edges move, and only within the word, never across it,
+    as stable-ts's ``suppress_silence`` does with its own silence mask."""
+    if voiced is None or not words:
+        return
+    first, last = words[0], words[-1]
+    a, b = int(first["start"] * FRAMES_PER_SECOND), int(first["end"] * FRAMES_PER_SECOND)
+    loud = np.flatnonzero(voiced[a:b])
+    if loud.size:
+        first["start"] = max(first["start"], (a + loud[0]) / FRAMES_PER_SECOND)
+    a, b = int(last["start"] * FRAMES_PER_SECOND), int(np.ceil(last["end"] * FRAMES_PER_SECOND))
+    loud = np.flatnonzero(voiced[a:b])
+    if loud.size:
+        last["end"] = min(last["end"], (a + loud[-1] + 1) / FRAMES_PER_SECOND)
 
 
 def plan_batches(
@@ -332,6 +366,10 @@ class ContinuousBatcher:
                 call.finished.set()
 
 
+# Seconds between chunks on the timeline a model batch is aligned on (``_forward``): more than
+# a 30 s chunk plus faster-whisper's pause (4 median word lengths, at most 2.8 s).
+_CHUNK_SPACING_S = 60.0
+
 CPU_ENCODER_BATCH = 1  # see WhisperOptions.encoder_batch_size; scripts/profile_whisper.py
 
 
@@ -402,7 +440,7 @@ class WhisperWorker:
             raise ModelLoadError(
                 f"task 'translate' needs a multilingual model; {opts.model!r} is English-only"
             )
-        self.pipeline = BatchedInferencePipeline(self.model)
+        self._pipeline_class = BatchedInferencePipeline
         self.resource = opts.resource or ("cpu" if self.device != "cuda" else detect_gpu_kind())
         self.worker = worker_id()
         effective = {
@@ -470,7 +508,7 @@ class WhisperWorker:
             suppress_tokens=get_suppressed_tokens(tokenizer, [-1]),
             without_timestamps=not opts.timestamps,
             max_initial_timestamp=0.0,
-            word_timestamps=False,
+            word_timestamps=opts.word_timestamps,
             prepend_punctuations="\"'“¿([{-",
             append_punctuations="\"'.。,，!！?？:：”)]}、",
             multilingual=False,
@@ -499,9 +537,29 @@ class WhisperWorker:
         options = self._transcription_options(tokenizer, batch[0].prompt)
 
         def forward(chunks: list[_ChunkRef], frames: int) -> list[list[dict]]:
-            meta = [{"offset": 0.0, "duration": c.duration} for c in chunks]
+            # Chunk k sits at minute k + 1 of a made-up timeline, and its times are taken back
+            # to the chunk's own below. With word_timestamps the pipeline aligns the words of
+            # the whole batch on the encoder output it just computed (``add_word_timestamps``:
+            # one alignment pass per model batch, none over the audio again), and it carries
+            # the last speech time from one chunk to the next: a first word that ends long
+            # after it is cut to twice the median word length (faster-whisper's fix for the
+            # silence the first word after a pause absorbs). Every chunk here starts after a
+            # pause, the VAD's, so each is placed long after the one before: the same rule
+            # for every chunk, whichever recordings share its batch.
+            meta = [
+                {"offset": _CHUNK_SPACING_S * (k + 1), "duration": c.duration}
+                for k, c in enumerate(chunks)
+            ]
             feats = self._pad([c.features for c in chunks], frames)
-            return self.pipeline.forward(feats, tokenizer, meta, options)
+            # A pipeline per batch: it keeps that last speech time, and batches run on several
+            # threads here.
+            outputs = self._pipeline_class(self.model).forward(feats, tokenizer, meta, options)
+            for m, output in zip(meta, outputs, strict=True):
+                for seg in output:
+                    for timed in [seg, *(seg.get("words") or [])]:
+                        timed["start"] -= m["offset"]
+                        timed["end"] -= m["offset"]
+            return outputs
 
         full = 30 * FRAMES_PER_SECOND
         frames = max(self._window_frames(c.frames) for c in batch)
@@ -664,6 +722,11 @@ class WhisperWorker:
         if speaker is None and row.get("_split"):
             speaker = f"ch{chunk.channel}"
         result = []
+
+        def at(t: float) -> float:  # chunk time → recording time (this channel's)
+            return round(to_original_time(chunk.clips, t), 3)
+
+        voiced = voiced_frames(chunk.features) if opts.word_timestamps else None
         for seg in output:
             text = seg["text"].strip()
             # Whisper's own rule against hallucinated text on non-speech.
@@ -672,15 +735,30 @@ class WhisperWorker:
                 and seg["avg_logprob"] < opts.log_prob_threshold
             ):
                 continue
+            if opts.word_timestamps:
+                trim_to_speech(seg["words"], voiced)
+                if seg["words"]:
+                    seg["start"], seg["end"] = seg["words"][0]["start"], seg["words"][-1]["end"]
             result.append(
                 {
-                    "start": round(to_original_time(chunk.clips, seg["start"]), 3),
-                    "end": round(to_original_time(chunk.clips, seg["end"]), 3),
+                    "start": at(seg["start"]),
+                    "end": at(seg["end"]),
                     "text": text,
                     "channel": chunk.channel,
                     "speaker": speaker,
                     "avg_logprob": float(seg["avg_logprob"]),
                     "no_speech_prob": float(seg["no_speech_prob"]),
+                    "words": [
+                        {
+                            "word": w["word"].strip(),
+                            "start": at(w["start"]),
+                            "end": at(w["end"]),
+                            "probability": float(w["probability"]),
+                        }
+                        for w in seg["words"]
+                    ]
+                    if opts.word_timestamps
+                    else None,
                 }
             )
         return result
@@ -696,6 +774,9 @@ class WhisperWorker:
         if status == "ok" and failure is not None:
             status, code, message = "error", ErrorCode.MODEL_ERROR.value, failure
         ok = status == "ok"
+        # Split-channel calls only: one speaker a channel is what makes talk, overtalk and
+        # interruptions attributable. Words when the row has them, else segment timings.
+        analytics = call_analytics(segments, row["duration_s"] or 0.0) if ok and split else None
         return {
             "item_id": row["item_id"],
             "status": status,
@@ -707,6 +788,7 @@ class WhisperWorker:
             "duration_s": row["duration_s"],
             "speech_s": row["speech_s"],
             "segments": segments if ok else [],
+            "analytics": analytics,
             "num_chunks": len(row["chunks"] or []),
             "model": self.config.whisper.model,
             "options": self.options_json,

@@ -59,6 +59,14 @@ class DecodingOptions(BaseModel):
     timestamps: bool = Field(
         False, description="segment timestamps inside a chunk (else one segment per VAD chunk)"
     )
+    word_timestamps: bool = Field(
+        False,
+        description="per-word start/end/probability in `segments.words`, aligned in the same "
+        "cross-recording model batch as the text (one more decoder pass over the batch's "
+        "encoder output). Off by default; turn it on where analytics or redaction need word "
+        "times: call analytics (split-channel calls) use words when a row has them, else the "
+        "coarser segment timings",
+    )
     window_step_s: int = Field(
         30,
         ge=0,

@@ -166,3 +166,19 @@ def test_a_workers_own_columns_are_committed_with_the_source_metadata_and_run_pr
     assert all(r["processed_at"] is not None for r in rows)
     with pytest.raises(RuntimeError, match="one to one"):
         commits.with_provenance(inputs, produced.take([1, 0]), schema, commits.Provenance("r1"))
+
+
+def test_a_duplicate_in_a_file_of_an_older_schema_version_is_repaired_in_its_own_schema(dataset):
+    # A file written before the schema gained `text` (an upgrade: new nullable columns).
+    old_schema = pa.schema([f for f in SCHEMA if f.name != "text"])
+    old = pa.Table.from_pylist(
+        [{"item_id": i, "run_id": "run-1", "status": "ok"} for i in ("x", "w")], schema=old_schema
+    )
+    commits.write_table(dataset, old)
+    commits.commit(batch("run-2", "x"), dataset, SCHEMA, ["item_id"])
+
+    assert commits.drop_duplicates(dataset, SCHEMA, keep_run="run-2") == 1
+
+    rows = {r["item_id"]: r for r in read_all(dataset)}
+    assert sorted(rows) == ["w", "x"] and rows["x"]["run_id"] == "run-2"
+    assert rows["w"]["text"] is None  # the old file, rewritten as it was: no `text` column

@@ -373,8 +373,7 @@ def test_outputs_read_back_with_pyarrow_pandas_polars_and_duckdb(synth_run):
 
     refs, out, _ = synth_run
     path = str(out / "transcripts")
-    from overnight.schemas import TRANSCRIPTS
-    from overnight.schemas.tables import SCHEMA_VERSION
+    from overnight.schemas import SCHEMA_VERSION, TRANSCRIPTS
 
     table = pq.read_table(path)
     assert table.schema.remove_metadata().equals(TRANSCRIPTS.remove_metadata())

@@ -456,3 +456,10 @@ def test_an_engine_that_loads_but_cannot_compute_fails_at_load_not_batch_by_batc
     monkeypatch.setattr(faster_whisper.WhisperModel, "encode", broken)
     with pytest.raises(ModelLoadError, match=r"libcublas\.so\.12"):
         WhisperWorker(WhisperWorkerConfig(whisper=WhisperOptions(cpu_threads=1)))
+
+
+def test_without_word_timestamps_segments_have_no_words_and_a_mono_call_no_analytics(worker):
+    (row,) = worker(decoded_rows([speak(TEXTS[0])])).to_pylist()
+    assert row["segments"] and all(s["words"] is None for s in row["segments"])
+    assert row["analytics"] is None
+    assert json.loads(row["options"])["word_timestamps"] is False
