@@ -149,15 +149,7 @@ def fetch_and_decode(
                 status="error", error_code=decoded.error_code, error_message=decoded.error_message
             )
         row["duration_s"], row["speech_s"] = decoded.duration_s, decoded.speech_s
-        row["chunks"] = [
-            {
-                "channel": c.channel,
-                "clips": [list(clip) for clip in c.clips],
-                "feature_size": c.features.shape[0],
-                "features": c.features.tobytes(),
-            }
-            for c in decoded.chunks
-        ]
+        row["chunks"] = decoded.chunk_records()
         out.append(row)
     return pa.Table.from_pylist(out, schema=DECODED)
 

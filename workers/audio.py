@@ -109,6 +109,18 @@ class DecodedAudio:
     error_code: str | None = None
     error_message: str | None = None
 
+    def chunk_records(self) -> list[dict]:
+        """The chunks as the ``chunks`` column of ``schemas.stages.DECODED`` carries them."""
+        return [
+            {
+                "channel": c.channel,
+                "clips": [list(clip) for clip in c.clips],
+                "feature_size": c.features.shape[0],
+                "features": c.features.tobytes(),
+            }
+            for c in self.chunks
+        ]
+
 
 class AudioError(Exception):
     def __init__(self, code: ErrorCode, message: str):

@@ -76,15 +76,7 @@ def decoded_rows(audios: list[np.ndarray], options: AudioOptions | None = None) 
                 "duration_s": d.duration_s,
                 "speech_s": d.speech_s,
                 "_split": False,
-                "chunks": [
-                    {
-                        "channel": c.channel,
-                        "clips": [list(x) for x in c.clips],
-                        "feature_size": c.features.shape[0],
-                        "features": c.features.tobytes(),
-                    }
-                    for c in d.chunks
-                ],
+                "chunks": d.chunk_records(),
             }
         )
     return pa.Table.from_pylist(rows, schema=DECODED)
