@@ -23,7 +23,7 @@ import re
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,6 +120,9 @@ class _ChunkRef:
     prompt: Prompt = (None, None)
     call: Any = field(default=None, compare=False, repr=False)  # the _Call it belongs to
     queued_at: int = field(default=0, compare=False, repr=False)  # batches taken before it came
+    # Its encoder output at Whisper's 30 s window, on the host, when language detection has
+    # already computed it (a recording's first chunk): its model batch decodes from it.
+    encoded: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     @property
     def duration(self) -> float:
@@ -392,6 +395,38 @@ def encode_in_parts(encode: Callable[[np.ndarray], Any], features: np.ndarray, m
     return ctranslate2.StorageView.from_array(np.ascontiguousarray(np.concatenate(parts)))
 
 
+def host_array(encoded: Any) -> np.ndarray:
+    """An encoder output (a CTranslate2 StorageView, on any device) as a host array."""
+    import ctranslate2
+
+    if encoded.device != "cpu":
+        encoded = encoded.to_device(ctranslate2.Device.cpu)
+    return np.asarray(encoded)  # a view that keeps the StorageView alive
+
+
+class ReusedEncoderModel:
+    """The model as faster-whisper's batched pass sees it, except that ``encode`` answers
+    the rows whose encoder output was already computed (``kept[i]``, e.g. by language
+    detection) from it and runs the encoder on the other rows only. Rows are independent
+    in Whisper's encoder, so the spliced output is the one a single pass would give."""
+
+    def __init__(self, model: Any, kept: Sequence[np.ndarray | None]):
+        self._model = model
+        self._kept = list(kept)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    def encode(self, features: np.ndarray) -> Any:
+        import ctranslate2
+
+        missing = [i for i, k in enumerate(self._kept) if k is None]
+        fresh = iter(host_array(self._model.encode(features[missing])) if missing else [])
+        rows = [k if k is not None else next(fresh) for k in self._kept]
+        # CTranslate2 moves an encoder output given on the host to the model's device.
+        return ctranslate2.StorageView.from_array(np.ascontiguousarray(np.stack(rows)))
+
+
 def micro_batched_model(model_cls: type, micro: int) -> type:
     """A ``WhisperModel`` class whose ``encode`` runs ``micro`` chunks at a time.
     faster-whisper's batched forward pass calls ``encode`` once per batch, so this is where
@@ -436,7 +471,8 @@ class WhisperWorker:
             self.model.encode(np.zeros((1, self.model.model.n_mels, 100), np.float32))
         except Exception as exc:  # any load failure stops the job: nothing could run
             raise ModelLoadError(f"cannot load Whisper model {opts.model!r}: {exc}") from exc
-        if opts.task == "translate" and not self.model.model.is_multilingual:
+        self.multilingual = bool(self.model.model.is_multilingual)
+        if opts.task == "translate" and not self.multilingual:
             raise ModelLoadError(
                 f"task 'translate' needs a multilingual model; {opts.model!r} is English-only"
             )
@@ -526,9 +562,19 @@ class WhisperWorker:
 
         return np.stack([pad_or_trim(f, frames or 30 * FRAMES_PER_SECOND) for f in feats])
 
+    def language_scores(self, encoded: Any) -> list[list[tuple[str, float]]]:
+        """Per chunk, (language token, probability) pairs, best first: CTranslate2's
+        detection head on an encoder output (multilingual models only)."""
+        return self.model.model.detect_language(encoded)
+
     def _detect_languages(self, chunks: list[_ChunkRef]) -> list[tuple[str, float]]:
+        """The most likely language of each chunk, from its encoder output at the 30 s
+        window; that output is kept on the chunk, so its model batch does not encode it
+        again (faster-whisper's own detect-then-transcribe encodes twice)."""
         encoded = self.model.encode(self._pad([c.features for c in chunks]))
-        results = self.model.model.detect_language(encoded)
+        results = self.language_scores(encoded)
+        for c, kept in zip(chunks, host_array(encoded), strict=True):
+            c.encoded = kept
         return [(r[0][0][2:-2], float(r[0][1])) for r in results]
 
     def _forward(self, batch: list[_ChunkRef], language: str) -> list[list[dict]]:
@@ -551,9 +597,15 @@ class WhisperWorker:
                 for k, c in enumerate(chunks)
             ]
             feats = self._pad([c.features for c in chunks], frames)
+            # Encoder outputs kept by language detection are at the 30 s window: reused
+            # only by a pass at that window.
+            kept = [c.encoded if frames == full else None for c in chunks]
+            model = (
+                self.model if all(k is None for k in kept) else ReusedEncoderModel(self.model, kept)
+            )
             # A pipeline per batch: it keeps that last speech time, and batches run on several
             # threads here.
-            outputs = self._pipeline_class(self.model).forward(feats, tokenizer, meta, options)
+            outputs = self._pipeline_class(model).forward(feats, tokenizer, meta, options)
             for m, output in zip(meta, outputs, strict=True):
                 for seg in output:
                     for timed in [seg, *(seg.get("words") or [])]:
@@ -575,6 +627,8 @@ class WhisperWorker:
                 redone = forward([batch[i] for i in again], full)
                 for i, out in zip(again, redone, strict=True):
                     outputs[i] = out
+        for c in batch:
+            c.encoded = None  # decoded: its encoder output is not needed again
         return outputs
 
     # -- the batch contract ---------------------------------------------------------------
@@ -598,7 +652,7 @@ class WhisperWorker:
                 continue
             hint = row.get("language") or opts.language
             mismatch[i] = False
-            if not self.model.model.is_multilingual:
+            if not self.multilingual:
                 # An English-only model can only write English: the row says so
                 # (language_mismatch) rather than passing off the forced "en" as the answer;
                 # the driver warns once per run (jobs.transcribe).

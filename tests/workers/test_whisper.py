@@ -455,3 +455,46 @@ def test_without_word_timestamps_segments_have_no_words_and_a_mono_call_no_analy
     assert row["segments"] and all(s["words"] is None for s in row["segments"])
     assert row["analytics"] is None
     assert json.loads(row["options"])["word_timestamps"] is False
+
+
+def test_language_detection_encodes_each_first_chunk_once_and_its_batch_decodes_from_it(
+    monkeypatch,
+):
+    # Only the English-only tiny.en is reachable here, whose CTranslate2 model has no
+    # language head: the head alone is stood in for (answering "en"); the encoder, the
+    # kept outputs and the decoding are the real model's.
+    w = WhisperWorker(WhisperWorkerConfig(whisper=WhisperOptions(batch_size=8, cpu_threads=2)))
+    audios = [np.concatenate([silence(0.3), speak(t)]) for t in TEXTS[:3]]
+    # The third recording is two chunks: only its first is encoded for detection.
+    audios[2] = np.concatenate([audios[2], silence(2.5), speak(TEXTS[3])])
+    table = decoded_rows(audios, AudioOptions(chunk_length_s=5))
+    assert [len(r["chunks"]) for r in table.to_pylist()] == [1, 1, 2]
+    encoded_rows: list[int] = []
+    encode = type(w.model).__mro__[1].encode  # WhisperModel.encode, under the split
+    monkeypatch.setattr(
+        type(w.model).__mro__[1],
+        "encode",
+        lambda self, f: encoded_rows.append(len(f)) or encode(self, f),
+    )
+    hinted = w(table).to_pylist()  # language given: each chunk encoded in its batch
+    assert sum(encoded_rows) == 4
+    encoded_rows.clear()
+    heads: list[tuple] = []
+    monkeypatch.setattr(
+        w,
+        "language_scores",
+        lambda enc: heads.append(tuple(enc.shape)) or [[("<|en|>", 0.9)]] * enc.shape[0],
+    )
+    w.multilingual = True
+    detected = w(table).to_pylist()
+
+    # Detection encoded the three first chunks once; the model batch encoded only the
+    # second chunk of the third recording, the one detection had not seen: 4 chunk
+    # encodings, not 3 + 4.
+    assert heads == [(3, 1500, 384)]
+    assert sum(encoded_rows) == 4
+    assert [r["language"] for r in detected] == ["en"] * 3
+    assert [r["language_probability"] for r in detected] == pytest.approx([0.9] * 3)
+    # Decoded from the kept encoder outputs: the same transcripts as encoding in the batch.
+    for a, b in zip(hinted, detected, strict=True):
+        assert wer(a["text"], b["text"]) <= 0.05, (a["text"], b["text"])
