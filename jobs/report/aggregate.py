@@ -16,6 +16,7 @@ from overnight.jobs import storage
 from overnight.jobs.choices import REPORT_GROUPS as GROUPS
 from overnight.jobs.commits import read_results
 from overnight.jobs.errors import ConfigError, InputNotFound
+from overnight.jobs.report.analytics import analytics_table
 
 MODEL_STAGES = ("transcribe", "generate")
 AUDIO_STAGES = ("decode", "transcribe")
@@ -30,6 +31,7 @@ _RESULT_COLUMNS = [
     "error_code",
     "model",
     "processed_at",
+    "analytics",  # transcripts of split-channel calls (schema 3); absent elsewhere
 ]
 NONE_LABEL = "(none)"
 
@@ -453,6 +455,25 @@ def grouped(p: _Prepared, by: str, since: datetime | None) -> tuple[pa.Table, pa
     return _table(rows, name), _table(failures, name, FAILURES_SCHEMA)
 
 
+def call_analytics(p: _Prepared, by: str, since: datetime | None, costs: pa.Table) -> pa.Table:
+    """The call analytics grouped ``by`` (day or tenant), the group's audio cost beside them
+    (``costs``: the report's table grouped the same way)."""
+
+    def in_scope(row: dict[str, Any]) -> bool:
+        if since is None:
+            return True
+        when = p.item_time.get((row["run_id"], row["item_id"])) or row.get("processed_at")
+        return when is not None and when >= since
+
+    audio_cost = {r[by]: r["audio_cost_usd"] for r in costs.to_pylist()}
+    table = analytics_table(
+        [r for r in p.results if r.get("analytics") and in_scope(r)],
+        lambda row: _result_key(by, p, row),
+        audio_cost,
+    )
+    return table.rename_columns([by if n == "group" else n for n in table.column_names])
+
+
 def build_report(sources: Sources, by: str = "day", since: datetime | None = None) -> Report:
     if by not in GROUPS:
         raise ConfigError(f"--by {by!r}: choose one of {', '.join(GROUPS)}")
@@ -464,6 +485,10 @@ def build_report(sources: Sources, by: str = "day", since: datetime | None = Non
     for extra in ("day", "tenant", "run"):
         if extra != by:
             tables[f"by_{extra}"] = grouped(p, extra, since)[0]
+    for extra in ("day", "tenant"):
+        calls = call_analytics(p, extra, since, tables[f"by_{extra}"])
+        if calls.num_rows:
+            tables[f"call_analytics_by_{extra}"] = calls
     totals, _ = grouped(p, "all", since)
     if totals.num_rows == 0:
         totals = _table([_row("all", _Group(), p)], "group")

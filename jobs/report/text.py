@@ -73,8 +73,40 @@ def render_table(report: Report) -> str:
                 [[str(f[key]), f["error_code"], str(f["items"])] for f in failures],
             ),
         ]
+    out += _call_analytics(report)
     out += ["", *report.notes] if report.notes else []
     return "\n".join(out)
+
+
+# (column, heading, formatter) of the call analytics section.
+_CALLS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
+    ("calls", "calls", lambda v: _num(v, ",d")),
+    ("call_minutes", "call min", lambda v: _num(v, ",.1f")),
+    ("talk_ratio", "talk", _pct),
+    ("non_talk_ratio", "silent", _pct),
+    ("overtalk_ratio", "overtalk", _pct),
+    ("interruptions_per_call", "interrupts/call", lambda v: _num(v, ",.2f")),
+    ("words_per_minute", "wpm", lambda v: _num(v, ",.0f")),
+    ("longest_monologue_s", "longest turn s", lambda v: _num(v, ",.1f")),
+    ("cost_per_call_minute_usd", "$/call min", money),
+)
+
+
+def _call_analytics(report: Report) -> list[str]:
+    """The split-channel calls' analytics, by the report's grouping when it is day or
+    tenant, else by day; nothing when no call has analytics."""
+    key = report.by if report.by in ("day", "tenant") else "day"
+    table = report.tables.get(f"call_analytics_by_{key}")
+    if table is None:
+        return []
+    rows = [
+        [str(r[key]), r["speaker"]] + [f(r[c]) for c, _, f in _CALLS] for r in table.to_pylist()
+    ]
+    return [
+        "",
+        f"call analytics by {key} (split-channel calls):",
+        _text_grid([key, "speaker"] + [h for _, h, _ in _CALLS], rows),
+    ]
 
 
 def _scope_line(report: Report) -> str:

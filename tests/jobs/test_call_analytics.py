@@ -11,6 +11,7 @@ import pyarrow.dataset as pads
 import pytest
 
 from overnight.jobs.demo import SAMPLE_RATE, espeak_available, speak, write_wav
+from overnight.jobs.report import build_report, load
 from overnight.jobs.spec import build_spec
 from overnight.jobs.transcribe import run_transcribe
 
@@ -122,3 +123,15 @@ def test_analytics_of_a_two_channel_call_match_its_construction(tmp_path: Path):
     assert counted == truth["interruptions"]
     assert {names[s]: by[s]["turns"] for s in by} == truth["turns"]
     assert a["duration_s"] == pytest.approx(audio.shape[1] / SAMPLE_RATE, abs=0.01)
+    # The report sums them beside the cost: one call, so its figures are the row's.
+    report = build_report(load([str(tmp_path / "out")]), by="day")
+    calls = {r["speaker"]: r for r in report.tables["call_analytics_by_day"].to_pylist()}
+    assert calls["(all)"]["calls"] == 1
+    assert calls["(all)"]["overtalk_minutes"] * 60 == pytest.approx(a["overtalk_s"])
+    assert calls["(all)"]["non_talk_ratio"] == pytest.approx(a["non_talk_s"] / a["duration_s"])
+    assert calls["ch1"]["talk_minutes"] * 60 == pytest.approx(by["ch1"]["talk_s"])
+    assert calls["ch1"]["interruptions"] == by["ch1"]["interruptions_made"]
+    (day,) = report.tables["by_day"].to_pylist()
+    assert calls["(all)"]["cost_per_call_minute_usd"] == pytest.approx(
+        day["audio_cost_usd"] / (a["duration_s"] / 60)
+    )

@@ -413,3 +413,75 @@ def test_csv_report_escapes_tenant_text_a_spreadsheet_would_run_as_a_formula(tmp
     assert sorted(tenants) == sorted("'" + h for h in hostile)
     assert not any(c.startswith(("=", "+", "@")) for c in cells)
     assert all(float(c) <= 0 for c in cells if c.startswith("-"))  # only numbers may
+
+
+def _analytics(duration: float, talk: tuple[float, float], overtalk: float, interrupts: int):
+    agent, customer = talk
+    return {
+        "duration_s": duration,
+        "talk_s": agent + customer - overtalk,
+        "non_talk_s": duration - (agent + customer - overtalk),
+        "longest_silence_s": 2.0 + overtalk,
+        "overtalk_s": overtalk,
+        "interruptions": [{"by": "customer", "of": "agent", "count": interrupts}],
+        "speakers": [
+            {
+                "speaker": name,
+                "talk_s": t,
+                "talk_ratio": t / duration,
+                "turns": 3,
+                "words": int(t * 2.5),
+                "words_per_minute": 150.0,
+                "longest_monologue_s": t / 2,
+                "interruptions_made": interrupts if name == "customer" else 0,
+                "interrupted": interrupts if name == "agent" else 0,
+            }
+            for name, t in (("agent", agent), ("customer", customer))
+        ],
+    }
+
+
+def test_call_analytics_are_summed_per_day_and_tenant_beside_the_audio_cost(tmp_path, capsys):
+    out = tmp_path / "calls"
+    calls = {  # item -> (day, tenant, analytics)
+        0: (DAY1, "acme", _analytics(60.0, (30.0, 20.0), 4.0, 2)),
+        1: (DAY1, "acme", _analytics(120.0, (50.0, 50.0), 1.0, 1)),
+        2: (DAY2, "globex", _analytics(30.0, (10.0, 12.0), 0.0, 0)),
+    }
+    for day in (DAY1, DAY2):
+        rows = [
+            dict(r, analytics=a, tenant=t, duration_s=a["duration_s"])
+            for r, (i, (d, t, a)) in zip(
+                _speech_rows(f"run-{day:%d}", 3, 0, day, "h100"), calls.items(), strict=False
+            )
+            if d == day
+        ]
+        # and a call without analytics (mono): counted in cost, not in the analytics
+        rows.append(dict(_speech_rows(f"run-{day:%d}", 1, 0, day, "h100")[0], item_id="mono"))
+        _write_run(out, f"run-{day:%d}", "transcribe", rows, day, 100.0)
+    report = build_report(load([str(out)]), by="tenant")
+    table = {
+        (r["tenant"], r["speaker"]): r
+        for r in report.tables["call_analytics_by_tenant"].to_pylist()
+    }
+    acme = table["acme", "(all)"]
+    assert acme["calls"] == 2
+    assert acme["call_minutes"] == pytest.approx(3.0)
+    # ratios of sums: (46 + 99) talk seconds over 180 call seconds
+    assert acme["talk_ratio"] == pytest.approx((46 + 99) / 180)
+    assert acme["overtalk_ratio"] == pytest.approx(5 / 180)
+    assert acme["interruptions"] == 3 and acme["interruptions_per_call"] == pytest.approx(1.5)
+    assert table["acme", "agent"]["talk_minutes"] == pytest.approx(80 / 60)
+    assert table["acme", "customer"]["interruptions"] == 3
+    assert table["acme", "agent"]["interrupted"] == 3
+    assert table["globex", "(all)"]["calls"] == 1
+    cost = {r["tenant"]: r["audio_cost_usd"] for r in report.tables["by_tenant"].to_pylist()}
+    assert acme["audio_cost_usd"] == cost["acme"]
+    assert acme["cost_per_call_minute_usd"] == pytest.approx(cost["acme"] / 3.0)
+    by_day = {
+        (r["day"], r["speaker"]): r for r in report.tables["call_analytics_by_day"].to_pylist()
+    }
+    assert by_day[f"{DAY1:%Y-%m-%d}", "(all)"]["calls"] == 2
+    assert main(["report", str(out), "--by", "tenant"]) == 0
+    printed = capsys.readouterr().out
+    assert "call analytics by tenant" in printed and "customer" in printed
