@@ -249,11 +249,11 @@ def pii_calls(rng: random.Random, n: int) -> list[Call]:
                 )
             )
         elif kind == 7:
-            num = str(rng.randrange(10, 999))
+            num = str(rng.randrange(10, 100))  # two digits: tiny.en loops on some longer ones
             street, stype, city = rng.choice(STREETS), rng.choice(STREET_TYPES), rng.choice(CITIES)
             truths.append(Truth("address", f"{num} {street} {city}"))
             turns.append(("agent", "What is the address on the account?"))
-            turns.append(("customer", f"I live at {num} {street} {stype}, {city}."))
+            turns.append(("customer", f"I live at {num} {street} {stype} in {city}."))
         elif kind == 8:
             month, day, year = rng.choice(MONTHS), rng.randrange(1, 29), rng.randrange(1950, 2001)
             truths.append(Truth("date_of_birth", f"{month} {day} {year}"))
@@ -262,7 +262,7 @@ def pii_calls(rng: random.Random, n: int) -> list[Call]:
         else:
             account = _digits(rng, 8)
             truths.append(Truth("bank_account", account))
-            turns.append(("agent", "Which bank account should the refund go to?"))
+            turns.append(("agent", "What is the bank account number for the refund?"))
             turns.append(("customer", f"The account number is {say_digits(account, rng)}."))
         if kind in (3, 4, 9):  # a name too, from the agent's greeting
             truths.append(Truth("person", f"{first} {last}"))

@@ -45,7 +45,7 @@ def analyzer() -> Any:
 
     class BlankEnglish(SpacyNlpEngine):
         def load(self) -> None:
-            self.nlp = {"en": spacy.blank("en")}
+            self.nlp = {"en": spacy.blank("en")}  # type: ignore[assignment]
 
     engine = BlankEnglish(models=[{"lang_code": "en", "model_name": "blank"}])
     engine.load()

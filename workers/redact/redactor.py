@@ -231,7 +231,9 @@ def _collapse(
             continue
         first, last = words[indices[0]], words[indices[-1]]
         probs = [
-            words[i].get("probability") for i in indices if words[i].get("probability") is not None
+            float(words[i]["probability"])
+            for i in indices
+            if words[i].get("probability") is not None
         ]
         replace[indices[0]] = {
             "word": label,

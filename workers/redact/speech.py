@@ -152,7 +152,17 @@ CUES: dict[str, tuple[str, ...]] = {
         "landline",
         "text me",
     ),
-    "bank_account": ("account", "routing", "bank", "checking", "savings", "iban", "sort code"),
+    "bank_account": (
+        "account",
+        "routing",
+        "bank",
+        "checking",
+        "savings",
+        "iban",
+        "sort code",
+        # Whisper's hearing of "account number".
+        "count number",
+    ),
     "date_of_birth": (
         "date of birth",
         "date on birth",
@@ -162,9 +172,12 @@ CUES: dict[str, tuple[str, ...]] = {
         "born",
         "dob",
         "d o b",
+        "birth",
     ),
 }
 CUE_WINDOW = 12  # tokens before a run where a cue counts
+# Tokens before a number where a card, CVV or expiry cue makes it part of a card conversation.
+CARD_CONTEXT_WINDOW = 40
 
 STREET_TYPES = {
     "street",
@@ -269,6 +282,7 @@ STRONG_NAME_CUES = {
     ("name's",),
     ("name", "on", "the", "card", "is"),
 }
+EMAIL_CUES = {"email", "e-mail", "mail", "emails"}
 EMAIL_SUFFIXES = ("com", "net", "org", "edu", "gov", "io", "co", "us", "uk", "info", "biz")
 STOP_BEFORE_EMAIL = {
     "is",
@@ -341,6 +355,8 @@ def token_digits(tokens: Sequence[Token]) -> list[str | None]:
         written = re.sub(r"\D", "", k)
         if written and re.fullmatch(r"[\d,.\-/:()]+(st|nd|rd|th)?", k):
             out[i] = written
+        elif "-" in k.strip("-") and written is not None:
+            out[i] = _hyphenated(k)
         elif k in UNITS:
             out[i] = UNITS[k]
         elif k in TEENS:
@@ -359,6 +375,30 @@ def token_digits(tokens: Sequence[Token]) -> list[str | None]:
                 out[i] = ""  # "double" is part of the run; its digits go on the next token
                 out[i + 1] = nxt * REPEAT[k]
     return out
+
+
+def _hyphenated(key: str) -> str | None:
+    """A token Whisper joined with hyphens, each part a digit: "41-double-four" → "4144",
+    "one-two-three" → "123"; None when a part is not a digit."""
+    parts = [p for p in re.split(r"[-–]", key) if p]
+    digits, repeat = "", 1
+    for part in parts:
+        if part in REPEAT:
+            repeat = REPEAT[part]
+            continue
+        if part.isdigit():
+            d = part
+        elif part in UNITS:
+            d = UNITS[part]
+        elif part in ZEROS:
+            d = "0"
+        elif part in TEENS:
+            d = TEENS[part]
+        else:
+            return None
+        digits += d * repeat if len(d) == 1 else d
+        repeat = 1
+    return digits or None
 
 
 @dataclass(frozen=True)
@@ -383,7 +423,7 @@ def digit_runs(tokens: Sequence[Token], digits: Sequence[str | None]) -> list[Ru
     for order in streams.values():
         current: list[int] = []
         pending_glue: list[int] = []
-        for i in order:
+        for pos, i in enumerate(order):
             d = digits[i]
             if d is not None:
                 if current:
@@ -397,6 +437,9 @@ def digit_runs(tokens: Sequence[Token], digits: Sequence[str | None]) -> list[Ru
                 pending_glue = []
             elif current and tokens[i].key in RUN_GLUE | {""} and len(pending_glue) < 2:
                 pending_glue.append(i)
+            elif current and not pending_glue and _short_gap(tokens, digits, order, pos):
+                # One short word Whisper heard inside a read-out number ("... 5, I'm 5, 2").
+                pending_glue.append(i)
             else:
                 if current:
                     runs.append(_run(current, digits))
@@ -404,6 +447,19 @@ def digit_runs(tokens: Sequence[Token], digits: Sequence[str | None]) -> list[Ru
         if current:
             runs.append(_run(current, digits))
     return [r for r in runs if r.digits]
+
+
+def _short_gap(
+    tokens: Sequence[Token], digits: Sequence[str | None], order: list[int], pos: int
+) -> bool:
+    i = order[pos]
+    following = order[pos + 1] if pos + 1 < len(order) else None
+    return (
+        len(tokens[i].key) <= 4
+        and following is not None
+        and digits[following] is not None
+        and tokens[following].seg == tokens[i].seg
+    )
 
 
 def _run(indices: list[int], digits: Sequence[str | None]) -> Run:
@@ -425,10 +481,17 @@ def _phrases(keys: Sequence[str], end: int, window: int) -> list[tuple[int, str]
     return found
 
 
+# A card number is asked for, then read out in groups over a turn or two: its cue reaches
+# further back than the others'.
+CUE_WINDOWS = {"card_number": 20}
+
+
 def nearest_cue(keys: Sequence[str], end: int, window: int = CUE_WINDOW) -> dict[str, int]:
     """Each cue category's distance (tokens) back from ``end``, nearest occurrence."""
     best: dict[str, int] = {}
-    for dist, cat in _phrases(keys, end, window):
+    for dist, cat in _phrases(keys, end, max(window, *CUE_WINDOWS.values())):
+        if dist >= max(window, CUE_WINDOWS.get(cat, window)):
+            continue
         # "social security number": "security" is not a CVV cue there.
         best[cat] = min(dist, best.get(cat, dist))
     if "ssn" in best and "cvv" in best and best["ssn"] <= best["cvv"] + 1:
@@ -443,7 +506,7 @@ def classify_run(run: Run, cues: dict[str, int]) -> tuple[str, float] | None:
     for cat in ordered:
         if cat == "card_number" and n >= 8:
             return "card_number", 1.0 if luhn_ok(run.digits) else 0.85
-        if cat == "cvv" and 3 <= n <= 4:
+        if cat == "cvv" and 2 <= n <= 4:  # Whisper drops a digit of three now and then
             return "cvv", 0.9
         if cat == "ssn" and (7 <= n <= 11 or n == 4):
             return "ssn", 0.9
@@ -471,9 +534,32 @@ def number_entities(tokens: Sequence[Token]) -> list[Found]:
     for run in digit_runs(tokens, digits):
         cues = nearest_cue(keys, run.tokens[0])
         named = classify_run(run, cues)
-        if named is not None:
-            found.append(Found(named[0], run.tokens, named[1], "speech-digits"))
+        if named is None:
+            named = _in_card_call(run, nearest_cue(keys, run.tokens[0], CARD_CONTEXT_WINDOW))
+        if named is None:
+            continue
+        indices = run.tokens
+        if named[0] in ("expiry", "date_of_birth"):  # "June 26, 1970": the month too
+            first = indices[0]
+            while first > 0 and (keys[first - 1] in MONTHS or keys[first - 1] in ORDINALS):
+                first -= 1
+            indices = tuple(range(first, indices[0])) + indices
+        found.append(Found(named[0], indices, named[1], "speech-digits"))
     return found
+
+
+def _in_card_call(run: Run, cues: dict[str, int]) -> tuple[str, float] | None:
+    """Later in a card conversation (a card, CVV or expiry cue within
+    ``CARD_CONTEXT_WINDOW`` tokens): four digits that read as MMYY are the expiry, three or
+    four after a security-code cue the CVV, even when Whisper lost the cue words nearby."""
+    if not {"card_number", "cvv", "expiry"} & set(cues):
+        return None
+    n = len(run.digits)
+    if n == 4 and 1 <= int(run.digits[:2]) <= 12:
+        return "expiry", 0.7
+    if "cvv" in cues and 2 <= n <= 4:
+        return "cvv", 0.7
+    return None
 
 
 def _is_date_word(key: str, digit: str | None) -> bool:
@@ -506,7 +592,7 @@ def date_entities(tokens: Sequence[Token]) -> list[Found]:
                 while k < len(keys) and keys[k] in fillers and skipped < 4:
                     k += 1
                     skipped += 1
-                span = []
+                span: list[int] = []
                 while k < len(keys) and len(span) < 10 and _is_date_word(keys[k], digits[k]):
                     span.append(k)
                     k += 1
@@ -515,9 +601,6 @@ def date_entities(tokens: Sequence[Token]) -> list[Found]:
                 if any(digits[i] is not None or keys[i] in MONTHS for i in span):
                     found.append(Found(cat, tuple(span), 0.85, "speech-date"))
     return found
-
-
-CARD_CONTEXT_WINDOW = 40  # tokens before an "MM slash YY" where a card cue makes it an expiry
 
 
 def slash_dates(tokens: Sequence[Token]) -> list[Found]:
@@ -560,7 +643,7 @@ def person_entities(tokens: Sequence[Token]) -> list[Found]:
             if tuple(keys[j : j + n]) != cue:
                 continue
             k = j + n
-            span = []
+            span: list[int] = []
             while k < len(tokens) and len(span) < 3 and _capitalized_name(tokens[k].word):
                 span.append(k)
                 if tokens[k].word.rstrip()[-1:] in ",.?!":
@@ -584,7 +667,8 @@ def person_entities(tokens: Sequence[Token]) -> list[Found]:
 
 def address_entities(tokens: Sequence[Token]) -> list[Found]:
     """A house number, one to three capitalized words and a street type ("42 Oak Street"),
-    then a city (capitalized words after a comma) when one follows."""
+    then a city (up to two capitalized words, after "in" or not) when one follows in the same
+    sentence."""
     keys = [t.key for t in tokens]
     digits = token_digits(tokens)
     found = []
@@ -596,7 +680,12 @@ def address_entities(tokens: Sequence[Token]) -> list[Found]:
             start -= 1  # "one two three Main Street": the whole spoken house number
         k = i + 1
         words = 0
-        while k < len(tokens) and words < 3 and tokens[k].word[:1].isupper():
+        # After "I live at" / "the address is" the street name may come out in lower case.
+        cued = any(
+            keys[j] in ("live", "address", "moved", "located", "lives")
+            for j in range(max(0, i - 6), i)
+        )
+        while k < len(tokens) and words < 3 and (cued or tokens[k].word[:1].isupper()):
             if keys[k] in STREET_TYPES and words:
                 break
             words += 1
@@ -604,9 +693,16 @@ def address_entities(tokens: Sequence[Token]) -> list[Found]:
         if not (words and k < len(tokens) and keys[k] in STREET_TYPES):
             continue
         end = k
-        if tokens[k].word.endswith(","):
+        if not tokens[k].word.endswith((".", "?", "!")):
             m = k + 1
-            while m < len(tokens) and m - k <= 2 and tokens[m].word[:1].isupper():
+            if m + 1 < len(tokens) and keys[m] == "in" and tokens[m + 1].word[:1].isupper():
+                m += 1  # "... Oak Street in Springfield"
+            while (
+                m < len(tokens)
+                and m - k <= 2
+                and tokens[m].word[:1].isupper()
+                and keys[m] not in NOT_NAMES
+            ):
                 end = m
                 if tokens[m].word.endswith((".", "?", "!")):
                     break
@@ -617,32 +713,120 @@ def address_entities(tokens: Sequence[Token]) -> list[Found]:
 
 def email_entities(tokens: Sequence[Token]) -> list[Found]:
     """A spoken e-mail address as Whisper writes it: "jon dot smith at example dot com",
-    "jon.mit at mampl.com"."""
+    "david .Marty at example .com", "answer .tanderson .outlook .com" (no "at" heard, after
+    an e-mail cue)."""
     keys = [t.key for t in tokens]
+    raw = [t.word.lower().rstrip(',;:!?"()') for t in tokens]
     found = []
-    for i, k in enumerate(keys):
-        suffix = k.rsplit(".", 1)[-1] if "." in k else None
-        spoken = k in EMAIL_SUFFIXES and i > 0 and keys[i - 1] == "dot"
-        if not (
-            (suffix in EMAIL_SUFFIXES and len(k) > len(suffix) + 1)
-            or spoken
-            or (suffix in EMAIL_SUFFIXES and k.startswith("."))
-        ):
+    for i, w in enumerate(raw):
+        if "@" in w:
+            continue  # a written address: Presidio's
+        tail = w.rstrip(".").rsplit(".", 1)
+        suffix = tail[-1] if len(tail) == 2 else (w if i > 0 and keys[i - 1] == "dot" else None)
+        if suffix not in EMAIL_SUFFIXES:
             continue
         at = next((j for j in range(i - 1, max(-1, i - 8), -1) if keys[j] in ("at", "@")), None)
-        if at is None or "@" in tokens[i].word:
+        if at is not None:
+            start = at
+            while start - 1 >= 0 and at - start < 4 and keys[start - 1] not in STOP_BEFORE_EMAIL:
+                start -= 1
+            if start < at:
+                found.append(Found("email", tuple(range(start, i + 1)), 0.85, "speech-email"))
             continue
-        start = at
-        while start - 1 >= 0 and at - start < 4 and keys[start - 1] not in STOP_BEFORE_EMAIL:
-            start -= 1
-        if start == at:
+        if any(keys[j] in EMAIL_CUES for j in range(max(0, i - 10), i)):
+            start = i
+            while start - 1 >= 0 and i - start < 6 and keys[start - 1] not in STOP_BEFORE_EMAIL:
+                start -= 1
+            found.append(Found("email", tuple(range(start, i + 1)), 0.75, "speech-email"))
+    return found
+
+
+# A question asks for one of these when it names it and says "number", "code" or "social".
+ASKED = ("card_number", "cvv", "ssn", "bank_account", "phone")
+ASKING_WORDS = {"number", "code", "social", "ssn", "cvv", "digits"}
+ANSWER_GAP_S = 10.0
+
+
+def _numberish(key: str, digit: str | None) -> bool:
+    """A token that says digits, or a hyphen-joined token with a spoken digit in it
+    ("six-year-old": Whisper's hearing of "six oh oh")."""
+    if digit is not None:
+        return True
+    parts = [p for p in re.split(r"[-–]", key) if p]
+    return len(parts) > 1 and any(p in UNITS or p in TEENS or p in ZEROS for p in parts)
+
+
+def answer_entities(tokens: Sequence[Token]) -> list[Found]:
+    """The answer to a question that asks for a number ("what is your social security
+    number?"): in the other speaker's next segment (a one-voice call: the next segment),
+    from the first to the last token that says digits, when there are at least three. What
+    Whisper makes of a read-out number is sometimes no number at all ("for 25 made, 26 won"),
+    and the question says what the answer holds."""
+    keys = [t.key for t in tokens]
+    digits = token_digits(tokens)
+    segments: dict[int, list[int]] = {}
+    for i, t in enumerate(tokens):
+        segments.setdefault(t.seg, []).append(i)
+    order = sorted(segments)
+    found = []
+    for n, seg in enumerate(order):
+        idx = segments[seg]
+        words = {keys[i] for i in idx}
+        if not words & ASKING_WORDS or not tokens[idx[-1]].word.endswith("?"):
             continue
-        found.append(Found("email", tuple(range(start, i + 1)), 0.85, "speech-email"))
+        cues = nearest_cue(keys, idx[-1] + 1, len(idx))
+        asked = [c for c in sorted(cues, key=cues.__getitem__) if c in ASKED]
+        if not asked:
+            continue
+        asker = tokens[idx[0]].stream
+        answer = next(
+            (
+                segments[s]
+                for s in order[n + 1 :]
+                if tokens[segments[s][0]].stream != asker or not asker
+            ),
+            None,
+        )
+        if answer is None:
+            continue
+        gap = (tokens[answer[0]].start_s or 0.0) - (tokens[idx[-1]].end_s or 0.0)
+        if gap > ANSWER_GAP_S:
+            continue
+        said = [i for i in answer if _numberish(keys[i], digits[i])]
+        if len(said) >= 3:
+            found.append(Found(asked[0], tuple(range(said[0], said[-1] + 1)), 0.6, "answer"))
+    return found
+
+
+CODE_IS = (("security", "code", "is"), ("cvv", "is"), ("code", "on", "the", "back", "is"))
+
+
+def said_code(tokens: Sequence[Token]) -> list[Found]:
+    """The one to three words after "the security code is", up to the sentence's end: a
+    CVV is at most four digits, and what Whisper makes of them may be no digits at all."""
+    keys = [t.key for t in tokens]
+    found = []
+    for cue in CODE_IS:
+        n = len(cue)
+        for j in range(len(keys) - n + 1):
+            if tuple(keys[j : j + n]) != cue:
+                continue
+            span = []
+            k = j + n
+            while k < len(tokens) and len(span) < 3 and tokens[k].seg == tokens[j].seg:
+                span.append(k)
+                if tokens[k].word[-1:] in ".?!,":
+                    break
+                k += 1
+            if span:
+                found.append(Found("cvv", tuple(span), 0.55, "speech-code"))
     return found
 
 
 def speech_entities(tokens: Sequence[Token]) -> list[Found]:
     return [
+        *said_code(tokens),
+        *answer_entities(tokens),
         *number_entities(tokens),
         *date_entities(tokens),
         *slash_dates(tokens),
