@@ -21,7 +21,7 @@ from overnight.jobs.errors import ConfigError
 from overnight.jobs.process import task_spec
 from overnight.jobs.spec import build_spec
 from overnight.schemas import TRANSCRIPTS
-from overnight.schemas.stages import DOC_INPUT
+from overnight.schemas.stages import DECODED, DOC_INPUT
 from overnight.workers.llm.worker import LLMWorker, LLMWorkerConfig
 from tests.jobs.test_transcribe import rows
 
@@ -208,3 +208,73 @@ def test_redact_names_unknown_types_and_needs_redact_for_its_options():
     assert off.transcribe.word_timestamps is False
     plain = build_spec(overrides={"job": {"input": "a", "output": "b"}})
     assert plain.transcribe.word_timestamps is False and plain.transcribe.redact == []
+
+
+SPELLED = {
+    w: str(i)
+    for i, w in enumerate(
+        ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    )
+} | {"oh": "0"}
+
+
+def said_digits(text: str) -> str:
+    """Every digit the text says, written or spelled out, in order."""
+    words = re.findall(r"[a-z]+|\d", text.lower())
+    return "".join(SPELLED.get(w, w if w.isdigit() else "") for w in words)
+
+
+def test_redacted_audio_is_flac_of_the_same_shape_and_says_none_of_the_card(tmp_path):
+    from overnight.workers.audio import AudioChunker, AudioOptions
+    from overnight.workers.redact.audio import decode_pcm
+    from overnight.workers.whisper import WhisperOptions, WhisperWorker, WhisperWorkerConfig
+
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    write_wav(calls / "card.wav", stereo_dialogue(TURNS, gap_s=0.4)[0])
+    out = tmp_path / "out"
+    code = main(
+        [
+            "transcribe",
+            str(calls),
+            str(out),
+            "--channel-labels",
+            "agent,customer",
+            "--redact",
+            "pci",
+            "--redact-audio",
+            "--quiet",
+        ]
+    )
+    assert code == 0
+    (row,) = rows(out)
+    assert [e["type"] for e in row["entities"]].count("card_number") == 1
+    (flac,) = list((out / "redacted_audio").iterdir())
+    assert flac.name.startswith("card-") and flac.suffix == ".flac"
+    original, rate = decode_pcm((calls / "card.wav").read_bytes())
+    redacted, redacted_rate = decode_pcm(flac.read_bytes())
+    assert redacted_rate == rate and redacted.shape == original.shape
+
+    # The redacted recording through tiny.en again, the channels apart as in the job.
+    decoded = AudioChunker(AudioOptions())(flac.read_bytes(), split_channels=True)
+    record = {
+        "item_id": "again",
+        "uri": "mem://again",
+        "channel_labels": ["agent", "customer"],
+        "status": "ok",
+        "fetch_s": 0.0,
+        "decode_s": 0.0,
+        "decode_units": 1.0,
+        "duration_s": decoded.duration_s,
+        "speech_s": decoded.speech_s,
+        "_split": True,
+        "chunks": decoded.chunk_records(),
+    }
+    worker = WhisperWorker(WhisperWorkerConfig(whisper=WhisperOptions(cpu_threads=2)))
+    (again,) = worker(pa.Table.from_pylist([record], schema=DECODED)).to_pylist()
+    heard = said_digits(again["text"])
+    card = CARD.replace(" ", "")
+    assert not [card[i : i + 4] for i in range(len(card) - 3) if card[i : i + 4] in heard], again[
+        "text"
+    ]
+    assert "thank you for calling" in again["text"].lower()  # the rest is still there
