@@ -100,8 +100,24 @@ def tokenize(
     return toks, bases
 
 
+def _merge_same_type(found: Iterable[Found]) -> list[Found]:
+    """Candidates of one type that share tokens become one (a number's first turn found by
+    the answer rule, both turns by the digit run)."""
+    merged: list[Found] = []
+    for f in sorted(found, key=lambda f: (f.type, f.tokens[0] if f.tokens else 0)):
+        last = merged[-1] if merged else None
+        if last is not None and last.type == f.type and set(last.tokens) & set(f.tokens):
+            tokens = tuple(sorted(set(last.tokens) | set(f.tokens)))
+            merged[-1] = Found(f.type, tokens, max(last.score, f.score), last.source)
+        else:
+            merged.append(f)
+    return merged
+
+
 def _choose(found: Iterable[Found]) -> list[Found]:
-    """Overlapping candidates: the longer span wins, then the higher score."""
+    """Overlapping candidates: of one type they merge; else the longer span wins, then the
+    higher score."""
+    found = _merge_same_type(found)
     taken: set[int] = set()
     chosen = []
     for f in sorted(

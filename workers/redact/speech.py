@@ -514,7 +514,9 @@ def classify_run(run: Run, cues: dict[str, int]) -> tuple[str, float] | None:
             return "phone", 0.9
         if cat == "bank_account" and 4 <= n <= 20:
             return "bank_account", 0.85
-        if cat in ("expiry", "date_of_birth") and 3 <= n <= 8:
+        if cat == "expiry" and 2 <= n <= 8:  # "oh nine twenty six" heard as "... 26"
+            return cat, 0.85
+        if cat == "date_of_birth" and 3 <= n <= 8:
             return cat, 0.85
         if cat == "card_number" and 3 <= n <= 4 and "cvv" not in cues:
             continue
@@ -630,7 +632,9 @@ def slash_dates(tokens: Sequence[Token]) -> list[Found]:
 
 def _capitalized_name(word: str) -> bool:
     w = word.strip('.,;:!?"')
-    return bool(re.fullmatch(r"[A-Z][a-z]+(?:[-'][A-Z]?[a-z]+)?", w)) and w.lower() not in NOT_NAMES
+    return (
+        bool(re.fullmatch(r"[A-Z][A-Za-z]+(?:[-'][A-Z]?[a-z]+)?", w)) and w.lower() not in NOT_NAMES
+    )
 
 
 def person_entities(tokens: Sequence[Token]) -> list[Found]:
@@ -673,7 +677,8 @@ def address_entities(tokens: Sequence[Token]) -> list[Found]:
     digits = token_digits(tokens)
     found = []
     for i in range(len(tokens)):
-        if digits[i] is None or not digits[i]:
+        house = digits[i] or (keys[i] if re.fullmatch(r"\d+[a-z]", keys[i]) else None)
+        if not house:  # a number, or one with a letter: "47B"
             continue
         start = i
         while start > 0 and digits[start - 1] is not None and i - start < 3:
