@@ -816,7 +816,7 @@ def said_code(tokens: Sequence[Token]) -> list[Found]:
         for j in range(len(keys) - n + 1):
             if tuple(keys[j : j + n]) != cue:
                 continue
-            span = []
+            span: list[int] = []
             k = j + n
             while k < len(tokens) and len(span) < 3 and tokens[k].seg == tokens[j].seg:
                 span.append(k)
