@@ -22,6 +22,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -29,6 +30,9 @@ import pyarrow.parquet as pq
 
 from overnight.jobs import storage
 from overnight.jobs.errors import Superseded
+
+if TYPE_CHECKING:
+    from overnight.jobs.stage import Stage
 
 
 def write_table(dataset: storage.Location, table: pa.Table) -> str:
@@ -234,6 +238,10 @@ class CommittingActor:
     batch durable at once: Ray Data coalesces small output rows into large blocks, so a
     separate sink stage would only see (and write) them when the whole task ends, and a
     killed run would lose all of it.
+
+    ``after``: task stages between the model and the commit (redaction), on the rows as they
+    will be committed. Each runs as a Ray task holding its own CPUs, never on the actor's:
+    the actor's other calls keep the model busy while this one waits for it.
     """
 
     def __init__(
@@ -244,6 +252,7 @@ class CommittingActor:
         slim: Sequence[str],
         token: str,
         provenance: Provenance | None = None,
+        after: Sequence[Stage] = (),
     ):
         # Wall-clock times (epoch seconds, comparable across the cluster's processes) of
         # the actor's start and of its model being ready: the start-up the first result
@@ -253,11 +262,24 @@ class CommittingActor:
         self.ready_at = time.time()
         self.dataset, self.schema, self.slim, self.token = dataset, schema, tuple(slim), token
         self.provenance = provenance
+        self.after: list[tuple[Any, dict[str, Any]]] = []
+        if after:
+            import ray
+
+            self.after = [
+                (ray.remote(**s.resources(), max_retries=3)(s.fn), dict(s.kwargs)) for s in after
+            ]
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         finished = self.worker(batch)
         if self.provenance is not None:
             finished = with_provenance(batch, finished, self.schema, self.provenance)
+        if self.after:
+            import ray
+
+            # On the rows as they will be committed (source_uri and the run's provenance in).
+            for task, kwargs in self.after:
+                finished = ray.get(task.remote(finished, **kwargs))
         # Checked after the model, right before the write: the window a dying run's actor
         # has to commit after a new run's claim is one small read long.
         check_claim(self.dataset, self.token)

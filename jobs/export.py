@@ -33,6 +33,7 @@ COLUMNS = [
     "channel_labels",
     "run_id",
     "processed_at",
+    "entities",  # null on rows of a job that did not redact (and in files before version 4)
 ]
 RAY_THRESHOLD = 5000
 # Subtitle convention: lines of at most 42 characters.
@@ -180,8 +181,13 @@ def export(
     *,
     config: storage.StorageConfig | None = None,
     ray_threshold: int = RAY_THRESHOLD,
+    redacted_only: bool = False,
 ) -> dict[str, Any]:
-    """Write one ``fmt`` file a recording of OUTPUT/transcripts under ``dest``; the counts."""
+    """Write one ``fmt`` file a recording of OUTPUT/transcripts under ``dest``; the counts.
+
+    ``redacted_only``: refuse (``ConfigError``, exit status 2) before writing anything when
+    any recording's transcript was not redacted (a job without ``redact``), rather than skip
+    it: an export that silently leaves recordings out looks complete."""
     from overnight.jobs import commits  # the reader of committed result datasets
 
     if fmt not in FORMATS:
@@ -195,6 +201,15 @@ def export(
     table = commits.read_results(transcripts, COLUMNS)
     all_rows = table.to_pylist() if table is not None else []
     rows = latest_ok(all_rows)
+    if redacted_only:
+        plain = [r for r in rows if r.get("entities") is None]
+        if plain:
+            raise ConfigError(
+                f"--redacted-only: {len(plain)} of {len(rows)} transcripts in "
+                f"{storage.redact(output)!r} were not redacted (their job had no `redact`); "
+                "nothing was written. Transcribe them again with --redact, or export without "
+                "--redacted-only"
+            )
     names = file_names(rows, fmt)
     if len(rows) >= ray_threshold:
         import pyarrow as pa

@@ -24,6 +24,8 @@ TRANSCRIBE_STAGES = (
     ("fetch", "fetch_s", "decode_resource", "decode_units"),
     ("decode", "decode_s", "decode_resource", "decode_units"),
     ("transcribe", "asr_s", "asr_resource", "asr_units"),
+    # CPU tasks after the model (jobs.redaction); rows of jobs that do not redact have none.
+    ("redact", "redact_s", "decode_resource", "redact_units"),
 )
 PROBE_STAGES = (("probe", "probe_s", "probe_resource", None),)
 DOCUMENT_STAGES = (

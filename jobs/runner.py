@@ -4,7 +4,8 @@
       → start Ray, resolve ``auto`` device and pool (none of it when nothing is left to do)
       → record the manifest, hand Ray Data its blocks
       → task stages (map_batches) → model stage (actor pool, each batch committed with the
-        run's provenance by ``jobs.commits.CommittingActor``)
+        run's provenance by ``jobs.commits.CommittingActor``; stages declared after it, such
+        as redaction, run as Ray tasks on the batch before that commit)
       → execute (progress, one row per pending item) → duplicate repair → ledger catch-up
       → run summary (OUTPUT/runs/<run_id>.json)
 
@@ -43,7 +44,8 @@ class Placement:
 class Build:
     """A plan's stages for one placement, and what the summary says about them."""
 
-    # Task stages in order, then the model stage (``actors`` set), whose output is committed.
+    # Task stages in order, then the model stage (``actors`` set), then task stages that run
+    # on each of its batches before the commit (``jobs.commits.CommittingActor``).
     stages: list[Stage]
     model_resource: str  # price-table key of the model stage when no row names one
     model_units: float
@@ -75,6 +77,8 @@ class JobPlan:
     describe: Callable[[sizing.Pool], str] | None = None
     # Summary fields from this run's rows (counts, audio) and the listing.
     summary: Callable[[list[dict[str, Any]]], dict[str, Any]] = field(default=lambda rows: {})
+    # Other datasets the stages commit to (OUTPUT/<name>/, schema), repaired like the result.
+    side_datasets: Sequence[tuple[str, pa.Schema]] = ()
 
 
 def run(plan: JobPlan) -> dict[str, Any]:
@@ -125,6 +129,8 @@ def run(plan: JobPlan) -> dict[str, Any]:
 
     rows = outcome.rows
     repaired = commits.drop_duplicates(dataset, plan.schema, run_id)
+    for name, schema in plan.side_datasets:
+        commits.drop_duplicates(output.join(name), schema, run_id)
     costs = ledger.catch_up(output, plan.dataset, plan.spec.prices, plan.ledger_stages)
     resource = next((r[plan.resource_column] for r in rows if r.get(plan.resource_column)), None)
     summary = ledger.summarize_run(
@@ -165,12 +171,14 @@ def _chain(
     token: str,
     provenance: commits.Provenance,
 ) -> Any:
-    """The stages as ``map_batches`` calls: tasks, then the committing model stage."""
+    """The stages as ``map_batches`` calls: tasks, then the committing model stage, whose
+    actor runs the stages after it on each batch as Ray tasks before committing."""
     import ray
 
-    *tasks, model = stages
-    if not model.is_actor or any(s.is_actor for s in tasks):
-        raise ValueError("a plan's last stage, and only it, runs in an actor pool")
+    actors = [i for i, s in enumerate(stages) if s.is_actor]
+    if len(actors) != 1:
+        raise ValueError("a plan has one model stage (an actor pool), tasks before and after it")
+    tasks, model, after = stages[: actors[0]], stages[actors[0]], stages[actors[0] + 1 :]
     for stage in tasks:
         ds = ds.map_batches(
             stage.fn,
@@ -189,6 +197,7 @@ def _chain(
             "slim": slim,
             "token": token,
             "provenance": provenance,
+            "after": tuple(after),
         },
         batch_format="pyarrow",
         batch_size=model.batch_size,

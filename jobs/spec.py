@@ -152,6 +152,35 @@ class TranscribeOptions(DecodingOptions):
         None, description="price-table key of what an actor holds; default detected"
     )
 
+    redact: list[str] = Field(
+        default_factory=list,
+        description="entity types replaced by [TYPE] tags in text, segments and words, "
+        "e.g. ['card_number', 'ssn'] or a preset: 'pci' (card_number, cvv, expiry, "
+        "bank_account), 'all' (also ssn, phone, email, person, address, date_of_birth). "
+        "Found entities go to `entities`; nothing unredacted is written (see "
+        "keep_unredacted). Turns word_timestamps on unless it is set to false",
+    )
+    keep_unredacted: bool = Field(
+        False,
+        description="redact: also write the original text and segments to "
+        "OUTPUT/transcripts_unredacted/, apart, for storage policy to guard",
+    )
+    redact_audio: bool = Field(
+        False,
+        description="redact: write each recording again under OUTPUT/redacted_audio/ with "
+        "every redacted word's time range silenced (FLAC; same channels and sample rate)",
+    )
+
+    @field_validator("redact", mode="before")
+    @classmethod
+    def _known_types(cls, value: Any) -> Any:
+        from overnight.workers.redact.types import resolve_types
+
+        if value is None:
+            return []
+        names = value.split(",") if isinstance(value, str) else list(value)
+        return list(resolve_types(names))
+
     @model_validator(mode="before")
     @classmethod
     def _labels_split_channels(cls, data: Any) -> Any:
@@ -159,7 +188,29 @@ class TranscribeOptions(DecodingOptions):
         # recorded options say so too.
         if isinstance(data, dict) and data.get("channel_labels"):
             data = {**data, "split_channels": True}
+        # Redaction times its entities (and silences audio) by words; call analytics of a
+        # split-channel call are finer with words than with segments. An explicit false wins.
+        if (
+            isinstance(data, dict)
+            and data.get("word_timestamps") is None
+            and (data.get("redact") or data.get("split_channels"))
+        ):
+            data = {**data, "word_timestamps": True}
         return data
+
+    @model_validator(mode="after")
+    def _redaction_needs(self) -> TranscribeOptions:
+        if (self.keep_unredacted or self.redact_audio) and not self.redact:
+            raise ValueError(
+                "keep_unredacted and redact_audio need `redact` (e.g. redact = ['pci'] or "
+                "--redact pci): without it nothing is redacted"
+            )
+        if self.redact_audio and not self.word_timestamps:
+            raise ValueError(
+                "redact_audio silences the redacted words' time ranges: it needs "
+                "word_timestamps = true"
+            )
+        return self
 
 
 class ProcessOptions(_Model):

@@ -6,6 +6,8 @@
       → WhisperWorker, one model per actor               several calls in flight, model
                                                          batches filled across them; each
                                                          call committed as one Parquet file
+      → redact_batch (``redact`` set)                    CPU tasks on each finished call,
+                                                         before its commit (jobs.redaction)
       → OUTPUT/transcripts, costs, runs/<run_id>.json
 
 Claim, resume, commit, duplicate repair, ledger and summary are the runner's; this module
@@ -23,11 +25,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from overnight.jobs import ledger, models, pipeline, preflight, runner, sizing, storage
+from overnight.jobs import ledger, models, pipeline, preflight, redaction, runner, sizing, storage
 from overnight.jobs.manifest import Selection, select_items
 from overnight.jobs.spec import JobSpec, TranscribeOptions
 from overnight.jobs.stage import Stage
-from overnight.schemas import MANIFEST, TRANSCRIPTS
+from overnight.schemas import MANIFEST, TRANSCRIPTS, TRANSCRIPTS_UNREDACTED
 from overnight.schemas.stages import DECODED, WHISPER_OUTPUT
 from overnight.workers.audio import MEDIA_EXTENSIONS, AudioChunker, AudioOptions
 from overnight.workers.whisper import ModelLoadError, WhisperWorker, WhisperWorkerConfig
@@ -49,6 +51,7 @@ _SLIM = [
     "asr_units",
     "source_uri",
     "language_mismatch",
+    "entities",  # types, offsets and times only: never text
 ]
 
 
@@ -204,6 +207,15 @@ def transcribe_plan(spec: JobSpec) -> runner.JobPlan:
     items_per_call = opts.items_per_call or 8
     calls_per_actor = opts.calls_per_actor or min(64, -(-4 * opts.batch_size // items_per_call))
     storage_config = storage.StorageConfig.from_env()
+    output = storage.resolve(spec.job.output)
+    if opts.redact and spec.job.progress:
+        print(
+            f"[overnight] redacting {', '.join(opts.redact)} (CPU tasks after Whisper); word "
+            f"timestamps {'on' if opts.word_timestamps else 'off'}"
+            + (", originals kept in transcripts_unredacted/" if opts.keep_unredacted else ""),
+            file=sys.stderr,
+            flush=True,
+        )
 
     def build(at: runner.Placement) -> runner.Build:
         pool = at.pool
@@ -241,8 +253,30 @@ def transcribe_plan(spec: JobSpec) -> runner.JobPlan:
             calls_per_actor=calls_per_actor,
             batch_size=items_per_call,
         )
+        stages = [decode, whisper]
+        if opts.redact:
+            stages.append(
+                Stage(
+                    "redact",
+                    redaction.redact_batch,
+                    consumes=TRANSCRIPTS,
+                    produces=TRANSCRIPTS,
+                    kwargs={
+                        "types": tuple(opts.redact),
+                        "units": pool.task_cpus,
+                        "run_id": spec.run_id,
+                        "unredacted": output.join(redaction.UNREDACTED_DATASET)
+                        if opts.keep_unredacted
+                        else None,
+                        "audio": output.join(redaction.AUDIO_FOLDER) if opts.redact_audio else None,
+                        "storage_config": storage_config,
+                        "max_bytes": int(opts.max_file_mb * 2**20),
+                    },
+                    num_cpus=pool.task_cpus,
+                )
+            )
         return runner.Build(
-            stages=[decode, whisper],
+            stages=stages,
             model_resource=w_opts.resource or ("gpu" if at.device == "cuda" else "cpu"),
             model_units=w_opts.units,
             options={
@@ -265,6 +299,7 @@ def transcribe_plan(spec: JobSpec) -> runner.JobPlan:
             # Items decoded with their manifest's initial_prompt/hotwords (each row's
             # `options` holds the values); the job's own are in `options`.
             "items_with_own_prompt": own_prompts,
+            **({"redacted_entities": _entity_counts(rows)} if opts.redact else {}),
         }
 
     return runner.JobPlan(
@@ -285,4 +320,16 @@ def transcribe_plan(spec: JobSpec) -> runner.JobPlan:
         load_errors=(ModelLoadError,),
         describe=lambda pool: pool.describe("Whisper", "decode"),
         summary=summary,
+        side_datasets=[(redaction.UNREDACTED_DATASET, TRANSCRIPTS_UNREDACTED)]
+        if opts.keep_unredacted
+        else [],
     )
+
+
+def _entity_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Entities redacted in this run, by type (counts only: the summary never holds text)."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        for entity in row.get("entities") or []:
+            counts[entity["type"]] = counts.get(entity["type"], 0) + 1
+    return dict(sorted(counts.items()))

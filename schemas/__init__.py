@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         SCHEMA_VERSION,
         SEGMENT,
         TRANSCRIPTS,
+        TRANSCRIPTS_UNREDACTED,
         with_version,
     )
 
@@ -37,6 +38,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "SEGMENT",
     "TRANSCRIPTS",
+    "TRANSCRIPTS_UNREDACTED",
     "ErrorCode",
     "with_version",
 ]
@@ -50,4 +52,3 @@ def __getattr__(name: str) -> Any:
 
         return getattr(tables, name)
     raise AttributeError(f"module 'schemas' has no attribute {name!r}")
-

@@ -6,7 +6,9 @@ import pyarrow as pa
 # 2: document_results.label_score (null in version 1 files).
 # 3: manifest.hotwords, manifest.initial_prompt; transcripts.language_mismatch,
 #    transcripts.segments.words and transcripts.analytics (null in older files); the runs table.
-SCHEMA_VERSION = "3"
+# 4: transcripts.entities, redact_s, redact_units (null in older files and when a job does not
+#    redact); the transcripts_unredacted table.
+SCHEMA_VERSION = "4"
 
 _VERSION_KEY = b"overnight.schema_version"
 
@@ -112,6 +114,19 @@ CALL_ANALYTICS = pa.struct(
     ]
 )
 
+# A redacted entity (workers.redact): its type, where it was in the original text (characters)
+# and in the recording (seconds, from the word timings), and the recognizer's score.
+ENTITY = pa.struct(
+    [
+        pa.field("type", pa.string()),
+        pa.field("start_char", pa.int32()),
+        pa.field("end_char", pa.int32()),
+        pa.field("start_s", pa.float64()),
+        pa.field("end_s", pa.float64()),
+        pa.field("score", pa.float32()),
+    ]
+)
+
 STATUS_FIELDS = [
     # "ok" | "error"
     pa.field("status", pa.string(), nullable=False),
@@ -154,6 +169,9 @@ TRANSCRIPTS = with_version(
             pa.field("num_chunks", pa.int32()),
             # Split-channel calls: talk, silence, overtalk, interruptions (null otherwise).
             pa.field("analytics", CALL_ANALYTICS),
+            # What the job's `redact` found (text, segments and words carry its tags); null
+            # when the job did not redact.
+            pa.field("entities", pa.list_(ENTITY)),
             *PROVENANCE_FIELDS,
             # Timings for accounting. *_s are wall seconds spent on this item alone, or its
             # share of a shared batch (apportioned by audio seconds).
@@ -168,9 +186,26 @@ TRANSCRIPTS = with_version(
             pa.field("asr_units", pa.float64()),
             # Mean fill of the model batches this item's chunks rode in (1.0 = full).
             pa.field("batch_fill", pa.float32()),
+            # The redaction stage (CPU tasks, after the model): seconds and cores held.
+            pa.field("redact_s", pa.float64()),
+            pa.field("redact_units", pa.float64()),
         ]
     ),
     "transcripts",
+)
+
+# `keep_unredacted = true`: the original text and segments of a redacted job's rows, apart
+# from transcripts/ so that storage policy can guard them; never written otherwise.
+TRANSCRIPTS_UNREDACTED = with_version(
+    pa.schema(
+        [
+            pa.field("item_id", pa.string(), nullable=False),
+            pa.field("run_id", pa.string(), nullable=False),
+            pa.field("text", pa.string()),
+            pa.field("segments", pa.list_(SEGMENT)),
+        ]
+    ),
+    "transcripts_unredacted",
 )
 
 DOCUMENT_RESULTS = with_version(
@@ -244,7 +279,7 @@ COSTS = with_version(
             pa.field("run_id", pa.string(), nullable=False),
             pa.field("tenant", pa.string()),
             pa.field("submission_id", pa.string()),
-            # fetch | decode | transcribe | extract | generate
+            # fetch | decode | transcribe | redact | extract | generate
             pa.field("stage", pa.string(), nullable=False),
             # cpu | h100 | a100 | l4 | ... : a key of the job's price table
             pa.field("resource", pa.string(), nullable=False),

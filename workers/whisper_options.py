@@ -63,9 +63,9 @@ class DecodingOptions(BaseModel):
         False,
         description="per-word start/end/probability in `segments.words`, aligned in the same "
         "cross-recording model batch as the text (one more decoder pass over the batch's "
-        "encoder output). Off by default; turn it on where analytics or redaction need word "
-        "times: call analytics (split-channel calls) use words when a row has them, else the "
-        "coarser segment timings",
+        "encoder output). Off by default; in a job it turns on with `redact` (entity times, "
+        "redacted audio) or split channels (call analytics use words when a row has them, "
+        "else the coarser segment timings) unless set to false",
     )
     window_step_s: int = Field(
         30,

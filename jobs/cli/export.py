@@ -18,13 +18,19 @@ def add_parser(subparsers) -> None:
     p.add_argument("output", metavar="OUTPUT", help="a transcription run's output (local, s3://, gs://)")
     p.add_argument("dest", metavar="DEST", help="folder or prefix for the files")
     p.add_argument("--format", choices=FORMATS, default="srt", help="default: srt")
+    p.add_argument(
+        "--redacted-only",
+        action="store_true",
+        help="refuse (exit status 2, nothing written) unless every transcript was redacted "
+        "by its job (`redact`)",
+    )
     p.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
     from overnight.jobs.export import export
 
-    done = export(args.output, args.dest, args.format)
+    done = export(args.output, args.dest, args.format, redacted_only=args.redacted_only)
     print(
         f"wrote {done['files']} {done['format']} file(s) to {done['destination']}"
         + (

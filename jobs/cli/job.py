@@ -55,6 +55,26 @@ def _transcribe_flags(p: argparse.ArgumentParser) -> None:
         choices=["transcribe", "translate"],
         help="translate: English text from any language (multilingual models only)",
     )
+    p.add_argument(
+        "--redact",
+        metavar="TYPES",
+        help="entity types to replace by [TYPE] tags, comma-separated: card_number, cvv, "
+        "expiry, ssn, bank_account, phone, email, person, address, date_of_birth, or a "
+        "preset: pci, all (turns word timestamps on)",
+    )
+    p.add_argument(
+        "--keep-unredacted",
+        action="store_true",
+        default=None,
+        help="with --redact: also write the original text to OUTPUT/transcripts_unredacted/",
+    )
+    p.add_argument(
+        "--redact-audio",
+        action="store_true",
+        default=None,
+        help="with --redact: write each recording again, redacted words silenced, under "
+        "OUTPUT/redacted_audio/",
+    )
     p.add_argument("--no-vad", dest="vad", action="store_false", default=None)
 
 
@@ -252,8 +272,13 @@ def _overrides(args: argparse.Namespace, kind: str) -> dict[str, Any]:
             "initial_prompt",
             "hotwords",
             "task",
+            "keep_unredacted",
+            "redact_audio",
         )
     }
+    redact = getattr(args, "redact", None)
+    if redact is not None:
+        transcribe["redact"] = [x.strip() for x in redact.split(",") if x.strip()]
     labels = getattr(args, "channel_labels", None)
     if labels is not None:
         transcribe["channel_labels"] = [x.strip() for x in labels.split(",") if x.strip()]

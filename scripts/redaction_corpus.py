@@ -1,0 +1,510 @@
+"""The redaction corpus: synthesized two-channel calls (agent left, customer right) with known
+PII, and clean calls with innocent numbers, plus the scoring rule. Used by
+``scripts/eval_redaction.py`` and by tests/workers/test_redaction_corpus.py.
+
+Every call is made from seeded templates (``build_corpus(seed)``): the same seed, the same
+calls. A PII call carries one to three entities, each with its ground-truth value: the digits
+of a number, or the words of a name, address, e-mail or date. Numbers are spoken as people
+read them out: digit by digit in groups, with "double"/"triple", "oh" for zero, as pairs
+("forty one, eleven"), and some cards over two customer turns with the agent in between.
+
+Scoring (``score``), per entity type:
+
+- recall: an entity is found when none of it survives in the redacted text (no run of
+  ``min(4, len)`` of its digits in the text's digits, spelled-out digits read as digits; none
+  of its words, for names, addresses, e-mails and dates) and a tag of its type is in the
+  call's redacted text;
+- precision: the entities the redactor reports of a type in a call are right up to the
+  number of that type the call holds (a card read over two turns: two tags); the rest, and
+  every one in a clean call, are false alarms. (Matching by value would count Whisper's
+  misheard digits, "483" for "453", as false alarms of the redactor);
+- clean calls: the share of clean calls with any entity reported.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+FIRST = [
+    "Maria",
+    "James",
+    "Linda",
+    "Robert",
+    "Susan",
+    "Michael",
+    "Karen",
+    "David",
+    "Nancy",
+    "Peter",
+]
+LAST = [
+    "Lopez",
+    "Johnson",
+    "Miller",
+    "Wilson",
+    "Anderson",
+    "Taylor",
+    "Thomas",
+    "Moore",
+    "Martin",
+    "Clark",
+]
+STREETS = ["Oak", "Maple", "Pine", "Cedar", "Elm", "Lake", "Hill", "Park", "Washington", "Lincoln"]
+STREET_TYPES = ["Street", "Avenue", "Road", "Drive", "Lane"]
+CITIES = ["Springfield", "Portland", "Denver", "Boston", "Austin", "Seattle"]
+MONTHS = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+]
+DOMAINS = ["gmail", "yahoo", "outlook", "example"]
+WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+TEENS_WORDS = [
+    "ten",
+    "eleven",
+    "twelve",
+    "thirteen",
+    "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
+    "nineteen",
+]
+TENS_WORDS = [
+    "_",
+    "_",
+    "twenty",
+    "thirty",
+    "forty",
+    "fifty",
+    "sixty",
+    "seventy",
+    "eighty",
+    "ninety",
+]
+
+
+@dataclass
+class Truth:
+    type: str
+    value: str  # digits for numbers; words for the others
+
+
+@dataclass
+class Call:
+    name: str
+    turns: list[tuple[str, str]]  # (agent|customer, what espeak says)
+    truths: list[Truth] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return not self.truths
+
+
+def luhn_complete(body: str) -> str:
+    for check in "0123456789":
+        if _luhn(body + check):
+            return body + check
+    raise AssertionError("unreachable")
+
+
+def _luhn(digits: str) -> bool:
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        d = int(ch)
+        if i % 2:
+            d = d * 2 - 9 if d > 4 else d * 2
+        total += d
+    return total % 10 == 0
+
+
+def say_digits(digits: str, rng: random.Random, groups: int = 4) -> str:
+    """Digit by digit, in groups, one of the ways people read numbers out."""
+    style = rng.choice(["plain", "plain", "oh", "double", "pairs"])
+    parts = [digits[i : i + groups] for i in range(0, len(digits), groups)]
+    spoken = []
+    for part in parts:
+        if style == "pairs" and len(part) == 4 and part[0] != "0" and part[2] != "0":
+            spoken.append(f"{_pair(part[:2])} {_pair(part[2:])}")
+            continue
+        words = []
+        i = 0
+        while i < len(part):
+            d = part[i]
+            if style == "double" and i + 1 < len(part) and part[i + 1] == d:
+                words.append(f"double {WORDS[int(d)]}")
+                i += 2
+                continue
+            words.append("oh" if (d == "0" and style == "oh") else WORDS[int(d)])
+            i += 1
+        spoken.append(" ".join(words))
+    return ", ".join(spoken)
+
+
+def _pair(two: str) -> str:
+    n = int(two)
+    if n < 10:
+        return f"oh {WORDS[n]}"
+    if n < 20:
+        return TEENS_WORDS[n - 10]
+    tens, unit = divmod(n, 10)
+    return TENS_WORDS[tens] + (f" {WORDS[unit]}" if unit else "")
+
+
+def _digits(rng: random.Random, n: int) -> str:
+    return "".join(
+        rng.choice("123456789") if i == 0 else rng.choice("0123456789") for i in range(n)
+    )
+
+
+def _card(rng: random.Random, valid: bool) -> str:
+    body = rng.choice("45") + _digits(rng, 14)
+    card = luhn_complete(body)
+    if not valid:
+        card = card[:-1] + str((int(card[-1]) + 1 + rng.randrange(8)) % 10)
+        if _luhn(card):
+            card = card[:-1] + str((int(card[-1]) + 1) % 10)
+    return card
+
+
+def pii_calls(rng: random.Random, n: int) -> list[Call]:
+    calls = []
+    for k in range(n):
+        kind = k % 10
+        first, last = rng.choice(FIRST), rng.choice(LAST)
+        turns: list[tuple[str, str]] = []
+        truths: list[Truth] = []
+        if kind in (0, 1, 2):
+            card = _card(rng, valid=kind != 2)
+            truths.append(Truth("card_number", card))
+            turns.append(("agent", "Sure, what is the card number?"))
+            if kind == 1:  # over two turns of the customer
+                turns.append(("customer", f"It is {say_digits(card[:8], rng)}."))
+                turns.append(("agent", "Okay, go on."))
+                turns.append(("customer", f"{say_digits(card[8:], rng)}."))
+            else:
+                turns.append(("customer", f"The card number is {say_digits(card, rng)}."))
+            month, year = rng.randrange(1, 13), rng.randrange(26, 31)
+            turns.append(("agent", "And the expiration date?"))
+            mm = f"zero {WORDS[month]}" if month < 10 else TEENS_WORDS[month - 10]
+            said = rng.choice(
+                [f"{mm}, {_pair(str(year))}", f"{MONTHS[month - 1]} twenty {_pair(str(year))}"]
+            )
+            turns.append(
+                ("customer", rng.choice([f"It expires {said}.", f"The expiration date is {said}."]))
+            )
+            truths.append(Truth("expiry", f"{month:02d}{year}"))
+            if kind != 1:
+                cvv = _digits(rng, 3)
+                turns.append(("agent", "And the security code on the back?"))
+                turns.append(("customer", f"The security code is {say_digits(cvv, rng)}."))
+                truths.append(Truth("cvv", cvv))
+        elif kind == 3:
+            ssn = _digits(rng, 9)
+            truths.append(Truth("ssn", ssn))
+            turns.append(("agent", "To verify your identity, what is your social security number?"))
+            turns.append(
+                (
+                    "customer",
+                    f"My social is {say_digits(ssn[:3], rng)}, "
+                    f"{say_digits(ssn[3:5], rng)}, {say_digits(ssn[5:], rng)}.",
+                )
+            )
+        elif kind == 4:
+            phone = rng.choice("23456789") + _digits(rng, 9)
+            truths.append(Truth("phone", phone))
+            turns.append(("agent", "What is the best phone number to reach you?"))
+            turns.append(
+                (
+                    "customer",
+                    f"My cell phone is {say_digits(phone[:3], rng)}, "
+                    f"{say_digits(phone[3:6], rng)}, {say_digits(phone[6:], rng)}.",
+                )
+            )
+        elif kind == 5:
+            domain = rng.choice(DOMAINS)
+            truths.append(Truth("email", f"{first} {last} {domain}"))
+            turns.append(("agent", "Can I have your email address for the receipt?"))
+            turns.append(("customer", f"Sure, my email is {first} dot {last} at {domain} dot com."))
+        elif kind == 6:
+            truths.append(Truth("person", f"{first} {last}"))
+            turns.append(
+                (
+                    "customer",
+                    f"Hello, my name is {first} {last} and I have a question about my bill.",
+                )
+            )
+        elif kind == 7:
+            num = str(rng.randrange(10, 100))  # two digits: tiny.en loops on some longer ones
+            street, stype, city = rng.choice(STREETS), rng.choice(STREET_TYPES), rng.choice(CITIES)
+            truths.append(Truth("address", f"{num} {street} {city}"))
+            turns.append(("agent", "What is the address on the account?"))
+            turns.append(("customer", f"I live at {num} {street} {stype} in {city}."))
+        elif kind == 8:
+            month, day, year = rng.choice(MONTHS), rng.randrange(1, 29), rng.randrange(1950, 2001)
+            truths.append(Truth("date_of_birth", f"{month} {day} {year}"))
+            turns.append(("agent", "Can you confirm your date of birth?"))
+            turns.append(("customer", f"My date of birth is {month} {day}, {year}."))
+        else:
+            account = _digits(rng, 8)
+            truths.append(Truth("bank_account", account))
+            turns.append(("agent", "What is the bank account number for the refund?"))
+            turns.append(("customer", f"The account number is {say_digits(account, rng)}."))
+        if kind in (3, 4, 9):  # a name too, from the agent's greeting
+            truths.append(Truth("person", f"{first} {last}"))
+            intro = rng.choice(
+                [f"Hi, my name is {first} {last}.", f"Hi, this is {first} {last} calling."]
+            )
+            turns.insert(0, ("customer", intro))
+        calls.append(Call(f"pii_{k:03d}", turns, truths))
+    return calls
+
+
+CLEAN_LINES = [
+    ("customer", "I would like to order three boxes of paper for my office."),
+    ("customer", "The price was twenty nine dollars and ninety nine cents."),
+    ("agent", "Please press one to continue or two to speak to an agent."),
+    ("customer", "The store opens at nine thirty on Saturday morning."),
+    ("agent", "Your package should arrive in five to seven business days."),
+    ("customer", "I have been a customer for about twelve years now."),
+    ("agent", "I can offer you a discount of fifteen percent on the next order."),
+    ("customer", "The router stopped working two days ago."),
+    ("agent", "Let me transfer you to the billing department."),
+    ("customer", "I paid the bill last Friday but it still shows as open."),
+    ("agent", "The gift card balance is twenty five dollars."),
+    ("customer", "Can you call me back in ten minutes?"),
+    ("agent", "This is the technical support team, how can I help?"),
+    ("customer", "We need four chairs and two tables for the meeting room."),
+    ("agent", "The upgrade costs fifty dollars per month."),
+    ("customer", "My order from last week had one item missing."),
+    ("agent", "I will send you a replacement today."),
+    ("customer", "The meeting is at three o'clock on Tuesday."),
+]
+
+
+def clean_calls(rng: random.Random, n: int) -> list[Call]:
+    calls = []
+    for k in range(n):
+        calls.append(Call(f"clean_{k:03d}", rng.sample(CLEAN_LINES, 3)))
+    return calls
+
+
+def build_corpus(seed: int = 17, pii: int = 40, clean: int = 40) -> list[Call]:
+    rng = random.Random(seed)
+    return pii_calls(rng, pii) + clean_calls(rng, clean)
+
+
+def synthesize(call: Call, gap_s: float = 0.4) -> Any:
+    """The call as (2, samples) float32: agent left, customer right, one turn after another."""
+    import numpy as np
+
+    from overnight.jobs.demo import silence, speak
+
+    channels: dict[str, list[Any]] = {"agent": [], "customer": []}
+    for speaker, text in call.turns:
+        voice = "en-us" if speaker == "agent" else "en-gb"
+        clip = np.concatenate([speak(text, voice=voice), silence(gap_s)])
+        for label, parts in channels.items():
+            parts.append(clip if label == speaker else np.zeros_like(clip))
+    return np.stack([np.concatenate(channels["agent"]), np.concatenate(channels["customer"])])
+
+
+# ---- scoring ------------------------------------------------------------------------------
+
+_UNIT = {w: str(i) for i, w in enumerate(WORDS)} | {"oh": "0"}
+
+
+def digit_runs(text: str) -> list[str]:
+    """The text's numbers as digit strings: spelled-out digits read as digits, punctuation
+    and spaces inside a number ignored ("4-1-1 1" → "4111")."""
+    runs, current = [], ""
+    for word in re.findall(r"[A-Za-z]+|\d+|[^\sA-Za-z\d]", text.lower()):
+        if word.isdigit():
+            current += word
+        elif word in _UNIT:
+            current += _UNIT[word]
+        elif re.fullmatch(r"[^\sA-Za-z\d]", word) and word != "[":
+            continue
+        else:
+            if current:
+                runs.append(current)
+            current = ""
+    if current:
+        runs.append(current)
+    return runs
+
+
+def _grams(digits: str, k: int) -> set[str]:
+    k = min(k, len(digits))
+    return {digits[i : i + k] for i in range(len(digits) - k + 1)}
+
+
+def _words(text: str) -> set[str]:
+    return {w for w in re.findall(r"[a-z]+|\d+", text.lower()) if len(w) > 1}
+
+
+NUMERIC = {"card_number", "cvv", "expiry", "ssn", "bank_account", "phone"}
+
+
+def survives(truth: Truth, redacted: str) -> bool:
+    if truth.type in NUMERIC:
+        grams = _grams(truth.value, 4)
+        return any(g in run for run in digit_runs(redacted) for g in grams)
+    return bool(_words(truth.value) & _words(redacted))
+
+
+@dataclass
+class Scores:
+    found: dict[str, int] = field(default_factory=dict)
+    truths: dict[str, int] = field(default_factory=dict)
+    right: dict[str, int] = field(default_factory=dict)
+    reported: dict[str, int] = field(default_factory=dict)
+    clean_redacted: int = 0
+    clean_calls: int = 0
+    misses: list[str] = field(default_factory=list)
+    false_alarms: list[str] = field(default_factory=list)
+
+    def recall(self, kind: str) -> float | None:
+        return self.found.get(kind, 0) / self.truths[kind] if self.truths.get(kind) else None
+
+    def precision(self, kind: str) -> float | None:
+        n = self.reported.get(kind, 0)
+        return self.right.get(kind, 0) / n if n else None
+
+    @property
+    def clean_share(self) -> float:
+        return self.clean_redacted / self.clean_calls if self.clean_calls else 0.0
+
+    def table(self) -> str:
+        from overnight.workers.redact import TYPES
+
+        lines = [
+            "| type | entities | recall | reported | precision |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for kind in TYPES:
+            r, p = self.recall(kind), self.precision(kind)
+            lines.append(
+                f"| {kind} | {self.truths.get(kind, 0)} | "
+                f"{'-' if r is None else f'{r:.3f}'} | {self.reported.get(kind, 0)} | "
+                f"{'-' if p is None else f'{p:.3f}'} |"
+            )
+        lines.append(
+            f"\nclean calls with any redaction: {self.clean_redacted} of {self.clean_calls} "
+            f"({self.clean_share:.1%})"
+        )
+        return "\n".join(lines)
+
+
+def score(
+    calls: Sequence[Call],
+    originals: Mapping[str, str],
+    redacted: Mapping[str, str],
+    entities: Mapping[str, Sequence[Mapping[str, Any]]],
+) -> Scores:
+    """``originals``/``redacted``: each call's transcript text before and after redaction;
+    ``entities``: what the redactor reported (``start_char``/``end_char`` into the original)."""
+    s = Scores()
+    for call in calls:
+        text, red, ents = originals[call.name], redacted[call.name], entities[call.name]
+        if call.clean:
+            s.clean_calls += 1
+            if ents:
+                s.clean_redacted += 1
+                s.false_alarms.append(
+                    f"{call.name}: {[(e['type'], text[e['start_char'] : e['end_char']]) for e in ents]}"
+                )
+        for t in call.truths:
+            s.truths[t.type] = s.truths.get(t.type, 0) + 1
+            tagged = f"[{t.type.upper()}]" in red
+            if tagged and not survives(t, red):
+                s.found[t.type] = s.found.get(t.type, 0) + 1
+            else:
+                s.misses.append(f"{call.name} {t.type} {t.value!r}: {red!r}")
+        for kind in {e["type"] for e in ents}:
+            mine = [e for e in ents if e["type"] == kind]
+            held = sum(1 for t in call.truths if t.type == kind) * (
+                2 if kind == "card_number" else 1
+            )
+            s.reported[kind] = s.reported.get(kind, 0) + len(mine)
+            s.right[kind] = s.right.get(kind, 0) + min(len(mine), held)
+            if len(mine) > held and not call.clean:
+                spans = [text[e["start_char"] : e["end_char"]] for e in mine]
+                s.false_alarms.append(f"{call.name}: {kind} {spans!r} ({held} held)")
+    return s
+
+
+# ---- transcription and redaction ---------------------------------------------------------
+
+
+def transcribe(calls: Sequence[Call], batch_size: int = 16, threads: int = 2) -> dict[str, dict]:
+    """Each call synthesized, decoded as a split-channel call (agent, customer) and
+    transcribed in one cross-call batched run of the real Whisper worker (the bundled
+    tiny.en, word timestamps on): the transcripts rows, by call name."""
+    import io
+
+    import pyarrow as pa
+
+    from overnight.jobs.demo import write_wav
+    from overnight.schemas.stages import DECODED
+    from overnight.workers.audio import AudioChunker, AudioOptions
+    from overnight.workers.whisper import WhisperOptions, WhisperWorker, WhisperWorkerConfig
+
+    chunker = AudioChunker(AudioOptions())
+    rows = []
+    for call in calls:
+        buf = io.BytesIO()
+        write_wav(buf, synthesize(call))
+        decoded = chunker(buf.getvalue(), split_channels=True)
+        rows.append(
+            {
+                "item_id": call.name,
+                "uri": f"corpus://{call.name}",
+                "channel_labels": ["agent", "customer"],
+                "status": "ok",
+                "fetch_s": 0.0,
+                "decode_s": 0.0,
+                "decode_units": 1.0,
+                "duration_s": decoded.duration_s,
+                "speech_s": decoded.speech_s,
+                "_split": True,
+                "chunks": decoded.chunk_records(),
+            }
+        )
+    worker = WhisperWorker(
+        WhisperWorkerConfig(
+            whisper=WhisperOptions(batch_size=batch_size, cpu_threads=threads, word_timestamps=True)
+        )
+    )
+    out = worker(pa.Table.from_pylist(rows, schema=DECODED)).to_pylist()
+    return {row["item_id"]: row for row in out}
+
+
+def evaluate(
+    calls: Sequence[Call], rows: Mapping[str, Mapping[str, Any]], types=("all",)
+) -> Scores:
+    from overnight.workers.redact import Redactor
+
+    redactor = Redactor(types)
+    originals, redacted, entities = {}, {}, {}
+    for call in calls:
+        row = rows[call.name]
+        fields, found = redactor.redact(row)
+        originals[call.name] = row["text"] or ""
+        redacted[call.name] = fields["text"] or ""
+        entities[call.name] = found
+    return score(calls, originals, redacted, entities)

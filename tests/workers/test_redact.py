@@ -1,0 +1,159 @@
+"""The redaction contract on transcripts rows shaped as the Whisper worker writes them (the
+spellings below are tiny.en's, seen on synthesized calls); the real model end to end is
+tests/workers/test_redaction_corpus.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from overnight.workers.redact import TYPES, RedactionConfigError, Redactor, resolve_types
+
+
+def row(*turns: tuple[str | None, str]) -> dict:
+    """A transcripts row: one segment a turn, words 0.5 s apart (recording time)."""
+    segments, t = [], 0.0
+    for speaker, text in turns:
+        words = []
+        for w in text.split():
+            words.append({"word": w, "start": t, "end": t + 0.4, "probability": 0.9})
+            t += 0.5
+        segments.append(
+            {
+                "start": words[0]["start"],
+                "end": words[-1]["end"],
+                "text": text,
+                "channel": 0 if speaker in (None, "agent") else 1,
+                "speaker": speaker,
+                "words": words,
+            }
+        )
+        t += 1.0
+    split = any(s for s, _ in turns)
+    text = "\n".join(f"{s}: {x}" for s, x in turns) if split else " ".join(x for _, x in turns)
+    return {"text": text, "segments": segments}
+
+
+def words_of(fields: dict) -> list[str]:
+    return [w["word"] for s in fields["segments"] for w in s["words"]]
+
+
+def test_presets_expand_and_unknown_types_name_the_known_ones():
+    assert resolve_types(["pci"]) == ("card_number", "cvv", "expiry", "bank_account")
+    assert resolve_types(["all"]) == TYPES
+    assert resolve_types(["SSN", "card-number"]) == ("card_number", "ssn")
+    with pytest.raises(RedactionConfigError, match="known types: card_number, cvv"):
+        Redactor(["card_number", "passport"])
+
+
+def test_card_number_written_as_thousands_groups_becomes_one_tag_in_text_segments_and_words():
+    r = row((None, "My card number is 4,111,111,111,111,111,111,111 and it expires 09/27."))
+    fields, entities = Redactor(["pci"]).redact(r)
+    assert fields["text"] == "My card number is [CARD_NUMBER] and it expires [EXPIRY]."
+    assert fields["segments"][0]["text"] == fields["text"]
+    assert words_of(fields) == [
+        "My",
+        "card",
+        "number",
+        "is",
+        "[CARD_NUMBER]",
+        "and",
+        "it",
+        "expires",
+        "[EXPIRY]",
+    ]
+    card = entities[0]
+    assert card["type"] == "card_number"
+    assert r["text"][card["start_char"] : card["end_char"]] == "4,111,111,111,111,111,111,111"
+    assert (card["start_s"], card["end_s"]) == (2.0, 2.4)
+    tag_word = fields["segments"][0]["words"][4]
+    assert (tag_word["start"], tag_word["end"]) == (2.0, 2.4)
+
+
+def test_spelled_out_digits_with_oh_and_double_are_one_card_number():
+    r = row((None, "the card is four one double one, one one oh one, 1 1 1 1, one one one one"))
+    fields, entities = Redactor(["card_number"]).redact(r)
+    assert fields["text"] == "the card is [CARD_NUMBER]"
+    assert [e["type"] for e in entities] == ["card_number"]
+
+
+def test_number_over_two_turns_of_the_customer_is_tagged_in_both_turns_only():
+    r = row(
+        ("agent", "What is the card number?"),
+        ("customer", "It is 4111 1111"),
+        ("agent", "Okay, go on."),
+        ("customer", "1111 1111."),
+    )
+    fields, entities = Redactor(["card_number"]).redact(r)
+    assert fields["text"] == (
+        "agent: What is the card number?\ncustomer: It is [CARD_NUMBER]\n"
+        "agent: Okay, go on.\ncustomer: [CARD_NUMBER]."
+    )
+    assert len(entities) == 1 and entities[0]["end_s"] > entities[0]["start_s"] + 3
+
+
+def test_luhn_valid_card_is_redacted_without_context_and_invalid_one_only_with_it():
+    valid, invalid = "4111 1111 1111 1111", "4111 1111 1111 1112"
+    redactor = Redactor(["card_number"])
+    assert redactor.redact(row((None, f"the reference is {valid}")))[1]
+    assert not redactor.redact(row((None, f"the reference is {invalid}")))[1]
+    assert redactor.redact(row((None, f"my visa is {invalid}")))[1]
+
+
+def test_ssn_phone_email_cvv_and_expiry_as_whisper_writes_them():
+    r = row(
+        (
+            None,
+            "My social security number is 123-45-6,780 and you can reach me at "
+            "450-555-0132 or at jon.mit at mampl.com. The security code is 1 2 3 and it "
+            "expires oh nine twenty seven.",
+        )
+    )
+    fields, entities = Redactor(["all"]).redact(r)
+    assert fields["text"] == (
+        "My social security number is [SSN] and you can reach me at [PHONE] or at [EMAIL]. "
+        "The security code is [CVV] and it expires [EXPIRY]."
+    )
+    assert [e["type"] for e in entities] == ["ssn", "phone", "email", "cvv", "expiry"]
+
+
+def test_names_addresses_and_dates_of_birth_from_cue_phrases():
+    r = row(
+        (
+            None,
+            "Hi, this is Sarah from billing. My name is Maria Lopez and I live at 42 Oak "
+            "Street, Springfield. My date of birth is March 3rd, 1985.",
+        )
+    )
+    fields, _ = Redactor(["person", "address", "date_of_birth"]).redact(r)
+    assert fields["text"] == (
+        "Hi, this is [PERSON] from billing. My name is [PERSON] and I live at [ADDRESS]. "
+        "My date of birth is [DATE_OF_BIRTH]."
+    )
+
+
+def test_ordinary_numbers_are_left_alone():
+    text = (
+        "I would like to order 3 boxes for 25 dollars each. Press one to continue. The store "
+        "opens at 9:30 on Saturday, this is the billing department, your card ending in 4421."
+    )
+    fields, entities = Redactor(["all"]).redact(row((None, text)))
+    assert entities == [] and fields["text"] == text
+
+
+def test_only_the_chosen_types_are_redacted_and_the_row_is_not_changed():
+    r = row((None, "My social is 123-45-6789 and my email is jon@example.com"))
+    before = repr(r)
+    fields, entities = Redactor(["email"]).redact(r)
+    assert fields["text"] == "My social is 123-45-6789 and my email is [EMAIL]"
+    assert [e["type"] for e in entities] == ["email"]
+    assert repr(r) == before
+
+
+def test_rows_without_words_redact_text_and_segments_with_segment_times():
+    r = row((None, "my card number is 4111 1111 1111 1111"))
+    for seg in r["segments"]:
+        seg["words"] = None
+    fields, entities = Redactor(["card_number"]).redact(r)
+    assert fields["text"] == "my card number is [CARD_NUMBER]"
+    assert fields["segments"][0]["words"] is None
+    assert entities[0]["start_s"] == r["segments"][0]["start"]

@@ -1,0 +1,841 @@
+"""Recognizers for how entities come out of Whisper: ours, on the words it wrote.
+
+Whisper writes a spoken card number in many ways: "4111 1111 ...", "4,111,111,...",
+"4-1-1-1-...", "four one one one", "double five", "oh nine"; a long number may run over two
+segments, or over two turns of the same speaker with the agent's "okay" between them. So the
+recognizers here read a token stream (one token a Whisper word), give each token the digits
+it says, join digit tokens into *runs* per speaker, and name a run by its length, its Luhn
+check and the nearest cue words before it ("card", "social", "phone", "account", "security
+code", "expires", "date of birth"). Words that are not digits (names, addresses, spoken
+e-mail addresses, dates) are found from cue phrases.
+
+Choices, each one a trade between recall and false alarms on ordinary calls:
+
+- A run of 13-19 digits that passes the Luhn check is a card number with or without a cue.
+  A run of 8 or more digits after a card cue is a card number even when the Luhn check fails:
+  Whisper drops, repeats and merges digits ("4,111,111,111,111,111,111,111"), and a Luhn-
+  invalid number read out on a card call is still the customer's card.
+- A CVV is 3-4 digits after a security-code cue; an expiry is a date expression after an
+  expiry cue. Both cues are card context by themselves.
+- Without a cue only shapes Whisper writes for those types count: 3-2-4 digit groups (SSN),
+  3-3-4 groups (a phone number). Quantities, prices, times and "press one" have no cue and
+  too few digits, and are left alone.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+UNITS = {
+    "zero": "0",
+    "one": "1",
+    "two": "2",
+    "three": "3",
+    "four": "4",
+    "five": "5",
+    "six": "6",
+    "seven": "7",
+    "eight": "8",
+    "nine": "9",
+}
+TEENS = {
+    "ten": "10",
+    "eleven": "11",
+    "twelve": "12",
+    "thirteen": "13",
+    "fourteen": "14",
+    "fifteen": "15",
+    "sixteen": "16",
+    "seventeen": "17",
+    "eighteen": "18",
+    "nineteen": "19",
+}
+TENS = {
+    "twenty": "2",
+    "thirty": "3",
+    "forty": "4",
+    "fifty": "5",
+    "sixty": "6",
+    "seventy": "7",
+    "eighty": "8",
+    "ninety": "9",
+}
+ORDINALS = {
+    "first": "1",
+    "second": "2",
+    "third": "3",
+    "fourth": "4",
+    "fifth": "5",
+    "sixth": "6",
+    "seventh": "7",
+    "eighth": "8",
+    "ninth": "9",
+    "tenth": "10",
+    "eleventh": "11",
+    "twelfth": "12",
+    "thirteenth": "13",
+    "fourteenth": "14",
+    "fifteenth": "15",
+    "sixteenth": "16",
+    "seventeenth": "17",
+    "eighteenth": "18",
+    "nineteenth": "19",
+    "twentieth": "20",
+    "thirtieth": "30",
+}
+ZEROS = {"oh", "o"}  # a zero only next to other digits: "oh nine", not "oh, I see"
+REPEAT = {"double": 2, "triple": 3}
+# Tokens that do not break a run of digits: fillers and spoken separators.
+RUN_GLUE = {"uh", "um", "er", "ah", "dash", "hyphen", "space", "-", "–", ",", "."}
+MONTHS = {
+    m: i + 1
+    for i, names in enumerate(
+        [
+            ("january", "jan"),
+            ("february", "feb"),
+            ("march", "mar"),
+            ("april", "apr"),
+            ("may",),
+            ("june", "jun"),
+            ("july", "jul"),
+            ("august", "aug"),
+            ("september", "sept", "sep"),
+            ("october", "oct"),
+            ("november", "nov"),
+            ("december", "dec"),
+        ]
+    )
+    for m in names
+}
+
+# Cue words and phrases (lower case, punctuation stripped) that name what a number is.
+CUES: dict[str, tuple[str, ...]] = {
+    "card_number": (
+        "card",
+        "visa",
+        "mastercard",
+        "amex",
+        "american express",
+        "discover",
+        "credit",
+        "debit",
+        "long number",
+        # Whisper's hearing of "card number" on synthesized and telephone speech.
+        "car number",
+    ),
+    "cvv": (
+        "cvv",
+        "cvc",
+        "cv",
+        "security code",
+        "three digit code",
+        "3 digit code",
+        "three digit",
+        "3 digit",
+        "code on the back",
+        "verification code",
+        "verification",
+    ),
+    "expiry": ("expires", "expiry", "expiration", "expiring", "valid through", "valid thru"),
+    "ssn": ("social", "ssn", "social security", "socials"),
+    "phone": (
+        "phone",
+        "telephone",
+        "cell",
+        "mobile",
+        "call me",
+        "reach me",
+        "call back",
+        "callback",
+        "landline",
+        "text me",
+    ),
+    "bank_account": (
+        "account",
+        "routing",
+        "bank",
+        "checking",
+        "savings",
+        "iban",
+        "sort code",
+        # Whisper's hearing of "account number".
+        "count number",
+    ),
+    "date_of_birth": (
+        "date of birth",
+        "date on birth",
+        "day of birth",
+        "birth date",
+        "birthday",
+        "born",
+        "dob",
+        "d o b",
+        "birth",
+    ),
+}
+CUE_WINDOW = 12  # tokens before a run where a cue counts
+# Tokens before a number where a card, CVV or expiry cue makes it part of a card conversation.
+CARD_CONTEXT_WINDOW = 40
+
+STREET_TYPES = {
+    "street",
+    "st",
+    "avenue",
+    "ave",
+    "road",
+    "rd",
+    "drive",
+    "dr",
+    "lane",
+    "ln",
+    "boulevard",
+    "blvd",
+    "court",
+    "ct",
+    "way",
+    "place",
+    "pl",
+    "terrace",
+    "circle",
+    "parkway",
+    "highway",
+    "square",
+    "trail",
+}
+# Capitalized words that follow "this is" / "my name is" in ordinary calls and are not names.
+NOT_NAMES = {
+    "i",
+    "the",
+    "a",
+    "an",
+    "your",
+    "my",
+    "our",
+    "this",
+    "that",
+    "it",
+    "is",
+    "and",
+    "okay",
+    "ok",
+    "yes",
+    "no",
+    "sure",
+    "thank",
+    "thanks",
+    "hello",
+    "hi",
+    "good",
+    "great",
+    "sorry",
+    "customer",
+    "support",
+    "service",
+    "billing",
+    "sales",
+    "team",
+    "department",
+    "calling",
+    "speaking",
+    "from",
+    "with",
+    "here",
+    "about",
+    "just",
+    "not",
+    "still",
+    "also",
+    "regarding",
+    "monday",
+    "tuesday",
+    "wednesday",
+    "thursday",
+    "friday",
+    "saturday",
+    "sunday",
+    *MONTHS,
+}
+NAME_CUES = (
+    ("my", "name", "is"),
+    ("name", "is"),
+    ("name's",),
+    ("this", "is"),
+    ("speaking", "with"),
+    ("talking", "to"),
+    ("name", "on", "the", "card", "is"),
+    ("it's",),
+    ("i'm",),
+    ("i", "am"),
+    ("mr",),
+    ("mrs",),
+    ("ms",),
+    ("miss",),
+    ("dr",),
+    ("call", "me"),
+)
+# Only these cues take a name that is followed by something else than a break or "calling".
+STRONG_NAME_CUES = {
+    ("my", "name", "is"),
+    ("name", "is"),
+    ("name's",),
+    ("name", "on", "the", "card", "is"),
+}
+EMAIL_CUES = {"email", "e-mail", "mail", "emails"}
+EMAIL_SUFFIXES = ("com", "net", "org", "edu", "gov", "io", "co", "us", "uk", "info", "biz")
+STOP_BEFORE_EMAIL = {
+    "is",
+    "me",
+    "at",
+    "my",
+    "email",
+    "e-mail",
+    "address",
+    "it's",
+    "its",
+    "the",
+    "you",
+    "can",
+    "reach",
+    "or",
+    "and",
+    "to",
+    "it",
+    "send",
+    "write",
+}
+
+
+@dataclass
+class Token:
+    """One Whisper word (or a whitespace word of a segment without word timings)."""
+
+    word: str
+    seg: int  # index of its segment
+    index: int  # index in the segment's words (or in its text's whitespace words)
+    char_start: int  # in the row's text
+    char_end: int
+    start_s: float | None
+    end_s: float | None
+    stream: str  # speaker (or channel); "" for a one-voice call
+
+    @property
+    def key(self) -> str:
+        """Lower case, outer punctuation stripped: "Street," → "street"."""
+        return self.word.lower().strip('.,;:!?"()[]')
+
+
+@dataclass(frozen=True)
+class Found:
+    """A candidate entity over tokens ``first..last`` (inclusive, call order)."""
+
+    type: str
+    tokens: tuple[int, ...]
+    score: float
+    source: str
+
+
+def luhn_ok(digits: str) -> bool:
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        d = int(ch)
+        if i % 2:
+            d = d * 2 - 9 if d > 4 else d * 2
+        total += d
+    return total % 10 == 0
+
+
+def token_digits(tokens: Sequence[Token]) -> list[str | None]:
+    """The digits each token says, or None: "4,111" → "4111", "-1" → "1", "four" → "4",
+    "oh" → "0" next to digits, "double five" → "" + "55", "twenty seven" → "2" + "7"."""
+    keys = [t.key for t in tokens]
+    out: list[str | None] = [None] * len(keys)
+    for i, k in enumerate(keys):
+        written = re.sub(r"\D", "", k)
+        if written and re.fullmatch(r"[\d,.\-/:()]+(st|nd|rd|th)?", k):
+            out[i] = written
+        elif "-" in k.strip("-") and written is not None:
+            out[i] = _hyphenated(k)
+        elif k in UNITS:
+            out[i] = UNITS[k]
+        elif k in TEENS:
+            out[i] = TEENS[k]
+        elif k in TENS:
+            following = keys[i + 1] if i + 1 < len(keys) else ""
+            out[i] = TENS[k] if following in UNITS and following != "zero" else TENS[k] + "0"
+    for i, k in enumerate(keys):
+        if k in ZEROS and out[i] is None:
+            near = [out[j] for j in (i - 1, i + 1) if 0 <= j < len(keys)]
+            if any(d is not None for d in near):
+                out[i] = "0"
+        if k in REPEAT and i + 1 < len(keys):
+            nxt = out[i + 1] if out[i + 1] is not None else UNITS.get(keys[i + 1])
+            if nxt is not None and len(nxt) == 1:
+                out[i] = ""  # "double" is part of the run; its digits go on the next token
+                out[i + 1] = nxt * REPEAT[k]
+    return out
+
+
+def _hyphenated(key: str) -> str | None:
+    """A token Whisper joined with hyphens, each part a digit: "41-double-four" → "4144",
+    "one-two-three" → "123"; None when a part is not a digit."""
+    parts = [p for p in re.split(r"[-–]", key) if p]
+    digits, repeat = "", 1
+    for part in parts:
+        if part in REPEAT:
+            repeat = REPEAT[part]
+            continue
+        if part.isdigit():
+            d = part
+        elif part in UNITS:
+            d = UNITS[part]
+        elif part in ZEROS:
+            d = "0"
+        elif part in TEENS:
+            d = TEENS[part]
+        else:
+            return None
+        digits += d * repeat if len(d) == 1 else d
+        repeat = 1
+    return digits or None
+
+
+@dataclass(frozen=True)
+class Run:
+    tokens: tuple[int, ...]  # call-order indices of the run's tokens (glue inside included)
+    digits: str
+    groups: tuple[int, ...]  # digits per token, for shapes like 3-2-4
+
+
+# A number continues over the next segment of the same speaker when it starts within this
+# many seconds of where the previous one ended (another speaker may talk in between).
+TURN_GAP_S = 15.0
+
+
+def digit_runs(tokens: Sequence[Token], digits: Sequence[str | None]) -> list[Run]:
+    """Runs of digit tokens per speaker stream, glue words inside, over segment boundaries
+    of the same stream."""
+    runs: list[Run] = []
+    streams: dict[str, list[int]] = {}
+    for i, t in enumerate(tokens):
+        streams.setdefault(t.stream, []).append(i)
+    for order in streams.values():
+        current: list[int] = []
+        pending_glue: list[int] = []
+        for pos, i in enumerate(order):
+            d = digits[i]
+            if d is not None:
+                if current:
+                    prev = tokens[current[-1]]
+                    gap = (tokens[i].start_s or 0.0) - (prev.end_s or 0.0)
+                    if tokens[i].seg != prev.seg and gap > TURN_GAP_S:
+                        runs.append(_run(current, digits))
+                        current, pending_glue = [], []
+                current.extend(pending_glue)
+                current.append(i)
+                pending_glue = []
+            elif current and tokens[i].key in RUN_GLUE | {""} and len(pending_glue) < 2:
+                pending_glue.append(i)
+            elif current and not pending_glue and _short_gap(tokens, digits, order, pos):
+                # One short word Whisper heard inside a read-out number ("... 5, I'm 5, 2").
+                pending_glue.append(i)
+            else:
+                if current:
+                    runs.append(_run(current, digits))
+                current, pending_glue = [], []
+        if current:
+            runs.append(_run(current, digits))
+    return [r for r in runs if r.digits]
+
+
+def _short_gap(
+    tokens: Sequence[Token], digits: Sequence[str | None], order: list[int], pos: int
+) -> bool:
+    i = order[pos]
+    following = order[pos + 1] if pos + 1 < len(order) else None
+    return (
+        len(tokens[i].key) <= 4
+        and following is not None
+        and digits[following] is not None
+        and tokens[following].seg == tokens[i].seg
+    )
+
+
+def _run(indices: list[int], digits: Sequence[str | None]) -> Run:
+    groups = tuple(len(digits[i] or "") for i in indices if digits[i])
+    return Run(tuple(indices), "".join(digits[i] or "" for i in indices), groups)
+
+
+def _phrases(keys: Sequence[str], end: int, window: int) -> list[tuple[int, str]]:
+    """(distance back from ``end``, category) of every cue within ``window`` tokens before."""
+    found = []
+    lo = max(0, end - window)
+    for cat, cues in CUES.items():
+        for cue in cues:
+            parts = cue.split()
+            n = len(parts)
+            for j in range(lo, end - n + 1):
+                if list(keys[j : j + n]) == parts:
+                    found.append((end - (j + n), cat))
+    return found
+
+
+# A card number is asked for, then read out in groups over a turn or two: its cue reaches
+# further back than the others'.
+CUE_WINDOWS = {"card_number": 20}
+
+
+def nearest_cue(keys: Sequence[str], end: int, window: int = CUE_WINDOW) -> dict[str, int]:
+    """Each cue category's distance (tokens) back from ``end``, nearest occurrence."""
+    best: dict[str, int] = {}
+    for dist, cat in _phrases(keys, end, max(window, *CUE_WINDOWS.values())):
+        if dist >= max(window, CUE_WINDOWS.get(cat, window)):
+            continue
+        # "social security number": "security" is not a CVV cue there.
+        best[cat] = min(dist, best.get(cat, dist))
+    if "ssn" in best and "cvv" in best and best["ssn"] <= best["cvv"] + 1:
+        del best["cvv"]
+    return best
+
+
+def classify_run(run: Run, cues: dict[str, int]) -> tuple[str, float] | None:
+    """The entity type of a run of digits, or None (a quantity, a price, a time)."""
+    n = len(run.digits)
+    ordered = sorted(cues, key=cues.__getitem__)
+    for cat in ordered:
+        if cat == "card_number" and n >= 8:
+            return "card_number", 1.0 if luhn_ok(run.digits) else 0.85
+        if cat == "cvv" and 2 <= n <= 4:  # Whisper drops a digit of three now and then
+            return "cvv", 0.9
+        if cat == "ssn" and (7 <= n <= 11 or n == 4):
+            return "ssn", 0.9
+        if cat == "phone" and 7 <= n <= 12:
+            return "phone", 0.9
+        if cat == "bank_account" and 4 <= n <= 20:
+            return "bank_account", 0.85
+        if cat == "expiry" and 2 <= n <= 8:  # "oh nine twenty six" heard as "... 26"
+            return cat, 0.85
+        if cat == "date_of_birth" and 3 <= n <= 8:
+            return cat, 0.85
+        if cat == "card_number" and 3 <= n <= 4 and "cvv" not in cues:
+            continue
+    if 13 <= n <= 19 and luhn_ok(run.digits):
+        return "card_number", 0.8
+    if run.groups == (3, 2, 4):
+        return "ssn", 0.6
+    if run.groups in ((3, 3, 4), (1, 3, 3, 4)):
+        return "phone", 0.6
+    return None
+
+
+def number_entities(tokens: Sequence[Token]) -> list[Found]:
+    keys = [t.key for t in tokens]
+    digits = token_digits(tokens)
+    found = []
+    for run in digit_runs(tokens, digits):
+        cues = nearest_cue(keys, run.tokens[0])
+        named = classify_run(run, cues)
+        if named is None:
+            named = _in_card_call(run, nearest_cue(keys, run.tokens[0], CARD_CONTEXT_WINDOW))
+        if named is None:
+            continue
+        indices = run.tokens
+        if named[0] in ("expiry", "date_of_birth"):  # "June 26, 1970": the month too
+            first = indices[0]
+            while first > 0 and (keys[first - 1] in MONTHS or keys[first - 1] in ORDINALS):
+                first -= 1
+            indices = tuple(range(first, indices[0])) + indices
+        found.append(Found(named[0], indices, named[1], "speech-digits"))
+    return found
+
+
+def _in_card_call(run: Run, cues: dict[str, int]) -> tuple[str, float] | None:
+    """Later in a card conversation (a card, CVV or expiry cue within
+    ``CARD_CONTEXT_WINDOW`` tokens): four digits that read as MMYY are the expiry, three or
+    four after a security-code cue the CVV, even when Whisper lost the cue words nearby."""
+    if not {"card_number", "cvv", "expiry"} & set(cues):
+        return None
+    n = len(run.digits)
+    if n == 4 and 1 <= int(run.digits[:2]) <= 12:
+        return "expiry", 0.7
+    if "cvv" in cues and 2 <= n <= 4:
+        return "cvv", 0.7
+    return None
+
+
+def _is_date_word(key: str, digit: str | None) -> bool:
+    return (
+        digit is not None
+        or key in MONTHS
+        or key in ORDINALS
+        or key in ZEROS
+        or key in {"slash", "/", "of", "the", "hundred", "thousand"}
+        or bool(re.fullmatch(r"\d+(st|nd|rd|th)", key))
+    )
+
+
+def date_entities(tokens: Sequence[Token]) -> list[Found]:
+    """A date expression right after an expiry or date-of-birth cue: "expires oh nine twenty
+    seven", "09/27", "date of birth is March 3rd, 1985", "born on the fifth of May"."""
+    keys = [t.key for t in tokens]
+    digits = token_digits(tokens)
+    found: list[Found] = []
+    fillers = {"is", "on", "the", "it", "it's", "its", "was", "in", "date", "my", "at", "be", ""}
+    for cat in ("expiry", "date_of_birth"):
+        for cue in CUES[cat]:
+            parts = cue.split()
+            n = len(parts)
+            for j in range(len(keys) - n + 1):
+                if list(keys[j : j + n]) != parts:
+                    continue
+                k = j + n
+                skipped = 0
+                while k < len(keys) and keys[k] in fillers and skipped < 4:
+                    k += 1
+                    skipped += 1
+                span: list[int] = []
+                while k < len(keys) and len(span) < 10 and _is_date_word(keys[k], digits[k]):
+                    span.append(k)
+                    k += 1
+                while span and keys[span[-1]] in {"of", "the", "slash", "/"}:
+                    span.pop()
+                if any(digits[i] is not None or keys[i] in MONTHS for i in span):
+                    found.append(Found(cat, tuple(span), 0.85, "speech-date"))
+    return found
+
+
+def slash_dates(tokens: Sequence[Token]) -> list[Found]:
+    """An expiry said without its cue ("... zero nine slash 27", "09/27") while a card is
+    being discussed: a month, a slash, a year, within ``CARD_CONTEXT_WINDOW`` tokens after a
+    card, CVV or expiry cue."""
+    keys = [t.key for t in tokens]
+    digits = token_digits(tokens)
+    found = []
+    for i, k in enumerate(keys):
+        if re.fullmatch(r"\d{1,2}/\d{2,4}", k):
+            span: tuple[int, ...] = (i,)
+        elif k in ("slash", "/") and 0 < i < len(keys) - 1 and digits[i + 1]:
+            lo = i - 1
+            while lo > 0 and digits[lo - 1] is not None and i - lo < 2:
+                lo -= 1
+            if digits[lo] is None:
+                continue
+            span = tuple(range(lo, i + 2))
+        else:
+            continue
+        cues = nearest_cue(keys, span[0], CARD_CONTEXT_WINDOW)
+        if {"card_number", "cvv", "expiry"} & set(cues):
+            found.append(Found("expiry", span, 0.8, "speech-date"))
+    return found
+
+
+def _capitalized_name(word: str) -> bool:
+    w = word.strip('.,;:!?"')
+    return (
+        bool(re.fullmatch(r"[A-Z][A-Za-z]+(?:[-'][A-Z]?[a-z]+)?", w)) and w.lower() not in NOT_NAMES
+    )
+
+
+def person_entities(tokens: Sequence[Token]) -> list[Found]:
+    """Names after cue phrases: "my name is Maria Lopez", "this is Dan from billing"."""
+    keys = [t.key for t in tokens]
+    found = []
+    for cue in NAME_CUES:
+        n = len(cue)
+        for j in range(len(keys) - n + 1):
+            if tuple(keys[j : j + n]) != cue:
+                continue
+            k = j + n
+            span: list[int] = []
+            while k < len(tokens) and len(span) < 3 and _capitalized_name(tokens[k].word):
+                span.append(k)
+                if tokens[k].word.rstrip()[-1:] in ",.?!":
+                    break
+                k += 1
+            if not span:
+                continue
+            # A weak cue ("this is", "I'm") takes a name only where a name fits: the
+            # sentence breaks after it, or "calling", "from", "speaking", "here" follow.
+            if cue not in STRONG_NAME_CUES:
+                last = tokens[span[-1]].word
+                after = keys[span[-1] + 1] if span[-1] + 1 < len(keys) else ""
+                if not (
+                    last[-1:] in ",.?!"
+                    or after in {"calling", "from", "speaking", "here", "with", ""}
+                ):
+                    continue
+            found.append(Found("person", tuple(span), 0.85, "speech-name"))
+    return found
+
+
+def address_entities(tokens: Sequence[Token]) -> list[Found]:
+    """A house number, one to three capitalized words and a street type ("42 Oak Street"),
+    then a city (up to two capitalized words, after "in" or not) when one follows in the same
+    sentence."""
+    keys = [t.key for t in tokens]
+    digits = token_digits(tokens)
+    found = []
+    for i in range(len(tokens)):
+        house = digits[i] or (keys[i] if re.fullmatch(r"\d+[a-z]", keys[i]) else None)
+        if not house:  # a number, or one with a letter: "47B"
+            continue
+        start = i
+        while start > 0 and digits[start - 1] is not None and i - start < 3:
+            start -= 1  # "one two three Main Street": the whole spoken house number
+        k = i + 1
+        words = 0
+        # After "I live at" / "the address is" the street name may come out in lower case.
+        cued = any(
+            keys[j] in ("live", "address", "moved", "located", "lives")
+            for j in range(max(0, i - 6), i)
+        )
+        while k < len(tokens) and words < 3 and (cued or tokens[k].word[:1].isupper()):
+            if keys[k] in STREET_TYPES and words:
+                break
+            words += 1
+            k += 1
+        if not (words and k < len(tokens) and keys[k] in STREET_TYPES):
+            continue
+        end = k
+        if not tokens[k].word.endswith((".", "?", "!")):
+            m = k + 1
+            if m + 1 < len(tokens) and keys[m] == "in" and tokens[m + 1].word[:1].isupper():
+                m += 1  # "... Oak Street in Springfield"
+            while (
+                m < len(tokens)
+                and m - k <= 2
+                and tokens[m].word[:1].isupper()
+                and keys[m] not in NOT_NAMES
+            ):
+                end = m
+                if tokens[m].word.endswith((".", "?", "!")):
+                    break
+                m += 1
+        found.append(Found("address", tuple(range(start, end + 1)), 0.85, "speech-address"))
+    return found
+
+
+def email_entities(tokens: Sequence[Token]) -> list[Found]:
+    """A spoken e-mail address as Whisper writes it: "jon dot smith at example dot com",
+    "david .Marty at example .com", "answer .tanderson .outlook .com" (no "at" heard, after
+    an e-mail cue)."""
+    keys = [t.key for t in tokens]
+    raw = [t.word.lower().rstrip(',;:!?"()') for t in tokens]
+    found = []
+    for i, w in enumerate(raw):
+        if "@" in w:
+            continue  # a written address: Presidio's
+        tail = w.rstrip(".").rsplit(".", 1)
+        suffix = tail[-1] if len(tail) == 2 else (w if i > 0 and keys[i - 1] == "dot" else None)
+        if suffix not in EMAIL_SUFFIXES:
+            continue
+        at = next((j for j in range(i - 1, max(-1, i - 8), -1) if keys[j] in ("at", "@")), None)
+        if at is not None:
+            start = at
+            while start - 1 >= 0 and at - start < 4 and keys[start - 1] not in STOP_BEFORE_EMAIL:
+                start -= 1
+            if start < at:
+                found.append(Found("email", tuple(range(start, i + 1)), 0.85, "speech-email"))
+            continue
+        if any(keys[j] in EMAIL_CUES for j in range(max(0, i - 10), i)):
+            start = i
+            while start - 1 >= 0 and i - start < 6 and keys[start - 1] not in STOP_BEFORE_EMAIL:
+                start -= 1
+            found.append(Found("email", tuple(range(start, i + 1)), 0.75, "speech-email"))
+    return found
+
+
+# A question asks for one of these when it names it and says "number", "code" or "social".
+ASKED = ("card_number", "cvv", "ssn", "bank_account", "phone")
+ASKING_WORDS = {"number", "code", "social", "ssn", "cvv", "digits"}
+ANSWER_GAP_S = 10.0
+
+
+def _numberish(key: str, digit: str | None) -> bool:
+    """A token that says digits, or a hyphen-joined token with a spoken digit in it
+    ("six-year-old": Whisper's hearing of "six oh oh")."""
+    if digit is not None:
+        return True
+    parts = [p for p in re.split(r"[-–]", key) if p]
+    return len(parts) > 1 and any(p in UNITS or p in TEENS or p in ZEROS for p in parts)
+
+
+def answer_entities(tokens: Sequence[Token]) -> list[Found]:
+    """The answer to a question that asks for a number ("what is your social security
+    number?"): in the other speaker's next segment (a one-voice call: the next segment),
+    from the first to the last token that says digits, when there are at least three. What
+    Whisper makes of a read-out number is sometimes no number at all ("for 25 made, 26 won"),
+    and the question says what the answer holds."""
+    keys = [t.key for t in tokens]
+    digits = token_digits(tokens)
+    segments: dict[int, list[int]] = {}
+    for i, t in enumerate(tokens):
+        segments.setdefault(t.seg, []).append(i)
+    order = sorted(segments)
+    found = []
+    for n, seg in enumerate(order):
+        idx = segments[seg]
+        words = {keys[i] for i in idx}
+        if not words & ASKING_WORDS or not tokens[idx[-1]].word.endswith("?"):
+            continue
+        cues = nearest_cue(keys, idx[-1] + 1, len(idx))
+        asked = [c for c in sorted(cues, key=cues.__getitem__) if c in ASKED]
+        if not asked:
+            continue
+        asker = tokens[idx[0]].stream
+        answer = next(
+            (
+                segments[s]
+                for s in order[n + 1 :]
+                if tokens[segments[s][0]].stream != asker or not asker
+            ),
+            None,
+        )
+        if answer is None:
+            continue
+        gap = (tokens[answer[0]].start_s or 0.0) - (tokens[idx[-1]].end_s or 0.0)
+        if gap > ANSWER_GAP_S:
+            continue
+        said = [i for i in answer if _numberish(keys[i], digits[i])]
+        if len(said) >= 3:
+            found.append(Found(asked[0], tuple(range(said[0], said[-1] + 1)), 0.6, "answer"))
+    return found
+
+
+CODE_IS = (("security", "code", "is"), ("cvv", "is"), ("code", "on", "the", "back", "is"))
+
+
+def said_code(tokens: Sequence[Token]) -> list[Found]:
+    """The one to three words after "the security code is", up to the sentence's end: a
+    CVV is at most four digits, and what Whisper makes of them may be no digits at all."""
+    keys = [t.key for t in tokens]
+    found = []
+    for cue in CODE_IS:
+        n = len(cue)
+        for j in range(len(keys) - n + 1):
+            if tuple(keys[j : j + n]) != cue:
+                continue
+            span: list[int] = []
+            k = j + n
+            while k < len(tokens) and len(span) < 3 and tokens[k].seg == tokens[j].seg:
+                span.append(k)
+                if tokens[k].word[-1:] in ".?!,":
+                    break
+                k += 1
+            if span:
+                found.append(Found("cvv", tuple(span), 0.55, "speech-code"))
+    return found
+
+
+def speech_entities(tokens: Sequence[Token]) -> list[Found]:
+    return [
+        *said_code(tokens),
+        *answer_entities(tokens),
+        *number_entities(tokens),
+        *date_entities(tokens),
+        *slash_dates(tokens),
+        *person_entities(tokens),
+        *address_entities(tokens),
+        *email_entities(tokens),
+    ]
