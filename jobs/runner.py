@@ -1,11 +1,15 @@
 """The job runner: every overnight job runs through ``run(plan)``, once.
 
-    claim the result dataset → subtract what is committed, apply max_items
+    claim the result dataset → publish what a killed run left staged → subtract what is
+      committed (the done-index, for this input's ids only), apply max_items
       → start Ray, resolve ``auto`` device and pool (none of it when nothing is left to do)
       → record the manifest, hand Ray Data its blocks
       → task stages (map_batches) → model stage (actor pool, each batch committed with the
         run's provenance by ``jobs.commits.CommittingActor``)
-      → execute (progress, one row per pending item) → duplicate repair → ledger catch-up
+      → execute (progress, one row per pending item; actors commit into a hidden staging
+        area) → publish: staged commits compacted into OUTPUT/<dataset>/run_date=<date>/,
+        priced into costs/ and added to the done-index (``jobs.commits.publish``)
+      → duplicate repair and ledger catch-up of older, flat outputs
       → run summary (OUTPUT/runs/<run_id>.json)
 
 A job is a plan factory (``jobs.transcribe``, ``jobs.process``, ``jobs.probe``): it lists the
@@ -20,6 +24,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
@@ -84,8 +89,12 @@ def run(plan: JobPlan) -> dict[str, Any]:
     job, run_id = plan.spec.job, plan.run_id
     output = storage.resolve(job.output)
     dataset = output.join(plan.dataset)
+    run_date = job.run_date or datetime.now(UTC).date()
     token = commits.claim(dataset, run_id)  # before reading what is committed: see claim
-    done = commits.committed_ids(dataset)
+    price = functools.partial(_price, output, plan)
+    # A killed run's staged commits (and any publish it left half done) go out first.
+    leftover = commits.publish(dataset, plan.schema, run_id, price)
+    done = commits.committed_ids(dataset, among=(r["item_id"] for r in plan.records))
     todo = [r for r in plan.records if r["item_id"] not in done]
     pending = todo[: job.max_items] if job.max_items is not None else todo
     startup.mark("list")
@@ -110,6 +119,7 @@ def run(plan: JobPlan) -> dict[str, Any]:
             ds,
             build.stages,
             dataset=dataset,
+            into=commits.staging_dir(dataset, run_date, run_id),
             schema=plan.schema,
             slim=plan.slim,
             token=token,
@@ -124,8 +134,18 @@ def run(plan: JobPlan) -> dict[str, Any]:
         )
 
     rows = outcome.rows
-    repaired = commits.drop_duplicates(dataset, plan.schema, run_id)
-    costs = ledger.catch_up(output, plan.dataset, plan.spec.prices, plan.ledger_stages)
+    published = commits.publish(dataset, plan.schema, run_id, price)
+    repaired = commits.drop_duplicates(dataset, plan.schema, run_id) + published.duplicates_dropped
+    # Published rows are priced as they are published; catch_up prices the flat files of an
+    # output written before partitions.
+    costs = pa.concat_tables(
+        [
+            ledger.catch_up(output, plan.dataset, plan.spec.prices, plan.ledger_stages),
+            *leftover.derived,
+            *published.derived,
+        ],
+        promote_options="default",
+    )
     resource = next((r[plan.resource_column] for r in rows if r.get(plan.resource_column)), None)
     summary = ledger.summarize_run(
         run_id=run_id,
@@ -151,8 +171,19 @@ def run(plan: JobPlan) -> dict[str, Any]:
             "costs": output.join("costs").url(),
         },
     )
-    summary["summary_path"] = ledger.write_summary(output, summary, job.run_date)
+    summary["summary_path"] = ledger.write_summary(output, summary, run_date)
     return summary
+
+
+def _price(
+    output: storage.Location, plan: JobPlan, rows: pa.Table
+) -> tuple[storage.Location, pa.Table]:
+    """The cost ledger rows of rows being published, for ``commits.publish``."""
+    wanted = [c for c in ledger.LEDGER_COLUMNS if c in rows.column_names]
+    priced = ledger.build_ledger(
+        rows.select(wanted).to_pylist(), plan.spec.prices, plan.ledger_stages
+    )
+    return output.join("costs"), priced
 
 
 def _chain(
@@ -160,6 +191,7 @@ def _chain(
     stages: list[Stage],
     *,
     dataset: storage.Location,
+    into: storage.Location,
     schema: pa.Schema,
     slim: Sequence[str],
     token: str,
@@ -185,6 +217,7 @@ def _chain(
         fn_constructor_kwargs={
             "make_worker": functools.partial(model.fn, **model.kwargs),
             "dataset": dataset,
+            "into": into,
             "schema": schema,
             "slim": slim,
             "token": token,
