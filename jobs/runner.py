@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 import pyarrow as pa
@@ -82,21 +82,49 @@ class JobPlan:
     summary: Callable[[list[dict[str, Any]]], dict[str, Any]] = field(default=lambda rows: {})
 
 
+@dataclass
+class Claimed:
+    """What the runner knows before Ray starts: this run's claim and what is left to do."""
+
+    dataset: storage.Location
+    run_date: date
+    token: str
+    leftover: commits.Published  # a killed run's staged rows, published now
+    todo: list[dict[str, Any]]  # listed items not committed yet
+    pending: list[dict[str, Any]]  # those this run does (max_items)
+
+
+def claim_and_subtract(plan: JobPlan) -> Claimed:
+    """Claim the dataset, finish what a killed run left staged, subtract what is done.
+
+    Everything between the listing and Ray: what history can slow down (the done-index is
+    read for this input's ids only; ``scripts/bench_history.py`` times it).
+    """
+    job = plan.spec.job
+    output = storage.resolve(job.output)
+    dataset = output.join(plan.dataset)
+    token = commits.claim(dataset, plan.run_id)  # before reading what is committed: see claim
+    # A killed run's staged commits (and any publish it left half done) go out first.
+    leftover = commits.publish(
+        dataset, plan.schema, plan.run_id, functools.partial(_price, output, plan)
+    )
+    done = commits.committed_ids(dataset, among=(r["item_id"] for r in plan.records))
+    todo = [r for r in plan.records if r["item_id"] not in done]
+    pending = todo[: job.max_items] if job.max_items is not None else todo
+    run_date = job.run_date or datetime.now(UTC).date()
+    return Claimed(dataset, run_date, token, leftover, todo, pending)
+
+
 def run(plan: JobPlan) -> dict[str, Any]:
     """Run the plan; returns the run summary (also written to OUTPUT/runs/<run_id>.json)."""
     started = time.monotonic()
     startup = pipeline.Startup()
     job, run_id = plan.spec.job, plan.run_id
     output = storage.resolve(job.output)
-    dataset = output.join(plan.dataset)
-    run_date = job.run_date or datetime.now(UTC).date()
-    token = commits.claim(dataset, run_id)  # before reading what is committed: see claim
+    claimed = claim_and_subtract(plan)
+    dataset, run_date, token = claimed.dataset, claimed.run_date, claimed.token
+    leftover, todo, pending = claimed.leftover, claimed.todo, claimed.pending
     price = functools.partial(_price, output, plan)
-    # A killed run's staged commits (and any publish it left half done) go out first.
-    leftover = commits.publish(dataset, plan.schema, run_id, price)
-    done = commits.committed_ids(dataset, among=(r["item_id"] for r in plan.records))
-    todo = [r for r in plan.records if r["item_id"] not in done]
-    pending = todo[: job.max_items] if job.max_items is not None else todo
     startup.mark("list")
 
     if pending:
