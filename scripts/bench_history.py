@@ -38,13 +38,14 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from overnight.jobs import commits, ledger, runner, storage  # noqa: E402
+from overnight.jobs import commits, runner, storage  # noqa: E402
 from overnight.jobs.manifest import write_manifest  # noqa: E402
-from overnight.schemas import TRANSCRIPTS  # noqa: E402
+from overnight.schemas import COSTS, TRANSCRIPTS  # noqa: E402
 
 PRICES = {"cpu": 0.05, "gpu": 2.5}
 TENANTS = ["acme", "globex", "initech", None]
@@ -80,13 +81,35 @@ def night_rows(night: date, n: int, seed: int) -> pa.Table:
 
 
 def price(output: storage.Location, night: date):
+    """The ledger rows ``ledger.build_ledger`` would write for these rows (fetch, decode,
+    transcribe), built with pyarrow: per-row Python would dominate the history's writing."""
+
     def derive(rows: pa.Table) -> tuple[storage.Location, pa.Table]:
-        wanted = [c for c in ledger.LEDGER_COLUMNS if c in rows.column_names]
-        costs = ledger.build_ledger(rows.select(wanted).to_pylist(), PRICES)
+        n = rows.num_rows
         at = datetime(night.year, night.month, night.day, 4, tzinfo=UTC)  # the night's end
-        column = costs.schema.get_field_index("recorded_at")
-        stamps = pa.array([at] * costs.num_rows, costs.schema.field(column).type)
-        return output.join("costs"), costs.set_column(column, "recorded_at", stamps)
+        parts = []
+        for stage, seconds, resource in (
+            ("fetch", "fetch_s", "decode_resource"),
+            ("decode", "decode_s", "decode_resource"),
+            ("transcribe", "asr_s", "asr_resource"),
+        ):
+            hourly = PRICES[rows[resource][0].as_py()]
+            cols = {f.name: pa.nulls(n, f.type) for f in COSTS}
+            cols.update(
+                item_id=rows["item_id"],
+                run_id=rows["run_id"],
+                tenant=rows["tenant"],
+                stage=pa.array([stage] * n, pa.string()),
+                resource=rows[resource],
+                units=pa.array([1.0] * n),
+                seconds=rows[seconds],
+                price_per_hour_usd=pa.array([hourly] * n),
+                cost_usd=pc.multiply(rows[seconds], hourly / 3600.0),
+                audio_s=rows["duration_s"],
+                recorded_at=pa.array([at] * n, COSTS.field("recorded_at").type),
+            )
+            parts.append(pa.table({f.name: cols[f.name] for f in COSTS}, schema=COSTS))
+        return output.join("costs"), pa.concat_tables(parts)
 
     return derive
 
