@@ -12,6 +12,7 @@ repaired at the end of every run (``drop_duplicates``).
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import io
 import json
@@ -309,15 +310,15 @@ ACTOR_STARTED, MODEL_READY = "_actor_started_at", "_model_ready_at"
 # OUTPUT/<dataset>/run_date=YYYY-MM-DD/part-<publish>-<n>.parquet   what readers read
 # OUTPUT/_staging/<dataset>/<run_date>/<run_id>/part-<digest>.parquet  actors' commits
 # OUTPUT/_staging/<dataset>/<run_date>/<run_id>.publish.json        a publish under way
-# OUTPUT/_index/<dataset>/b=<xx>/seg-<publish>.parquet             published item ids
+# OUTPUT/_index/<dataset>/seg-<publish>.parquet                     published item ids
 #
 # Staging and the index live beside the dataset, not inside it: Polars and DuckDB globs do
 # not skip ``_``-prefixed folders, so anything inside would be read as rows.
 
 PARTITION = "run_date"
 ROWS_PER_FILE = 100_000  # a compacted file's rows: readers want few, large files
-_BUCKETS = 256  # index buckets (two hex digits of sha1(item_id))
-_MERGE_AT = 16  # segments in a bucket before they are merged into one
+INDEX_ROW_GROUP = 4096  # ids per row group of an index segment: the unit a lookup reads
+_MAX_SEGMENTS = 8  # index segments before they are merged
 
 
 def _beside(dataset: storage.Location, area: str) -> storage.Location:
@@ -345,7 +346,7 @@ def partition_date(path: str) -> date | None:
     return None
 
 
-def _subdirs(loc: storage.Location) -> list[str]:
+def list_dirs(loc: storage.Location) -> list[str]:
     loc.fs.invalidate_cache(loc.path)
     try:
         entries = storage.with_retries(
@@ -356,7 +357,7 @@ def _subdirs(loc: storage.Location) -> list[str]:
     return sorted(e["name"].rstrip("/") for e in entries if e["type"] == "directory")
 
 
-def _top_files(loc: storage.Location, suffix: str) -> list[str]:
+def list_top_files(loc: storage.Location, suffix: str) -> list[str]:
     loc.fs.invalidate_cache(loc.path)
     try:
         entries = storage.with_retries(
@@ -369,7 +370,7 @@ def _top_files(loc: storage.Location, suffix: str) -> list[str]:
 
 def flat_files(dataset: storage.Location) -> list[str]:
     """Parquet files at the dataset's top: the unpartitioned layout of older outputs."""
-    return _top_files(dataset, ".parquet")
+    return list_top_files(dataset, ".parquet")
 
 
 def published_files(
@@ -379,7 +380,7 @@ def published_files(
     (listing only the folders of those dates)."""
     first, last = dates or (None, None)
     files = flat_files(dataset)
-    for folder in _subdirs(dataset):
+    for folder in list_dirs(dataset):
         day = partition_date(posixpath.basename(folder))
         if day is None or (first and day < first) or (last and day > last):
             continue
@@ -394,81 +395,107 @@ def staged_files(dataset: storage.Location) -> dict[str, list[str]]:
     return _ids_of(dataset, storage.list_files(staging_root(dataset), ".parquet"))
 
 
-def _bucket(item_id: str) -> str:
-    return hashlib.sha1(item_id.encode()).hexdigest()[: len(f"{_BUCKETS - 1:x}")]
+def index_segments(dataset: storage.Location) -> list[str]:
+    return list_top_files(index_root(dataset), ".parquet")
 
 
 def index_lookup(
     dataset: storage.Location, among: set[str] | None, skip: str | None = None
 ) -> set[str]:
-    """Published item ids (of ``among`` only, reading only their buckets); ``skip`` leaves
-    out the segments of one publish (a publish being redone must not see its own ids)."""
-    root = index_root(dataset)
-    if among is None:
-        buckets = [posixpath.basename(d).split("=", 1)[1] for d in _subdirs(root)]
-    else:
-        buckets = sorted({_bucket(i) for i in among})
+    """Published item ids (of ``among`` only); ``skip`` leaves out the segment of one
+    publish (a publish being redone must not see its own ids).
 
-    def read(bucket: str) -> list[str]:
-        segs = _top_files(root.join(f"b={bucket}"), ".parquet")
-        ids: list[str] = []
-        for path in segs:
-            if skip is not None and posixpath.basename(path) == f"seg-{skip}.parquet":
-                continue
-            with root.fs.open(path, "rb") as f:
-                ids += pq.read_table(f, columns=["item_id"]).column("item_id").to_pylist()
-        return ids if among is None else [i for i in ids if i in among]
+    A segment is sorted by item id in row groups of ``INDEX_ROW_GROUP`` ids: only the row
+    groups whose min/max (from the footer) hold one of ``among`` are read, so a lookup reads
+    at most one row group per id it asks about, however long the history.
+    """
+    segments = [
+        p
+        for p in index_segments(dataset)
+        if skip is None or p.rsplit("/", 1)[-1] != f"seg-{skip}.parquet"
+    ]
+    probe = None if among is None else sorted(among)
+    fs = dataset.fs
 
-    return {i for ids in storage.map_threads(read, buckets) for i in ids}
+    def read(path: str) -> list[str]:
+        with fs.open(path, "rb") as f:
+            pf = pq.ParquetFile(f)
+            if probe is None:
+                return pf.read(columns=["item_id"]).column("item_id").to_pylist()
+            groups = _groups_holding(pf.metadata, probe)
+            if not groups:
+                return []
+            ids = pf.read_row_groups(groups, columns=["item_id"]).column("item_id")
+        return ids.filter(pc.is_in(ids, value_set=pa.array(probe, pa.string()))).to_pylist()
+
+    if probe is not None and not probe:
+        return set()
+    return {i for ids in storage.map_threads(read, segments) for i in ids}
 
 
-def _write_parquet(loc: storage.Location, table: pa.Table) -> None:
+def _groups_holding(meta: pq.FileMetaData, probe: list[str]) -> list[int]:
+    column = meta.schema.names.index("item_id")
+    groups = []
+    for g in range(meta.num_row_groups):
+        stats = meta.row_group(g).column(column).statistics
+        if stats is None or not stats.has_min_max:
+            groups.append(g)
+            continue
+        at = bisect.bisect_left(probe, stats.min)
+        if at < len(probe) and probe[at] <= stats.max:
+            groups.append(g)
+    return groups
+
+
+def write_parquet(
+    loc: storage.Location, table: pa.Table, row_group_size: int | None = None
+) -> None:
     buf = io.BytesIO()
-    pq.write_table(table, buf, compression="zstd")
+    pq.write_table(table, buf, compression="zstd", row_group_size=row_group_size)
     storage.write_bytes_atomic(loc, buf.getvalue())
 
 
+def _index_table(ids: pa.Array, days: pa.Array) -> pa.Table:
+    return pa.table({"item_id": ids, PARTITION: days}).sort_by("item_id")
+
+
 def _write_index(dataset: storage.Location, publish_id: str, ids: list[str], day: date) -> None:
-    by_bucket: dict[str, list[str]] = defaultdict(list)
-    for i in ids:
-        by_bucket[_bucket(i)].append(i)
-    root = index_root(dataset)
-
-    def write(item: tuple[str, list[str]]) -> None:
-        bucket, members = item
-        table = pa.table(
-            {
-                "item_id": pa.array(sorted(members), pa.string()),
-                PARTITION: pa.array([day] * len(members), pa.date32()),
-            }
-        )
-        _write_parquet(root.join(f"b={bucket}", f"seg-{publish_id}.parquet"), table)
-
-    storage.map_threads(write, sorted(by_bucket.items()))
+    table = _index_table(pa.array(ids, pa.string()), pa.array([day] * len(ids), pa.date32()))
+    loc = index_root(dataset).join(f"seg-{publish_id}.parquet")
+    write_parquet(loc, table, INDEX_ROW_GROUP)
 
 
 def merge_index(dataset: storage.Location) -> None:
-    """Fold a bucket's segments into one when there are many (readers then open one file)."""
-    root = index_root(dataset)
+    """Keep the index to a few segments: past ``_MAX_SEGMENTS``, the small ones are merged
+    into one, and everything into one when those together are a good part of the largest
+    (so each id is rewritten a few times over the output's life, not at every publish)."""
+    segments = index_segments(dataset)
+    if len(segments) <= _MAX_SEGMENTS:
+        return
+    fs = dataset.fs
 
-    def merge(folder: str) -> None:
-        loc = storage.Location(root.fs, folder, root.scheme)
-        segs = _top_files(loc, ".parquet")
-        if len(segs) < _MERGE_AT:
-            return
-        tables = []
-        for path in segs:
-            with root.fs.open(path, "rb") as f:
-                tables.append(pq.read_table(f))
-        merged = pa.concat_tables(tables).sort_by("item_id")
-        digest = hashlib.sha256("\n".join(segs).encode()).hexdigest()[:16]
-        # Written before the segments go: a crash in between leaves ids twice (harmless in
-        # a set), never missing.
-        _write_parquet(loc.join(f"seg-m{digest}.parquet"), merged)
-        for path in segs:
-            storage.delete(storage.Location(root.fs, path, root.scheme))
+    def rows(path: str) -> int:
+        with fs.open(path, "rb") as f:
+            return pq.ParquetFile(f).metadata.num_rows
 
-    storage.map_threads(merge, _subdirs(root))
+    sizes = dict(zip(segments, storage.map_threads(rows, segments), strict=True))
+    base = max(segments, key=lambda p: sizes[p])
+    small = [p for p in segments if p != base]
+    merge = small if 2 * sum(sizes[p] for p in small) < sizes[base] else segments
+
+    def read(path: str) -> pa.Table:
+        with fs.open(path, "rb") as f:
+            return pq.read_table(f, columns=["item_id", PARTITION])
+
+    tables = storage.map_threads(read, merge)
+    merged = pa.concat_tables(tables)
+    merged = _index_table(merged["item_id"], merged[PARTITION])
+    digest = hashlib.sha256("\n".join(sorted(merge)).encode()).hexdigest()[:16]
+    # Written before the merged segments go: a crash in between leaves ids twice (harmless
+    # in a set), never missing.
+    write_parquet(index_root(dataset).join(f"seg-m{digest}.parquet"), merged, INDEX_ROW_GROUP)
+    for path in merge:
+        storage.delete(storage.Location(fs, path, dataset.scheme))
 
 
 @dataclass
@@ -510,13 +537,13 @@ def publish(
     """
     done = Published()
     root = staging_root(dataset)
-    for day_dir in _subdirs(root):
+    for day_dir in list_dirs(root):
         day = date.fromisoformat(posixpath.basename(day_dir))
         day_loc = storage.Location(root.fs, day_dir, root.scheme)
-        runs = {posixpath.basename(d) for d in _subdirs(day_loc)}
+        runs = {posixpath.basename(d) for d in list_dirs(day_loc)}
         runs |= {
             posixpath.basename(p)[: -len(".publish.json")]
-            for p in _top_files(day_loc, ".publish.json")
+            for p in list_top_files(day_loc, ".publish.json")
         }
         for run in sorted(runs, key=lambda r: (r != keep_run, r)):
             _publish_run(dataset, schema, keep_run, derive, rows_per_file, day_loc, day, run, done)
@@ -598,13 +625,13 @@ def _compact(
 
     def write(item: tuple[int, pa.Table]) -> None:
         n, chunk = item
-        _write_parquet(partition.join(f"part-{publish_id}-{n:05d}.parquet"), chunk)
+        write_parquet(partition.join(f"part-{publish_id}-{n:05d}.parquet"), chunk)
 
     storage.map_threads(write, list(enumerate(chunks)))
     if derive is not None and table.num_rows:
         target, derived = derive(table)
         if derived.num_rows:
-            _write_parquet(
+            write_parquet(
                 target.join(f"{PARTITION}={day.isoformat()}", f"part-{publish_id}-00000.parquet"),
                 derived,
             )

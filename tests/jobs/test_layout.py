@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import date
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -214,3 +214,57 @@ def test_publish_compacts_many_small_commits_into_files_of_the_configured_size(t
     assert [pq.read_metadata(f).num_rows for f in files] == [64, 64, 64, 8]
     assert commits.committed_ids(dataset, among=["item-03-1", "nope"]) == {"item-03-1"}
     assert not list((tmp_path / "out" / "_staging").glob("**/*.parquet"))
+
+
+def _copy(two_nights, tmp_path: Path) -> tuple[Path, dict, dict, dict]:
+    out, refs, one, two = two_nights
+    shutil.copytree(out, tmp_path / "out")
+    return tmp_path / "out", refs, one, two
+
+
+def test_report_since_a_date_does_not_open_the_files_of_earlier_run_dates(two_nights, tmp_path):
+    from overnight.jobs.report import build_report, load
+
+    out, _, _, two = _copy(two_nights, tmp_path)
+    since = datetime(2026, 11, 2, tzinfo=UTC)
+    for name in ("transcripts", "costs"):  # unreadable: opening one would fail the report
+        (out / name / "run_date=2026-11-01" / "part-unreadable.parquet").write_bytes(b"not parquet")
+    report = build_report(load([str(out)], since), by="run", since=since)
+    assert [r["run"] for r in report.main.to_pylist()] == [two["run_id"]]
+    assert report.totals["items"] == 1
+    with pytest.raises(pa.ArrowInvalid):
+        load([str(out)])  # without --since every partition is read
+
+
+def test_vacuum_removes_old_nights_and_the_report_of_the_others_stays_exact(two_nights, tmp_path):
+    from overnight.jobs.report import build_report, load
+    from overnight.jobs.vacuum import vacuum
+
+    out, refs, one, two = _copy(two_nights, tmp_path)
+    kept = datetime(2026, 11, 2, tzinfo=UTC)
+    expected = {
+        by: build_report(load([str(out)], kept), by=by, since=kept)
+        for by in ("day", "run", "tenant")
+    }
+    first_ids = set(visible(out)) - {r["item_id"] for r in _rows(out, "2026-11-02")}
+
+    dry = vacuum(str(out), date(2026, 11, 2), dry_run=True)
+    assert (out / "transcripts" / "run_date=2026-11-01").is_dir()  # a dry run removes nothing
+    done = vacuum(str(out), date(2026, 11, 2))
+    assert done.partitions == dry.partitions and len(done.partitions) == 3
+    assert done.runs == [one["run_id"]] and done.index_entries == len(refs) - 1
+    assert not (out / "runs" / f"{one['run_id']}.json").exists()
+    assert not (out / "_manifests" / f"{one['run_id']}.parquet").exists()
+    assert (out / "runs" / f"{two['run_id']}.json").exists()
+    for by, before in expected.items():
+        after = build_report(load([str(out)]), by=by)
+        assert after.main.to_pylist() == before.main.to_pylist(), by
+        assert after.totals == before.totals, by
+    # The vacuumed night's recordings are forgotten: submitted again, they are new work.
+    dataset = storage.resolve(str(out / "transcripts"))
+    assert commits.committed_ids(dataset, among=first_ids) == set()
+    assert len(visible(out)) == 1
+
+
+def _rows(out: Path, day: str) -> list[dict]:
+    return pq.read_table(out / "transcripts" / f"run_date={day}").to_pylist()
