@@ -1,13 +1,17 @@
-"""The committed-Parquet protocol, in one place: claim, commit, read, committed ids,
-duplicate repair, and the committing actor that adds a row's run provenance.
+"""The committed-Parquet protocol, in one place: claim, commit, staging and publish
+(compaction into ``run_date=`` partitions), the done-index, reading, duplicate repair, and
+the committing actor that adds a row's run provenance.
 
-A result dataset (transcripts/, results/, probes/, costs/) is a folder of Parquet files, each
-named by the hash of its item ids and appearing atomically (rename on local disks, a single
-PUT on object stores). So "committed" is exactly "in a file under the folder": the driver
-subtracts it *before* starting (for totals, progress and the manifest), a retried task
-rewrites the same file name instead of adding a second copy, and no pending-file cleanup is
-needed. One writer per dataset (``claim``); an item a dying writer still committed twice is
-repaired at the end of every run (``drop_duplicates``).
+An actor commits each finished batch as one Parquet file, named by the hash of its item ids
+and appearing atomically (rename on local disks, a single PUT on object stores), into its
+run's hidden staging folder. So "committed" is exactly "staged, or published and in the
+done-index": the driver subtracts it *before* starting (for totals, progress and the
+manifest), a retried task rewrites the same file name instead of adding a second copy, and
+no pending-file cleanup is needed. ``publish`` moves staged files into the dataset's
+partitions as few large files (see its docstring for why readers never see a row twice).
+One writer per dataset (``claim``); an item a dying writer still committed twice is dropped
+at publish. Flat datasets of older versions are still read and repaired
+(``drop_duplicates``).
 """
 
 from __future__ import annotations
@@ -104,8 +108,8 @@ def committed_ids(dataset: storage.Location, among: Iterable[str] | None = None)
     """Item ids committed to a result dataset: published (looked up in its done-index),
     staged by any run and not yet published, or in the flat files of an older output.
 
-    With ``among``, only those ids are looked up, and only the index buckets they fall in
-    are read: the cost follows this run's input, not the output's history.
+    With ``among``, only those ids are looked up, and only the index row groups that can hold
+    them are read: the cost follows this run's input, not the output's history.
     """
     wanted = None if among is None else set(among)
     found = set(index_lookup(dataset, wanted))

@@ -8,7 +8,7 @@ and manifests and claims last written before the cutoff. A night is removed whol
 results, their ledger rows and its runs' summaries together), so a report over the nights
 that remain reads exactly what it read before.
 
-Not while a job writes to OUTPUT: vacuum rewrites index buckets a running publish also writes.
+Not while a job writes to OUTPUT: vacuum rewrites index segments a running publish also merges.
 """
 
 from __future__ import annotations
