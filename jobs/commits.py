@@ -321,6 +321,9 @@ ACTOR_STARTED, MODEL_READY = "_actor_started_at", "_model_ready_at"
 
 PARTITION = "run_date"
 ROWS_PER_FILE = 100_000  # a compacted file's rows: readers want few, large files
+# A long run publishes as it goes (jobs.runner): after this many rows or seconds.
+PUBLISH_EVERY_ROWS = ROWS_PER_FILE
+PUBLISH_EVERY_S = 1800.0
 INDEX_ROW_GROUP = 4096  # ids per row group of an index segment: the unit a lookup reads
 _MAX_SEGMENTS = 8  # index segments before they are merged
 

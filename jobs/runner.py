@@ -140,6 +140,9 @@ def run(plan: JobPlan) -> dict[str, Any]:
     build = plan.build(Placement(device, pool, len(pending)))
 
     outcome = pipeline.Outcome()
+    progressive = _Progressive(
+        functools.partial(commits.publish, dataset, plan.schema, run_id, price)
+    )
     if pending:
         table = pa.Table.from_pylist(pending, schema=plan.manifest_schema)
         ds = pipeline.manifest_dataset(output, run_id, table, plan.rows_per_block)
@@ -159,10 +162,11 @@ def run(plan: JobPlan) -> dict[str, Any]:
             {r["item_id"] for r in pending},
             pipeline.Progress(len(pending), job.progress),
             plan.load_errors,
+            on_rows=progressive,
         )
 
     rows = outcome.rows
-    published = commits.publish(dataset, plan.schema, run_id, price)
+    published = progressive.publish()
     repaired = commits.drop_duplicates(dataset, plan.schema, run_id) + published.duplicates_dropped
     # Published rows are priced as they are published; catch_up prices the flat files of an
     # output written before partitions.
@@ -201,6 +205,30 @@ def run(plan: JobPlan) -> dict[str, Any]:
     )
     summary["summary_path"] = ledger.write_summary(output, summary, run_date)
     return summary
+
+
+class _Progressive:
+    """Publishes during a long run, every ``commits.PUBLISH_EVERY_ROWS`` rows or
+    ``commits.PUBLISH_EVERY_S`` seconds, so its rows reach readers before it ends; the
+    run's last ``publish()`` adds up what each one published."""
+
+    def __init__(self, publish: Callable[[], commits.Published]):
+        self._publish = publish
+        self._total = commits.Published()
+        self._rows_at, self._time_at = 0, time.monotonic()
+
+    def __call__(self, rows: int) -> None:
+        due = time.monotonic() - self._time_at >= commits.PUBLISH_EVERY_S
+        if rows - self._rows_at >= commits.PUBLISH_EVERY_ROWS or due:
+            self.publish()
+            self._rows_at, self._time_at = rows, time.monotonic()
+
+    def publish(self) -> commits.Published:
+        done = self._publish()
+        self._total.rows += done.rows
+        self._total.duplicates_dropped += done.duplicates_dropped
+        self._total.derived += done.derived
+        return self._total
 
 
 def _price(

@@ -268,3 +268,21 @@ def test_vacuum_removes_old_nights_and_the_report_of_the_others_stays_exact(two_
 
 def _rows(out: Path, day: str) -> list[dict]:
     return pq.read_table(out / "transcripts" / f"run_date={day}").to_pylist()
+
+
+def test_a_long_run_publishes_as_it_goes_and_still_writes_one_row_per_item(
+    synth_calls, tmp_path, monkeypatch
+):
+    folder, refs = synth_calls
+    monkeypatch.setattr(commits, "PUBLISH_EVERY_ROWS", 2)  # "long": every 2 rows
+    out = tmp_path / "out"
+    summary = transcribe(str(folder), str(out), "2026-11-05", items_per_call=1, batch_size=1)
+    assert summary["items"] == len(refs)
+    files = list((out / "transcripts" / "run_date=2026-11-05").glob("*.parquet"))
+    assert len(files) > 1  # published in several steps
+    ids = visible(out)
+    assert len(ids) == len(set(ids)) == len(refs)
+    costs = pads.dataset(str(out / "costs"), partitioning="hive").to_table()
+    keys = list(zip(costs["item_id"].to_pylist(), costs["stage"].to_pylist(), strict=True))
+    assert set(costs["item_id"].to_pylist()) == set(ids) and len(keys) == len(set(keys))
+    assert summary["cost_usd"] > 0
