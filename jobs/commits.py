@@ -353,31 +353,9 @@ def partition_date(path: str) -> date | None:
     return None
 
 
-def list_dirs(loc: storage.Location) -> list[str]:
-    loc.fs.invalidate_cache(loc.path)
-    try:
-        entries = storage.with_retries(
-            f"list {loc.url()}", lambda: loc.fs.ls(loc.path, detail=True)
-        )
-    except FileNotFoundError:
-        return []
-    return sorted(e["name"].rstrip("/") for e in entries if e["type"] == "directory")
-
-
-def list_top_files(loc: storage.Location, suffix: str) -> list[str]:
-    loc.fs.invalidate_cache(loc.path)
-    try:
-        entries = storage.with_retries(
-            f"list {loc.url()}", lambda: loc.fs.ls(loc.path, detail=True)
-        )
-    except FileNotFoundError:
-        return []
-    return sorted(e["name"] for e in entries if e["type"] == "file" and e["name"].endswith(suffix))
-
-
 def flat_files(dataset: storage.Location) -> list[str]:
     """Parquet files at the dataset's top: the unpartitioned layout of older outputs."""
-    return list_top_files(dataset, ".parquet")
+    return storage.list_top_files(dataset, ".parquet")
 
 
 def published_files(
@@ -387,7 +365,7 @@ def published_files(
     (listing only the folders of those dates)."""
     first, last = dates or (None, None)
     files = flat_files(dataset)
-    for folder in list_dirs(dataset):
+    for folder in storage.list_dirs(dataset):
         day = partition_date(posixpath.basename(folder))
         if day is None or (first and day < first) or (last and day > last):
             continue
@@ -403,7 +381,7 @@ def staged_files(dataset: storage.Location) -> dict[str, list[str]]:
 
 
 def index_segments(dataset: storage.Location) -> list[str]:
-    return list_top_files(index_root(dataset), ".parquet")
+    return storage.list_top_files(index_root(dataset), ".parquet")
 
 
 def index_lookup(
@@ -544,13 +522,13 @@ def publish(
     """
     done = Published()
     root = staging_root(dataset)
-    for day_dir in list_dirs(root):
+    for day_dir in storage.list_dirs(root):
         day = date.fromisoformat(posixpath.basename(day_dir))
         day_loc = storage.Location(root.fs, day_dir, root.scheme)
-        runs = {posixpath.basename(d) for d in list_dirs(day_loc)}
+        runs = {posixpath.basename(d) for d in storage.list_dirs(day_loc)}
         runs |= {
             posixpath.basename(p)[: -len(".publish.json")]
-            for p in list_top_files(day_loc, ".publish.json")
+            for p in storage.list_top_files(day_loc, ".publish.json")
         }
         for run in sorted(runs, key=lambda r: (r != keep_run, r)):
             _publish_run(dataset, schema, keep_run, derive, rows_per_file, day_loc, day, run, done)

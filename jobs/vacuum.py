@@ -51,7 +51,7 @@ def vacuum(output_url: str, before: date, dry_run: bool = False) -> Vacuumed:
     old_runs: set[str] = set()
     for name in DATASETS:
         dataset = output.join(name)
-        for folder in commits.list_dirs(dataset):
+        for folder in storage.list_dirs(dataset):
             day = commits.partition_date(posixpath.basename(folder))
             if day is None or day >= before:
                 continue
@@ -65,7 +65,7 @@ def vacuum(output_url: str, before: date, dry_run: bool = False) -> Vacuumed:
                 _remove_tree(loc)
         if name != "run_table":
             done.index_entries += _prune_index(dataset, before, dry_run)
-            for folder in commits.list_dirs(commits.staging_root(dataset)):
+            for folder in storage.list_dirs(commits.staging_root(dataset)):
                 if date.fromisoformat(posixpath.basename(folder)) < before:
                     loc = storage.Location(dataset.fs, folder, dataset.scheme)
                     done.files += storage.list_files(loc)
