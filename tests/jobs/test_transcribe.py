@@ -374,8 +374,10 @@ def test_outputs_read_back_with_pyarrow_pandas_polars_and_duckdb(synth_run):
     from overnight.schemas import SCHEMA_VERSION, TRANSCRIPTS
 
     table = pq.read_table(path)  # the run_date partition comes from the folder names
-    assert table.drop_columns(["run_date"]).schema.remove_metadata().equals(
-        TRANSCRIPTS.remove_metadata()
+    assert (
+        table.drop_columns(["run_date"])
+        .schema.remove_metadata()
+        .equals(TRANSCRIPTS.remove_metadata())
     )
     assert table.schema.metadata[b"overnight.schema_version"] == SCHEMA_VERSION.encode()
     assert len(pd.read_parquet(path)) == len(refs)
