@@ -1,27 +1,33 @@
-"""The committed-Parquet protocol, in one place: claim, commit, read, committed ids,
-duplicate repair, and the committing actor that adds a row's run provenance.
+"""The committed-Parquet protocol, in one place: claim, commit, staging and publish
+(compaction into ``run_date=`` partitions), the done-index, reading, duplicate repair, and
+the committing actor that adds a row's run provenance.
 
-A result dataset (transcripts/, results/, probes/, costs/) is a folder of Parquet files, each
-named by the hash of its item ids and appearing atomically (rename on local disks, a single
-PUT on object stores). So "committed" is exactly "in a file under the folder": the driver
-subtracts it *before* starting (for totals, progress and the manifest), a retried task
-rewrites the same file name instead of adding a second copy, and no pending-file cleanup is
-needed. One writer per dataset (``claim``); an item a dying writer still committed twice is
-repaired at the end of every run (``drop_duplicates``).
+An actor commits each finished batch as one Parquet file, named by the hash of its item ids
+and appearing atomically (rename on local disks, a single PUT on object stores), into its
+run's hidden staging folder. So "committed" is exactly "staged, or published and in the
+done-index": the driver subtracts it *before* starting (for totals, progress and the
+manifest), a retried task rewrites the same file name instead of adding a second copy, and
+no pending-file cleanup is needed. ``publish`` moves staged files into the dataset's
+partitions as few large files (see its docstring for why readers never see a row twice).
+One writer per dataset (``claim``); an item a dying writer still committed twice is dropped
+at publish. Flat datasets of older versions are still read and repaired
+(``drop_duplicates``).
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import io
 import json
+import os
 import posixpath
 import secrets
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -48,18 +54,33 @@ def write_table(dataset: storage.Location, table: pa.Table) -> str:
 
 
 def read_results(
-    dataset: storage.Location, columns: list[str] | None = None, run_id: str | None = None
+    dataset: storage.Location,
+    columns: list[str] | None = None,
+    run_id: str | None = None,
+    dates: tuple[date | None, date | None] | None = None,
+    flat_only: bool = False,
 ) -> pa.Table | None:
-    """Read a result dataset (transcripts/, results/, probes/) written by overnight."""
-    files = storage.list_files(dataset, ".parquet")
+    """Read a result dataset (transcripts/, results/, probes/, costs/) written by overnight:
+    its published ``run_date=`` partitions and the flat files of older outputs.
+
+    ``dates`` (first, last; either open) opens only the partitions of those run dates (flat
+    files have no date and are always read). ``run_date`` is a partition column, not a file
+    column: ask for it in ``columns`` to get it (null for flat files).
+    """
+    files = flat_files(dataset) if flat_only else published_files(dataset, dates)
     if not files:
         return None
+    want_date = columns is not None and PARTITION in columns
 
     def read(path: str) -> pa.Table:
         with dataset.fs.open(path, "rb") as f:
             pf = pq.ParquetFile(f)
             cols = None if columns is None else [c for c in columns if c in pf.schema_arrow.names]
-            return pf.read(columns=cols)
+            table = pf.read(columns=cols)
+        if want_date:
+            day = partition_date(path)
+            table = table.append_column(PARTITION, pa.array([day] * table.num_rows, pa.date32()))
+        return table
 
     table = pa.concat_tables(storage.map_threads(read, files), promote_options="default")
     if run_id is not None:
@@ -67,14 +88,18 @@ def read_results(
     return table
 
 
-def committed_files(dataset: storage.Location) -> dict[str, list[str]]:
-    """The complete Parquet files of a result dataset and the item ids each holds.
+def committed_files(dataset: storage.Location, flat_only: bool = False) -> dict[str, list[str]]:
+    """The complete Parquet files of a result dataset and the item ids each holds
+    (``flat_only``: only the unpartitioned files an older overnight wrote at its top).
 
     Files appear atomically (see ``storage.write_bytes_atomic``), so every file listed is a
     commit; an unreadable one would be a bug and is reported, not skipped.
     """
-    files = storage.list_files(dataset, ".parquet")
+    files = flat_files(dataset) if flat_only else published_files(dataset)
+    return _ids_of(dataset, files)
 
+
+def _ids_of(dataset: storage.Location, files: list[str]) -> dict[str, list[str]]:
     def read(path: str) -> list[str]:
         with dataset.fs.open(path, "rb") as f:
             return pq.read_table(f, columns=["item_id"]).column("item_id").to_pylist()
@@ -82,9 +107,18 @@ def committed_files(dataset: storage.Location) -> dict[str, list[str]]:
     return dict(zip(files, storage.map_threads(read, files), strict=True)) if files else {}
 
 
-def committed_ids(dataset: storage.Location) -> set[str]:
-    """Item ids in the complete Parquet files of a result dataset."""
-    return {i for ids in committed_files(dataset).values() for i in ids}
+def committed_ids(dataset: storage.Location, among: Iterable[str] | None = None) -> set[str]:
+    """Item ids committed to a result dataset: published (looked up in its done-index),
+    staged by any run and not yet published, or in the flat files of an older output.
+
+    With ``among``, only those ids are looked up, and only the index row groups that can hold
+    them are read: the cost follows this run's input, not the output's history.
+    """
+    wanted = None if among is None else set(among)
+    found = set(index_lookup(dataset, wanted))
+    found |= {i for ids in committed_files(dataset, flat_only=True).values() for i in ids}
+    found |= {i for ids in staged_files(dataset).values() for i in ids}
+    return found if wanted is None else found & wanted
 
 
 # One writer per result dataset. A driver that dies (killed, node lost) leaves its Ray
@@ -136,7 +170,7 @@ def drop_duplicates(dataset: storage.Location, schema: pa.Schema, keep_run: str)
     loses rows is rewritten under its new content name before the old one is deleted, so a
     crash in between leaves a duplicate for the next run to repair, never a loss.
     """
-    files = committed_files(dataset)
+    files = committed_files(dataset, flat_only=True)
     where: dict[str, list[str]] = defaultdict(list)
     for path, ids in files.items():
         for item in ids:
@@ -253,6 +287,7 @@ class CommittingActor:
         token: str,
         provenance: Provenance | None = None,
         after: Sequence[Stage] = (),
+        into: storage.Location | None = None,
     ):
         # Wall-clock times (epoch seconds, comparable across the cluster's processes) of
         # the actor's start and of its model being ready: the start-up the first result
@@ -269,6 +304,8 @@ class CommittingActor:
             self.after = [
                 (ray.remote(**s.resources(), max_retries=3)(s.fn), dict(s.kwargs)) for s in after
             ]
+        # Where the batches are written (the run's staging folder); the claim is the dataset's.
+        self.into = into or dataset
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         finished = self.worker(batch)
@@ -283,7 +320,7 @@ class CommittingActor:
         # Checked after the model, right before the write: the window a dying run's actor
         # has to commit after a new run's claim is one small read long.
         check_claim(self.dataset, self.token)
-        slim = commit(finished, self.dataset, self.schema, self.slim)
+        slim = commit(finished, self.into, self.schema, self.slim)
         n = slim.num_rows
         slim = slim.append_column(ACTOR_STARTED, pa.array([self.started_at] * n, pa.float64()))
         return slim.append_column(MODEL_READY, pa.array([self.ready_at] * n, pa.float64()))
@@ -291,3 +328,319 @@ class CommittingActor:
 
 # Driver-only columns of the rows an actor returns (never committed): see CommittingActor.
 ACTOR_STARTED, MODEL_READY = "_actor_started_at", "_model_ready_at"
+
+
+# -- the partitioned layout, staging, publishing and the done-index ------------------------
+#
+# OUTPUT/<dataset>/run_date=YYYY-MM-DD/part-<publish>-<n>.parquet   what readers read
+# OUTPUT/_staging/<dataset>/<run_date>/<run_id>/part-<digest>.parquet  actors' commits
+# OUTPUT/_staging/<dataset>/<run_date>/<run_id>.publish.json        a publish under way
+# OUTPUT/_index/<dataset>/seg-<publish>.parquet                     published item ids
+#
+# Staging and the index live beside the dataset, not inside it: Polars and DuckDB globs do
+# not skip ``_``-prefixed folders, so anything inside would be read as rows.
+
+PARTITION = "run_date"
+ROWS_PER_FILE = 100_000  # a compacted file's rows: readers want few, large files
+# A long run publishes as it goes (jobs.runner): after this many rows or seconds.
+PUBLISH_EVERY_ROWS = ROWS_PER_FILE
+PUBLISH_EVERY_S = 1800.0
+INDEX_ROW_GROUP = 4096  # ids per row group of an index segment: the unit a lookup reads
+_MAX_SEGMENTS = 8  # index segments before they are merged
+
+
+def _beside(dataset: storage.Location, area: str) -> storage.Location:
+    parent, name = posixpath.split(dataset.path.rstrip("/"))
+    return storage.Location(dataset.fs, posixpath.join(parent, area, name), dataset.scheme)
+
+
+def staging_root(dataset: storage.Location) -> storage.Location:
+    return _beside(dataset, "_staging")
+
+
+def staging_dir(dataset: storage.Location, run_date: date, run_id: str) -> storage.Location:
+    """Where this run's actors commit: hidden from readers until ``publish``."""
+    return staging_root(dataset).join(run_date.isoformat(), run_id)
+
+
+def index_root(dataset: storage.Location) -> storage.Location:
+    return _beside(dataset, "_index")
+
+
+def partition_date(path: str) -> date | None:
+    for part in path.split("/"):
+        if part.startswith(f"{PARTITION}="):
+            return date.fromisoformat(part.split("=", 1)[1])
+    return None
+
+
+def flat_files(dataset: storage.Location) -> list[str]:
+    """Parquet files at the dataset's top: the unpartitioned layout of older outputs."""
+    return storage.list_top_files(dataset, ".parquet")
+
+
+def published_files(
+    dataset: storage.Location, dates: tuple[date | None, date | None] | None = None
+) -> list[str]:
+    """The dataset's Parquet files: flat ones, and those of the partitions within ``dates``
+    (listing only the folders of those dates)."""
+    first, last = dates or (None, None)
+    files = flat_files(dataset)
+    for folder in storage.list_dirs(dataset):
+        day = partition_date(posixpath.basename(folder))
+        if day is None or (first and day < first) or (last and day > last):
+            continue
+        files += storage.list_files(
+            storage.Location(dataset.fs, folder, dataset.scheme), ".parquet"
+        )
+    return files
+
+
+def staged_files(dataset: storage.Location) -> dict[str, list[str]]:
+    """Every run's staged, not yet published files and their item ids."""
+    return _ids_of(dataset, storage.list_files(staging_root(dataset), ".parquet"))
+
+
+def index_segments(dataset: storage.Location) -> list[str]:
+    return storage.list_top_files(index_root(dataset), ".parquet")
+
+
+def index_lookup(
+    dataset: storage.Location, among: set[str] | None, skip: str | None = None
+) -> set[str]:
+    """Published item ids (of ``among`` only); ``skip`` leaves out the segment of one
+    publish (a publish being redone must not see its own ids).
+
+    A segment is sorted by item id in row groups of ``INDEX_ROW_GROUP`` ids: only the row
+    groups whose min/max (from the footer) hold one of ``among`` are read, so a lookup reads
+    at most one row group per id it asks about, however long the history.
+    """
+    segments = [
+        p
+        for p in index_segments(dataset)
+        if skip is None or p.rsplit("/", 1)[-1] != f"seg-{skip}.parquet"
+    ]
+    probe = None if among is None else sorted(among)
+    fs = dataset.fs
+
+    def read(path: str) -> list[str]:
+        with fs.open(path, "rb") as f:
+            pf = pq.ParquetFile(f)
+            if probe is None:
+                return pf.read(columns=["item_id"]).column("item_id").to_pylist()
+            groups = _groups_holding(pf.metadata, probe)
+            if not groups:
+                return []
+            ids = pf.read_row_groups(groups, columns=["item_id"]).column("item_id")
+        return ids.filter(pc.is_in(ids, value_set=pa.array(probe, pa.string()))).to_pylist()
+
+    if probe is not None and not probe:
+        return set()
+    return {i for ids in storage.map_threads(read, segments) for i in ids}
+
+
+def _groups_holding(meta: pq.FileMetaData, probe: list[str]) -> list[int]:
+    column = meta.schema.names.index("item_id")
+    groups = []
+    for g in range(meta.num_row_groups):
+        stats = meta.row_group(g).column(column).statistics
+        if stats is None or not stats.has_min_max:
+            groups.append(g)
+            continue
+        at = bisect.bisect_left(probe, stats.min)
+        if at < len(probe) and probe[at] <= stats.max:
+            groups.append(g)
+    return groups
+
+
+def write_parquet(
+    loc: storage.Location, table: pa.Table, row_group_size: int | None = None
+) -> None:
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd", row_group_size=row_group_size)
+    storage.write_bytes_atomic(loc, buf.getvalue())
+
+
+def _index_table(ids: pa.Array, days: pa.Array) -> pa.Table:
+    return pa.table({"item_id": ids, PARTITION: days}).sort_by("item_id")
+
+
+def _write_index(dataset: storage.Location, publish_id: str, ids: list[str], day: date) -> None:
+    table = _index_table(pa.array(ids, pa.string()), pa.array([day] * len(ids), pa.date32()))
+    loc = index_root(dataset).join(f"seg-{publish_id}.parquet")
+    write_parquet(loc, table, INDEX_ROW_GROUP)
+
+
+def merge_index(dataset: storage.Location) -> None:
+    """Keep the index to a few segments: past ``_MAX_SEGMENTS``, the small ones are merged
+    into one, and everything into one when those together are a good part of the largest
+    (so each id is rewritten a few times over the output's life, not at every publish)."""
+    segments = index_segments(dataset)
+    if len(segments) <= _MAX_SEGMENTS:
+        return
+    fs = dataset.fs
+
+    def rows(path: str) -> int:
+        with fs.open(path, "rb") as f:
+            return pq.ParquetFile(f).metadata.num_rows
+
+    sizes = dict(zip(segments, storage.map_threads(rows, segments), strict=True))
+    base = max(segments, key=lambda p: sizes[p])
+    small = [p for p in segments if p != base]
+    merge = small if 2 * sum(sizes[p] for p in small) < sizes[base] else segments
+
+    def read(path: str) -> pa.Table:
+        with fs.open(path, "rb") as f:
+            return pq.read_table(f, columns=["item_id", PARTITION])
+
+    tables = storage.map_threads(read, merge)
+    merged = pa.concat_tables(tables)
+    merged = _index_table(merged["item_id"], merged[PARTITION])
+    digest = hashlib.sha256("\n".join(sorted(merge)).encode()).hexdigest()[:16]
+    # Written before the merged segments go: a crash in between leaves ids twice (harmless
+    # in a set), never missing.
+    write_parquet(index_root(dataset).join(f"seg-m{digest}.parquet"), merged, INDEX_ROW_GROUP)
+    for path in merge:
+        storage.delete(storage.Location(fs, path, dataset.scheme))
+
+
+@dataclass
+class Published:
+    """What ``publish`` moved into the partitions: rows and their derived rows (costs)."""
+
+    rows: int = 0
+    duplicates_dropped: int = 0
+    derived: list[pa.Table] = field(default_factory=list)
+
+
+# Fault injection for the tests: a publish stops (the process exits) right after writing
+# its compacted files, before the staged ones are deleted.
+_FAULT_ENV = "OVERNIGHT_FAULT_AFTER_COMPACT"
+
+
+def publish(
+    dataset: storage.Location,
+    schema: pa.Schema,
+    keep_run: str,
+    derive: Callable[[pa.Table], tuple[storage.Location, pa.Table]] | None = None,
+    rows_per_file: int = ROWS_PER_FILE,
+) -> Published:
+    """Move every run's staged commits into the dataset's ``run_date=`` partitions as few
+    large files, exactly once per item. Only the claim's holder calls it.
+
+    For each staged run folder: write an intent (the staged files it takes); write the
+    compacted files under names fixed by the intent; write the index segment; delete the
+    staged files; delete the intent. Readers never see a row twice or miss one: staged rows
+    are hidden from them, a compacted file appears atomically and replaces any earlier copy of
+    itself (same name, same rows), and the staged files go only after every file is written.
+    A publish killed at any point is finished by the next one: with all its staged files
+    still there it is redone (same names), else only the deletes are left.
+
+    An item already published (a dying run's late commit) is dropped, and an item staged by
+    several runs keeps ``keep_run``'s row, else the one in the first file by name.
+    ``derive`` maps the published rows to rows of another dataset (the cost ledger), written
+    in the same step under the same names.
+    """
+    done = Published()
+    root = staging_root(dataset)
+    for day_dir in storage.list_dirs(root):
+        day = date.fromisoformat(posixpath.basename(day_dir))
+        day_loc = storage.Location(root.fs, day_dir, root.scheme)
+        runs = {posixpath.basename(d) for d in storage.list_dirs(day_loc)}
+        runs |= {
+            posixpath.basename(p)[: -len(".publish.json")]
+            for p in storage.list_top_files(day_loc, ".publish.json")
+        }
+        for run in sorted(runs, key=lambda r: (r != keep_run, r)):
+            _publish_run(dataset, schema, keep_run, derive, rows_per_file, day_loc, day, run, done)
+    merge_index(dataset)
+    return done
+
+
+def _publish_run(
+    dataset: storage.Location,
+    schema: pa.Schema,
+    keep_run: str,
+    derive: Callable[[pa.Table], tuple[storage.Location, pa.Table]] | None,
+    rows_per_file: int,
+    day_loc: storage.Location,
+    day: date,
+    run: str,
+    done: Published,
+) -> None:
+    intent = day_loc.join(f"{run}.publish.json")
+    run_loc = day_loc.join(run)
+    if storage.exists(intent):
+        plan = json.loads(storage.read_location(intent))
+    else:
+        staged = storage.list_files(run_loc, ".parquet")
+        if not staged:
+            return
+        names = [posixpath.basename(p) for p in staged]
+        plan = {
+            "files": names,
+            "publish_id": f"{run[:40]}-{hashlib.sha256(chr(10).join(names).encode()).hexdigest()[:12]}",
+        }
+        storage.write_bytes_atomic(intent, json.dumps(plan).encode())
+    staged_locs = [run_loc.join(n) for n in plan["files"]]
+    if all(storage.exists(loc) for loc in staged_locs):  # else: written, only deletes left
+        _compact(dataset, schema, keep_run, derive, rows_per_file, day, plan, staged_locs, done)
+        if os.environ.get(_FAULT_ENV):
+            os._exit(70)
+    for loc in staged_locs:
+        storage.delete(loc)
+    storage.delete(intent)
+
+
+def _compact(
+    dataset: storage.Location,
+    schema: pa.Schema,
+    keep_run: str,
+    derive: Callable[[pa.Table], tuple[storage.Location, pa.Table]] | None,
+    rows_per_file: int,
+    day: date,
+    plan: dict[str, Any],
+    staged: list[storage.Location],
+    done: Published,
+) -> None:
+    publish_id = plan["publish_id"]
+    tables = storage.map_threads(
+        lambda loc: pq.read_table(io.BytesIO(storage.read_location(loc))), staged
+    )
+    table = pa.concat_tables(tables, promote_options="default")
+    ids = table["item_id"].to_pylist()
+    # Published earlier (a dying run's late commit, or the same recording in a later run
+    # submitted twice): dropped. ``publish`` takes ``keep_run``'s folder first.
+    already = index_lookup(dataset, set(ids), skip=publish_id)
+    keep, seen = [], set()
+    for n, item in enumerate(ids):
+        if item in seen or item in already:
+            continue
+        seen.add(item)
+        keep.append(n)
+    done.duplicates_dropped += len(ids) - len(keep)
+    table = table.take(pa.array(keep, pa.int64()))
+    same = table.schema.remove_metadata().equals(schema.remove_metadata())
+    if not same and set(schema.names) <= set(table.column_names):
+        table = table.select(schema.names).cast(schema)
+    table = table.sort_by([("item_id", "ascending")])
+    if "tenant" in table.column_names:  # rows of a tenant together: row groups prune by it
+        table = table.sort_by([("tenant", "ascending"), ("item_id", "ascending")])
+    partition = dataset.join(f"{PARTITION}={day.isoformat()}")
+    chunks = [table.slice(i, rows_per_file) for i in range(0, table.num_rows, rows_per_file)]
+
+    def write(item: tuple[int, pa.Table]) -> None:
+        n, chunk = item
+        write_parquet(partition.join(f"part-{publish_id}-{n:05d}.parquet"), chunk)
+
+    storage.map_threads(write, list(enumerate(chunks)))
+    if derive is not None and table.num_rows:
+        target, derived = derive(table)
+        if derived.num_rows:
+            write_parquet(
+                target.join(f"{PARTITION}={day.isoformat()}", f"part-{publish_id}-00000.parquet"),
+                derived,
+            )
+            done.derived.append(derived)
+    _write_index(dataset, publish_id, table["item_id"].to_pylist(), day)
+    done.rows += table.num_rows

@@ -78,7 +78,9 @@ def _past_unit_cost(output: storage.Location, kind: str) -> tuple[float | None, 
     if not runs:
         return None, 0
     cost = sum(r["cost_usd"] for r in runs)
-    work = sum((r.get("audio_seconds") or 0.0) if kind == "transcribe" else r["items"] for r in runs)
+    work = sum(
+        (r.get("audio_seconds") or 0.0) if kind == "transcribe" else r["items"] for r in runs
+    )
     return (cost / work if work else None), len(runs)
 
 
@@ -87,7 +89,8 @@ def dry_run(spec: JobSpec) -> dict[str, Any]:
     output = storage.resolve(spec.job.output)
     stages = []
     for plan in _plans(spec):
-        done = commits.committed_ids(output.join(plan.dataset))
+        ids = (r["item_id"] for r in plan.records)
+        done = commits.committed_ids(output.join(plan.dataset), among=ids)
         todo = [r for r in plan.records if r["item_id"] not in done]
         limit = spec.job.max_items
         pending = todo[:limit] if limit is not None else todo
@@ -114,12 +117,18 @@ def dry_run(spec: JobSpec) -> dict[str, Any]:
             round(unit_cost * work, 6) if unit_cost is not None and work is not None else None
         )
         stages.append(stage)
-    return {"dry_run": True, "kind": spec.job.kind, "output": storage.redact(spec.job.output),
-            "stages": stages}
+    return {
+        "dry_run": True,
+        "kind": spec.job.kind,
+        "output": storage.redact(spec.job.output),
+        "stages": stages,
+    }
 
 
 def render(report: dict[str, Any]) -> str:
-    lines = [f"dry run of a {report['kind']} job into {report['output']}: nothing was started or written"]
+    lines = [
+        f"dry run of a {report['kind']} job into {report['output']}: nothing was started or written"
+    ]
     for s in report["stages"]:
         lines.append(
             f"  {s['kind']:<10} {s['items_listed']} listed, {s['items_already_done']} already "

@@ -81,7 +81,7 @@ def build_ledger(
 
 
 # What the ledger reads of a result row: who and how much, and every stage's columns.
-_LEDGER_COLUMNS = (
+LEDGER_COLUMNS = (
     "item_id",
     "run_id",
     "tenant",
@@ -101,13 +101,14 @@ _LEDGER_COLUMNS = (
 def catch_up(
     output: storage.Location, results_dir: str, prices: dict[str, float], stages=TRANSCRIBE_STAGES
 ) -> pa.Table:
-    """Write ledger rows for every committed result item that has none yet.
+    """Write ledger rows for every result item of a flat (unpartitioned) output that has
+    none yet; ``commits.publish`` prices partitioned rows as it publishes them.
 
     A killed run commits results without reaching its ledger step; the next run prices them,
     so every result row ends with its cost rows exactly once.
     """
     costs_loc = output.join("costs")
-    results = read_results(output.join(results_dir), list(_LEDGER_COLUMNS))
+    results = read_results(output.join(results_dir), list(LEDGER_COLUMNS), flat_only=True)
     if results is None or results.num_rows == 0:
         return pa.Table.from_pylist([], schema=COSTS)
     priced = committed_ids(costs_loc)
@@ -215,5 +216,7 @@ def _write_run_row(output: storage.Location, summary: dict[str, Any], run_date: 
     table = pa.Table.from_pylist([row], schema=RUNS)
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
-    part = output.join("run_table", f"run_date={run_date.isoformat()}", f"{summary['run_id']}.parquet")
+    part = output.join(
+        "run_table", f"run_date={run_date.isoformat()}", f"{summary['run_id']}.parquet"
+    )
     storage.write_bytes_atomic(part, sink.getvalue().to_pybytes())

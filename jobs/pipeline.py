@@ -10,7 +10,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -281,10 +281,15 @@ class Startup:
 
 
 def execute(
-    ds, pending_ids: set[str], progress: Progress, load_errors: tuple[type[BaseException], ...]
+    ds,
+    pending_ids: set[str],
+    progress: Progress,
+    load_errors: tuple[type[BaseException], ...],
+    on_rows: Callable[[int], None] | None = None,
 ) -> Outcome:
     """Iterate the dataset's slim rows; map failures to our systemic errors; check that the
-    run produced exactly one row per pending item."""
+    run produced exactly one row per pending item. ``on_rows`` gets the count of rows so
+    far after each block (the runner publishes from there on long runs)."""
     outcome = Outcome(started_at=time.time())
     t0 = time.monotonic()
     try:
@@ -300,6 +305,8 @@ def execute(
                         outcome.actor_started_at, outcome.model_ready_at = started, ready
                 outcome.rows.extend(slim)
                 progress.update(slim)
+                if on_rows is not None:
+                    on_rows(len(outcome.rows))
     except Exception as exc:
         inner = _unwrap(exc, load_errors)
         if isinstance(inner, OvernightError):

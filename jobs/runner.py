@@ -1,12 +1,16 @@
 """The job runner: every overnight job runs through ``run(plan)``, once.
 
-    claim the result dataset → subtract what is committed, apply max_items
+    claim the result dataset → publish what a killed run left staged → subtract what is
+      committed (the done-index, for this input's ids only), apply max_items
       → start Ray, resolve ``auto`` device and pool (none of it when nothing is left to do)
       → record the manifest, hand Ray Data its blocks
       → task stages (map_batches) → model stage (actor pool, each batch committed with the
         run's provenance by ``jobs.commits.CommittingActor``; stages declared after it, such
         as redaction, run as Ray tasks on the batch before that commit)
-      → execute (progress, one row per pending item) → duplicate repair → ledger catch-up
+      → execute (progress, one row per pending item; actors commit into a hidden staging
+        area) → publish: staged commits compacted into OUTPUT/<dataset>/run_date=<date>/,
+        priced into costs/ and added to the done-index (``jobs.commits.publish``)
+      → duplicate repair and ledger catch-up of older, flat outputs
       → run summary (OUTPUT/runs/<run_id>.json)
 
 A job is a plan factory (``jobs.transcribe``, ``jobs.process``, ``jobs.probe``): it lists the
@@ -21,6 +25,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
 from typing import Any
 
 import pyarrow as pa
@@ -81,17 +86,49 @@ class JobPlan:
     side_datasets: Sequence[tuple[str, pa.Schema]] = ()
 
 
+@dataclass
+class Claimed:
+    """What the runner knows before Ray starts: this run's claim and what is left to do."""
+
+    dataset: storage.Location
+    run_date: date
+    token: str
+    leftover: commits.Published  # a killed run's staged rows, published now
+    todo: list[dict[str, Any]]  # listed items not committed yet
+    pending: list[dict[str, Any]]  # those this run does (max_items)
+
+
+def claim_and_subtract(plan: JobPlan) -> Claimed:
+    """Claim the dataset, finish what a killed run left staged, subtract what is done.
+
+    Everything between the listing and Ray: what history can slow down (the done-index is
+    read for this input's ids only; ``scripts/bench_history.py`` times it).
+    """
+    job = plan.spec.job
+    output = storage.resolve(job.output)
+    dataset = output.join(plan.dataset)
+    token = commits.claim(dataset, plan.run_id)  # before reading what is committed: see claim
+    # A killed run's staged commits (and any publish it left half done) go out first.
+    leftover = commits.publish(
+        dataset, plan.schema, plan.run_id, functools.partial(_price, output, plan)
+    )
+    done = commits.committed_ids(dataset, among=(r["item_id"] for r in plan.records))
+    todo = [r for r in plan.records if r["item_id"] not in done]
+    pending = todo[: job.max_items] if job.max_items is not None else todo
+    run_date = job.run_date or datetime.now(UTC).date()
+    return Claimed(dataset, run_date, token, leftover, todo, pending)
+
+
 def run(plan: JobPlan) -> dict[str, Any]:
     """Run the plan; returns the run summary (also written to OUTPUT/runs/<run_id>.json)."""
     started = time.monotonic()
     startup = pipeline.Startup()
     job, run_id = plan.spec.job, plan.run_id
     output = storage.resolve(job.output)
-    dataset = output.join(plan.dataset)
-    token = commits.claim(dataset, run_id)  # before reading what is committed: see claim
-    done = commits.committed_ids(dataset)
-    todo = [r for r in plan.records if r["item_id"] not in done]
-    pending = todo[: job.max_items] if job.max_items is not None else todo
+    claimed = claim_and_subtract(plan)
+    dataset, run_date, token = claimed.dataset, claimed.run_date, claimed.token
+    leftover, todo, pending = claimed.leftover, claimed.todo, claimed.pending
+    price = functools.partial(_price, output, plan)
     startup.mark("list")
 
     if pending:
@@ -107,6 +144,9 @@ def run(plan: JobPlan) -> dict[str, Any]:
     build = plan.build(Placement(device, pool, len(pending)))
 
     outcome = pipeline.Outcome()
+    progressive = _Progressive(
+        functools.partial(commits.publish, dataset, plan.schema, run_id, price)
+    )
     if pending:
         table = pa.Table.from_pylist(pending, schema=plan.manifest_schema)
         ds = pipeline.manifest_dataset(output, run_id, table, plan.rows_per_block)
@@ -114,6 +154,7 @@ def run(plan: JobPlan) -> dict[str, Any]:
             ds,
             build.stages,
             dataset=dataset,
+            into=commits.staging_dir(dataset, run_date, run_id),
             schema=plan.schema,
             slim=plan.slim,
             token=token,
@@ -125,13 +166,25 @@ def run(plan: JobPlan) -> dict[str, Any]:
             {r["item_id"] for r in pending},
             pipeline.Progress(len(pending), job.progress),
             plan.load_errors,
+            on_rows=progressive,
         )
 
     rows = outcome.rows
-    repaired = commits.drop_duplicates(dataset, plan.schema, run_id)
+    published = progressive.publish()
+    repaired = commits.drop_duplicates(dataset, plan.schema, run_id) + published.duplicates_dropped
+    # Side datasets (transcripts_unredacted) are flat, written by their stage directly.
     for name, schema in plan.side_datasets:
         commits.drop_duplicates(output.join(name), schema, run_id)
-    costs = ledger.catch_up(output, plan.dataset, plan.spec.prices, plan.ledger_stages)
+    # Published rows are priced as they are published; catch_up prices the flat files of an
+    # output written before partitions.
+    costs = pa.concat_tables(
+        [
+            ledger.catch_up(output, plan.dataset, plan.spec.prices, plan.ledger_stages),
+            *leftover.derived,
+            *published.derived,
+        ],
+        promote_options="default",
+    )
     resource = next((r[plan.resource_column] for r in rows if r.get(plan.resource_column)), None)
     summary = ledger.summarize_run(
         run_id=run_id,
@@ -157,8 +210,43 @@ def run(plan: JobPlan) -> dict[str, Any]:
             "costs": output.join("costs").url(),
         },
     )
-    summary["summary_path"] = ledger.write_summary(output, summary, job.run_date)
+    summary["summary_path"] = ledger.write_summary(output, summary, run_date)
     return summary
+
+
+class _Progressive:
+    """Publishes during a long run, every ``commits.PUBLISH_EVERY_ROWS`` rows or
+    ``commits.PUBLISH_EVERY_S`` seconds, so its rows reach readers before it ends; the
+    run's last ``publish()`` adds up what each one published."""
+
+    def __init__(self, publish: Callable[[], commits.Published]):
+        self._publish = publish
+        self._total = commits.Published()
+        self._rows_at, self._time_at = 0, time.monotonic()
+
+    def __call__(self, rows: int) -> None:
+        due = time.monotonic() - self._time_at >= commits.PUBLISH_EVERY_S
+        if rows - self._rows_at >= commits.PUBLISH_EVERY_ROWS or due:
+            self.publish()
+            self._rows_at, self._time_at = rows, time.monotonic()
+
+    def publish(self) -> commits.Published:
+        done = self._publish()
+        self._total.rows += done.rows
+        self._total.duplicates_dropped += done.duplicates_dropped
+        self._total.derived += done.derived
+        return self._total
+
+
+def _price(
+    output: storage.Location, plan: JobPlan, rows: pa.Table
+) -> tuple[storage.Location, pa.Table]:
+    """The cost ledger rows of rows being published, for ``commits.publish``."""
+    wanted = [c for c in ledger.LEDGER_COLUMNS if c in rows.column_names]
+    priced = ledger.build_ledger(
+        rows.select(wanted).to_pylist(), plan.spec.prices, plan.ledger_stages
+    )
+    return output.join("costs"), priced
 
 
 def _chain(
@@ -166,6 +254,7 @@ def _chain(
     stages: list[Stage],
     *,
     dataset: storage.Location,
+    into: storage.Location,
     schema: pa.Schema,
     slim: Sequence[str],
     token: str,
@@ -193,6 +282,7 @@ def _chain(
         fn_constructor_kwargs={
             "make_worker": functools.partial(model.fn, **model.kwargs),
             "dataset": dataset,
+            "into": into,
             "schema": schema,
             "slim": slim,
             "token": token,

@@ -395,8 +395,9 @@ class RunOptions(_Model):
     )
     run_date: date | None = Field(
         None,
-        description="the run's logical date (YYYY-MM-DD): the partition of its row in "
-        "OUTPUT/run_table/; default: today (UTC). Set it for backfills",
+        description="the run's logical date (YYYY-MM-DD): the run_date= partition of its "
+        "rows in transcripts/, results/, costs/ and run_table/; default: today (UTC). Set it "
+        "for backfills",
     )
     ray_address: str | None = Field(
         None, description="join this Ray cluster; default: start a local one"

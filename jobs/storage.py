@@ -499,6 +499,26 @@ def list_files(loc: Location, suffix: str = "") -> list[str]:
     return sorted(p for p in found if p.endswith(suffix))
 
 
+def _entries(loc: Location) -> list[dict]:
+    loc.fs.invalidate_cache(loc.path)  # as in list_files
+    try:
+        return with_retries(f"list {loc.url()}", lambda: loc.fs.ls(loc.path, detail=True))
+    except FileNotFoundError:
+        return []
+
+
+def list_dirs(loc: Location) -> list[str]:
+    """Paths of the folders directly under ``loc`` (prefixes on object stores)."""
+    return sorted(e["name"].rstrip("/") for e in _entries(loc) if e["type"] == "directory")
+
+
+def list_top_files(loc: Location, suffix: str = "") -> list[str]:
+    """Paths of the files directly under ``loc``, not in its folders."""
+    return sorted(
+        e["name"] for e in _entries(loc) if e["type"] == "file" and e["name"].endswith(suffix)
+    )
+
+
 def map_threads(fn: Callable[[T], object], items: Iterable[T], workers: int = 16) -> list:
     from concurrent.futures import ThreadPoolExecutor
 

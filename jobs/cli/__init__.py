@@ -65,6 +65,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "overnight.jobs.cli.tune",
     "overnight.jobs.cli.show",
     "overnight.jobs.cli.export",
+    "overnight.jobs.cli.vacuum",
 )
 
 

@@ -19,7 +19,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--by", choices=REPORT_GROUPS, default="day")
     p.add_argument(
         "--since",
-        help="only what was recorded since: a date (2026-12-01), a date-time, or a span (7d)",
+        help="only what was recorded since: a date (2026-12-01), a date-time, or a span (7d); "
+        "partitions of earlier run dates are not read",
     )
     p.add_argument("--format", choices=REPORT_FORMATS, default="table")
     p.add_argument("--out", help="html: the file; csv/parquet: the folder for one file per table")
@@ -35,7 +36,8 @@ def handle(args: argparse.Namespace) -> int:
 
     from overnight.jobs.report import build_report, load, parse_since, render_table, write
 
-    report = build_report(load(args.outputs), by=args.by, since=parse_since(args.since))
+    since = parse_since(args.since)
+    report = build_report(load(args.outputs, since), by=args.by, since=since)
     if args.format == "table":
         print(render_table(report))
         if args.json:

@@ -56,8 +56,14 @@ def _empty_ledger() -> pa.Table:
     return pa.Table.from_pylist([], schema=COSTS)
 
 
-def load(outputs: list[str]) -> Sources:
-    """Read the ledgers, result rows and run summaries under each OUTPUT."""
+def load(outputs: list[str], since: datetime | None = None) -> Sources:
+    """Read the ledgers, result rows and run summaries under each OUTPUT.
+
+    With ``since``, the ``run_date=`` partitions of earlier run dates are not opened: the
+    report then counts rows recorded since then *by runs dated since then* (a backfill of an
+    older night stays in that night). Flat files of older outputs are always read.
+    """
+    dates = None if since is None else (since.date(), None)
     from overnight.jobs.plan import read_summaries
 
     if not outputs:
@@ -70,12 +76,12 @@ def load(outputs: list[str]) -> Sources:
             continue
         seen.add(loc.url())
         shown.append(storage.redact(url))
-        costs = read_results(loc.join("costs"))
+        costs = read_results(loc.join("costs"), dates=dates)
         found = costs is not None
         if costs is not None and costs.num_rows:
             ledgers.append(costs)
         for name in _RESULT_DIRS:
-            table = read_results(loc.join(name), _RESULT_COLUMNS)
+            table = read_results(loc.join(name), _RESULT_COLUMNS, dates=dates)
             if table is not None:
                 found = True
                 results.extend(table.to_pylist())

@@ -225,7 +225,7 @@ def job_file(path: Path, input_: str, output: str, **transcribe) -> Path:
 
 def rows(output: Path) -> list[dict]:
     folder = output / "transcripts"
-    if not folder.is_dir() or not any(folder.glob("*.parquet")):
+    if not folder.is_dir() or not any(folder.glob("**/*.parquet")):
         return []
     return (
         pads.dataset(str(folder), format="parquet")
