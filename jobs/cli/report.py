@@ -22,6 +22,12 @@ def add_parser(subparsers) -> None:
         help="only what was recorded since: a date (2026-12-01), a date-time, or a span (7d); "
         "partitions of earlier run dates are not read",
     )
+    p.add_argument(
+        "--until",
+        help="only what was recorded before: a date counts whole (2026-12-01), a date-time, or "
+        "a span back from now (1d); partitions of later run dates are not read",
+    )
+    p.add_argument("--tenant", help="only this tenant's items")
     p.add_argument("--format", choices=REPORT_FORMATS, default="table")
     p.add_argument("--out", help="html: the file; csv/parquet: the folder for one file per table")
     p.add_argument(
@@ -34,10 +40,19 @@ def handle(args: argparse.Namespace) -> int:
     import json
     import sys
 
-    from overnight.jobs.report import build_report, load, parse_since, render_table, write
+    from overnight.jobs.report import (
+        build_report,
+        load,
+        parse_since,
+        parse_until,
+        render_table,
+        write,
+    )
 
-    since = parse_since(args.since)
-    report = build_report(load(args.outputs, since), by=args.by, since=since)
+    since, until = parse_since(args.since), parse_until(args.until)
+    report = build_report(
+        load(args.outputs, since, until), by=args.by, since=since, until=until, tenant=args.tenant
+    )
     if args.format == "table":
         print(render_table(report))
         if args.json:

@@ -3,7 +3,8 @@
 The package: ``aggregate`` (sources, grouping, sums), ``text``, ``svg`` and ``html``
 (rendering), ``files`` (csv, parquet, html on storage); ``jobs.cli.report`` is the command.
 
-``overnight report OUTPUT... [--by day|tenant|submission|model|run] [--since DATE]
+``overnight report OUTPUT... [--by day|tenant|submission|model|run] [--since DATE] [--until DATE]
+[--tenant T]
 [--format table|html|csv|parquet] [--out PATH]``
 
 Sources, per OUTPUT (a folder or an object-storage prefix):
@@ -55,6 +56,7 @@ from overnight.jobs.report.aggregate import (
     build_report,
     load,
     parse_since,
+    parse_until,
 )
 from overnight.jobs.report.files import write
 from overnight.jobs.report.html import render_html
@@ -70,6 +72,7 @@ __all__ = [
     "build_report",
     "load",
     "parse_since",
+    "parse_until",
     "render_html",
     "render_table",
     "write",

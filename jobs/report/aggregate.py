@@ -6,7 +6,7 @@ import math
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
@@ -56,14 +56,17 @@ def _empty_ledger() -> pa.Table:
     return pa.Table.from_pylist([], schema=COSTS)
 
 
-def load(outputs: list[str], since: datetime | None = None) -> Sources:
+def load(
+    outputs: list[str], since: datetime | None = None, until: datetime | None = None
+) -> Sources:
     """Read the ledgers, result rows and run summaries under each OUTPUT.
 
-    With ``since``, the ``run_date=`` partitions of earlier run dates are not opened: the
-    report then counts rows recorded since then *by runs dated since then* (a backfill of an
-    older night stays in that night). Flat files of older outputs are always read.
+    With ``since``/``until``, the ``run_date=`` partitions of run dates outside them are not
+    opened: the report then counts rows recorded in the window *by runs dated in it* (a
+    backfill of an older night stays in that night). Flat files of older outputs are always
+    read. A tenant is not a partition (see README, Layout at scale): ``--tenant`` filters rows.
     """
-    dates = None if since is None else (since.date(), None)
+    dates = Scope(since, until).dates()
     from overnight.jobs.plan import read_summaries
 
     if not outputs:
@@ -118,6 +121,15 @@ def _dedupe(ledger: pa.Table) -> pa.Table:
             seen.add(k)
             keep.append(i)
     return ledger.take(pa.array(keep, pa.int64()))
+
+
+def parse_until(text: str | None, now: datetime | None = None) -> datetime | None:
+    """The exclusive end of ``--until``: a date counts whole (``2026-12-01`` ends at the next
+    midnight UTC); a date-time or a span back from now (``1d``) ends there."""
+    end = parse_since(text, now)
+    if end is not None and text is not None and re.fullmatch(r"\s*\d{4}-\d{2}-\d{2}\s*", text):
+        end += timedelta(days=1)
+    return end
 
 
 def parse_since(text: str | None, now: datetime | None = None) -> datetime | None:
@@ -259,11 +271,38 @@ def _result_key(by: str, p: _Prepared, row: dict[str, Any]) -> str:
     return row["run_id"]
 
 
-def _aggregate(p: _Prepared, by: str, since: datetime | None) -> dict[str, _Group]:
+@dataclass(frozen=True)
+class Scope:
+    """What a report counts: rows recorded in [since, until) of one tenant, each open."""
+
+    since: datetime | None = None
+    until: datetime | None = None  # exclusive
+    tenant: str | None = None
+
+    def keeps(self, when: datetime | None, tenant: str | None) -> bool:
+        if self.tenant is not None and tenant != self.tenant:
+            return False
+        if self.since is None and self.until is None:
+            return True
+        if when is None:
+            return False
+        return (self.since is None or when >= self.since) and (
+            self.until is None or when < self.until
+        )
+
+    def dates(self) -> tuple[date | None, date | None] | None:
+        """The run dates whose partitions can hold rows in scope."""
+        if self.since is None and self.until is None:
+            return None
+        last = None if self.until is None else (self.until - timedelta(microseconds=1)).date()
+        return (None if self.since is None else self.since.date(), last)
+
+
+def _aggregate(p: _Prepared, by: str, scope: Scope) -> dict[str, _Group]:
     groups: dict[str, _Group] = defaultdict(_Group)
     c = p.col
     for i in range(p.n):
-        if since is not None and (c["recorded_at"][i] is None or c["recorded_at"][i] < since):
+        if not scope.keeps(c["recorded_at"][i], c["tenant"][i]):
             continue
         run, item, stage, cost = (
             c["run_id"][i],
@@ -292,10 +331,8 @@ def _aggregate(p: _Prepared, by: str, since: datetime | None) -> dict[str, _Grou
             cell.audio_by_item[item] = audio
     for row in p.results:
         key = (row["run_id"], row["item_id"])
-        if since is not None:
-            when = p.item_time.get(key) or row.get("processed_at")
-            if when is None or when < since:
-                continue
+        if not scope.keeps(p.item_time.get(key) or row.get("processed_at"), row.get("tenant")):
+            continue
         g = groups[_result_key(by, p, row)]
         if key in g.result_items:
             continue
@@ -438,6 +475,8 @@ class Report:
     first_recorded: datetime | None
     last_recorded: datetime | None
     notes: list[str]
+    until: datetime | None = None
+    tenant: str | None = None
 
     @property
     def main(self) -> pa.Table:
@@ -448,9 +487,9 @@ class Report:
         return self.tables["totals"].to_pylist()[0]
 
 
-def grouped(p: _Prepared, by: str, since: datetime | None) -> tuple[pa.Table, pa.Table]:
+def grouped(p: _Prepared, by: str, scope: Scope) -> tuple[pa.Table, pa.Table]:
     """The table grouped ``by`` and its failures by error code."""
-    groups = _aggregate(p, by, since)
+    groups = _aggregate(p, by, scope)
     rows = [_row(key, groups[key], p) for key in sorted(groups)]
     failures = [
         {"group": key, "error_code": code, "items": count}
@@ -461,15 +500,13 @@ def grouped(p: _Prepared, by: str, since: datetime | None) -> tuple[pa.Table, pa
     return _table(rows, name), _table(failures, name, FAILURES_SCHEMA)
 
 
-def call_analytics(p: _Prepared, by: str, since: datetime | None, costs: pa.Table) -> pa.Table:
+def call_analytics(p: _Prepared, by: str, scope: Scope, costs: pa.Table) -> pa.Table:
     """The call analytics grouped ``by`` (day or tenant), the group's audio cost beside them
     (``costs``: the report's table grouped the same way)."""
 
     def in_scope(row: dict[str, Any]) -> bool:
-        if since is None:
-            return True
         when = p.item_time.get((row["run_id"], row["item_id"])) or row.get("processed_at")
-        return when is not None and when >= since
+        return scope.keeps(when, row.get("tenant"))
 
     audio_cost = {r[by]: r["audio_cost_usd"] for r in costs.to_pylist()}
     table = analytics_table(
@@ -480,27 +517,39 @@ def call_analytics(p: _Prepared, by: str, since: datetime | None, costs: pa.Tabl
     return table.rename_columns([by if n == "group" else n for n in table.column_names])
 
 
-def build_report(sources: Sources, by: str = "day", since: datetime | None = None) -> Report:
+def build_report(
+    sources: Sources,
+    by: str = "day",
+    since: datetime | None = None,
+    until: datetime | None = None,
+    tenant: str | None = None,
+) -> Report:
+    """The report over ``sources``, counting rows recorded in [since, until) of ``tenant``
+    (each open). Reserved time is still split by each run's busy share over all its rows,
+    so a tenant's figures are its share of what was reserved, not the whole run's."""
     if by not in GROUPS:
         raise ConfigError(f"--by {by!r}: choose one of {', '.join(GROUPS)}")
+    scope = Scope(since, until, tenant)
     p = _prepare(sources)
     tables: dict[str, pa.Table] = {}
-    main, failures = grouped(p, by, since)
+    main, failures = grouped(p, by, scope)
     tables[f"by_{by}"] = main
     tables["failures"] = failures
     for extra in ("day", "tenant", "run"):
         if extra != by:
-            tables[f"by_{extra}"] = grouped(p, extra, since)[0]
+            tables[f"by_{extra}"] = grouped(p, extra, scope)[0]
     for extra in ("day", "tenant"):
-        calls = call_analytics(p, extra, since, tables[f"by_{extra}"])
+        calls = call_analytics(p, extra, scope, tables[f"by_{extra}"])
         if calls.num_rows:
             tables[f"call_analytics_by_{extra}"] = calls
-    totals, _ = grouped(p, "all", since)
+    totals, _ = grouped(p, "all", scope)
     if totals.num_rows == 0:
         totals = _table([_row("all", _Group(), p)], "group")
     tables["totals"] = totals
     times = [
-        t for t in p.col.get("recorded_at", []) if t is not None and (since is None or t >= since)
+        t
+        for t, who in zip(p.col.get("recorded_at", []), p.col.get("tenant", []), strict=True)
+        if t is not None and scope.keeps(t, who)
     ]
     notes = []
     if sources.duplicate_ledger_rows:
@@ -522,4 +571,6 @@ def build_report(sources: Sources, by: str = "day", since: datetime | None = Non
         min(times) if times else None,
         max(times) if times else None,
         notes,
+        until,
+        tenant,
     )

@@ -116,4 +116,8 @@ def _scope_line(report: Report) -> str:
             f", {report.first_recorded:%Y-%m-%d %H:%M} to {report.last_recorded:%Y-%m-%d %H:%M} UTC"
         )
     since = f", since {report.since:%Y-%m-%d %H:%M} UTC" if report.since else ""
-    return f"cost report by {report.by} over {', '.join(report.outputs)}{span}{since}"
+    until = f", before {report.until:%Y-%m-%d %H:%M} UTC" if report.until else ""
+    tenant = f", tenant {report.tenant}" if report.tenant else ""
+    return (
+        f"cost report by {report.by} over {', '.join(report.outputs)}{span}{since}{until}{tenant}"
+    )

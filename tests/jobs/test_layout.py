@@ -286,3 +286,17 @@ def test_a_long_run_publishes_as_it_goes_and_still_writes_one_row_per_item(
     keys = list(zip(costs["item_id"].to_pylist(), costs["stage"].to_pylist(), strict=True))
     assert set(costs["item_id"].to_pylist()) == set(ids) and len(keys) == len(set(keys))
     assert summary["cost_usd"] > 0
+
+
+def test_report_until_a_date_does_not_open_the_files_of_later_run_dates(two_nights, tmp_path):
+    from overnight.jobs.report import build_report, load, parse_until
+
+    out, _, one, _ = _copy(two_nights, tmp_path)
+    for name in ("transcripts", "costs"):  # unreadable: opening one would fail the report
+        (out / name / "run_date=2026-11-02" / "part-unreadable.parquet").write_bytes(b"not parquet")
+    until = parse_until("2026-11-01")  # the whole day
+    assert until == datetime(2026, 11, 2, tzinfo=UTC)
+    # Only the partitions up to that run date are read (the rows' recorded_at is today:
+    # these nights are backfills, so the window on recorded time is left open here).
+    report = build_report(load([str(out)], until=until), by="run")
+    assert [r["run"] for r in report.main.to_pylist()] == [one["run_id"]]

@@ -485,3 +485,18 @@ def test_call_analytics_are_summed_per_day_and_tenant_beside_the_audio_cost(tmp_
     assert main(["report", str(out), "--by", "tenant"]) == 0
     printed = capsys.readouterr().out
     assert "call analytics by tenant" in printed and "customer" in printed
+
+
+def test_a_tenant_report_is_that_tenants_row_of_the_report_by_tenant(outputs, capsys):
+    nightly, _ = outputs
+    whole = {
+        r["tenant"]: r for r in build_report(load([str(nightly)]), by="tenant").main.to_pylist()
+    }
+    only = build_report(load([str(nightly)]), by="tenant", tenant="acme")
+    assert [r["tenant"] for r in only.main.to_pylist()] == ["acme"]
+    (row,) = only.main.to_pylist()
+    assert row == whole["acme"]
+    assert only.totals["cost_usd"] == whole["acme"]["cost_usd"]
+    assert main(["report", str(nightly), "--tenant", "globex", "--by", "day"]) == 0
+    printed = capsys.readouterr().out
+    assert "tenant globex" in printed
