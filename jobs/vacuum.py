@@ -4,7 +4,8 @@ What goes, for every run date before the cutoff: the ``run_date=`` partitions of
 datasets and of ``costs/`` and ``run_table/``, those dates' entries of the done-index (a
 recording of those nights submitted again is new work), the ``runs/<run_id>.json`` and
 ``_manifests/<run_id>.parquet`` of the runs dated then, staged leftovers of runs dated then,
-and manifests and claims last written before the cutoff. A night is removed whole (its
+and manifests and claims last written before the cutoff; ``transcripts_unredacted/`` (flat)
+loses the rows of the runs removed. A night is removed whole (its
 results, their ledger rows and its runs' summaries together), so a report over the nights
 that remain reads exactly what it read before.
 
@@ -13,16 +14,20 @@ Not while a job writes to OUTPUT: vacuum rewrites index segments a running publi
 
 from __future__ import annotations
 
+import io
 import posixpath
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from overnight.jobs import commits, storage
 
 DATASETS = ("transcripts", "results", "probes", "costs", "run_table")
+# Flat, and the one dataset with personal data in clear: its rows of the removed runs go too.
+UNREDACTED = "transcripts_unredacted"
 
 
 @dataclass
@@ -77,6 +82,7 @@ def vacuum(output_url: str, before: date, dry_run: bool = False) -> Vacuumed:
             done.runs.append(run_id)
             if not dry_run:
                 storage.delete(summary)
+    done.files += _prune_by_run(output.join(UNREDACTED), old_runs, dry_run)
     cutoff = datetime(before.year, before.month, before.day, tzinfo=UTC)
     for area in ("_manifests", "_claims"):
         loc = output.join(area)
@@ -87,6 +93,30 @@ def vacuum(output_url: str, before: date, dry_run: bool = False) -> Vacuumed:
                 if not dry_run:
                     storage.delete(storage.Location(loc.fs, path, loc.scheme))
     return done
+
+
+def _prune_by_run(dataset: storage.Location, runs: set[str], dry_run: bool) -> list[str]:
+    """A flat dataset's rows of ``runs`` removed: files wholly of those runs deleted, a
+    file mixing runs rewritten without them (atomically, under its own name)."""
+    removed = []
+    for path in storage.list_files(dataset, ".parquet") if runs else []:
+        loc = storage.Location(dataset.fs, path, dataset.scheme)
+        with dataset.fs.open(path, "rb") as f:
+            table = pq.read_table(f)
+        old = pc.is_in(table["run_id"], pa.array(sorted(runs), pa.string()))
+        if not pc.any(old).as_py():
+            continue
+        removed.append(path)
+        if dry_run:
+            continue
+        kept = table.filter(pc.invert(old))
+        if kept.num_rows == 0:
+            storage.delete(loc)
+        else:
+            buf = io.BytesIO()
+            pq.write_table(kept, buf, compression="zstd")
+            storage.write_bytes_atomic(loc, buf.getvalue())
+    return removed
 
 
 def _remove_tree(loc: storage.Location) -> None:

@@ -155,6 +155,15 @@ def test_redacted_chain_writes_tags_entities_a_ledger_stage_and_no_card_digits_a
     assert "[CARD_NUMBER]" in prompts
     assert leaks(prompts, heard) == []
 
+    # Retention reaches the originals: vacuuming the run's night removes its unredacted rows.
+    from datetime import UTC, datetime, timedelta
+
+    from overnight.jobs.vacuum import vacuum
+
+    tomorrow = datetime.now(UTC).date() + timedelta(days=1)
+    assert unredacted[0] in vacuum(str(out), tomorrow).files
+    assert not [f for f in every_file(out) if "/transcripts_unredacted/" in f]
+
 
 def test_export_redacted_only_refuses_an_output_with_unredacted_transcripts(tmp_path, capsys):
     out = tmp_path / "out"
