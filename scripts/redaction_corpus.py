@@ -29,6 +29,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from overnight.workers.redact.speech import luhn_ok
+
 FIRST = [
     "Maria",
     "James",
@@ -117,19 +119,9 @@ class Call:
 
 def luhn_complete(body: str) -> str:
     for check in "0123456789":
-        if _luhn(body + check):
+        if luhn_ok(body + check):
             return body + check
     raise AssertionError("unreachable")
-
-
-def _luhn(digits: str) -> bool:
-    total = 0
-    for i, ch in enumerate(reversed(digits)):
-        d = int(ch)
-        if i % 2:
-            d = d * 2 - 9 if d > 4 else d * 2
-        total += d
-    return total % 10 == 0
 
 
 def say_digits(digits: str, rng: random.Random, groups: int = 4) -> str:
@@ -176,7 +168,7 @@ def _card(rng: random.Random, valid: bool) -> str:
     card = luhn_complete(body)
     if not valid:
         card = card[:-1] + str((int(card[-1]) + 1 + rng.randrange(8)) % 10)
-        if _luhn(card):
+        if luhn_ok(card):
             card = card[:-1] + str((int(card[-1]) + 1) % 10)
     return card
 
