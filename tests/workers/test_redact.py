@@ -99,6 +99,25 @@ def test_luhn_valid_card_is_redacted_without_context_and_invalid_one_only_with_i
     assert redactor.redact(row((None, f"my visa is {invalid}")))[1]
 
 
+def test_the_few_digits_whisper_kept_of_a_card_read_out_after_card_number_are_the_card():
+    # tiny.en on a 16-digit reading: "The card number is 4936." (seed 19 of the corpus)
+    redactor = Redactor(["card_number"])
+    fields, entities = redactor.redact(row(("customer", "The card number is 4936.")))
+    assert [e["type"] for e in entities] == ["card_number"] and "4936" not in fields["text"]
+    # a card word near a number is not enough: a balance, an order of card games
+    for said in ("Your gift card balance is 2500 dollars.", "I ordered 4936 card games."):
+        assert not redactor.redact(row(("customer", said)))[1], said
+
+
+def test_an_address_given_after_i_live_at_is_redacted_when_whisper_mishears_its_street_type():
+    redactor = Redactor(["address"])
+    fields, entities = redactor.redact(row(("customer", "I live at 42 Lincoln driving Boston.")))
+    assert [e["type"] for e in entities] == ["address"]
+    assert "Lincoln" not in fields["text"] and "Boston" not in fields["text"]
+    for said in ("We moved 3 boxes yesterday.", "I live at home with 2 cats."):
+        assert not redactor.redact(row(("customer", said)))[1], said
+
+
 def test_ssn_phone_email_cvv_and_expiry_as_whisper_writes_them():
     r = row(
         (

@@ -484,6 +484,16 @@ def _phrases(keys: Sequence[str], end: int, window: int) -> list[tuple[int, str]
 # A card number is asked for, then read out in groups over a turn or two: its cue reaches
 # further back than the others'.
 CUE_WINDOWS = {"card_number": 20}
+# "card number" (as Whisper hears it) at most this many tokens before a run of digits: the
+# run is that card's reading, however few of its digits Whisper kept.
+CARD_READ_OUT = 4
+READ_OUT_CUES = ("card number", "car number", "long number")
+
+
+def reads_out_a_card(keys: Sequence[str], start: int) -> bool:
+    lo = max(0, start - CARD_READ_OUT - 1)
+    said = " ".join(keys[lo:start])
+    return any(cue in said for cue in READ_OUT_CUES)
 
 
 def nearest_cue(keys: Sequence[str], end: int, window: int = CUE_WINDOW) -> dict[str, int]:
@@ -499,13 +509,21 @@ def nearest_cue(keys: Sequence[str], end: int, window: int = CUE_WINDOW) -> dict
     return best
 
 
-def classify_run(run: Run, cues: dict[str, int]) -> tuple[str, float] | None:
-    """The entity type of a run of digits, or None (a quantity, a price, a time)."""
+def classify_run(
+    run: Run, cues: dict[str, int], read_out: bool = False
+) -> tuple[str, float] | None:
+    """The entity type of a run of digits, or None (a quantity, a price, a time);
+    ``read_out``: the run follows "card number" closely (``reads_out_a_card``)."""
     n = len(run.digits)
     ordered = sorted(cues, key=cues.__getitem__)
     for cat in ordered:
         if cat == "card_number" and n >= 8:
             return "card_number", 1.0 if luhn_ok(run.digits) else 0.85
+        if cat == "card_number" and 4 <= n < 8 and read_out:
+            # "The card number is 4936.": a card read out right after "card number", of
+            # which Whisper kept only a few digits (a model that drops digit groups); what
+            # it kept is still the card's.
+            return "card_number", 0.6
         if cat == "cvv" and 2 <= n <= 4:  # Whisper drops a digit of three now and then
             return "cvv", 0.9
         if cat == "ssn" and (7 <= n <= 11 or n == 4):
@@ -535,7 +553,7 @@ def number_entities(tokens: Sequence[Token]) -> list[Found]:
     found = []
     for run in digit_runs(tokens, digits):
         cues = nearest_cue(keys, run.tokens[0])
-        named = classify_run(run, cues)
+        named = classify_run(run, cues, reads_out_a_card(keys, run.tokens[0]))
         if named is None:
             named = _in_card_call(run, nearest_cue(keys, run.tokens[0], CARD_CONTEXT_WINDOW))
         if named is None:
@@ -669,6 +687,10 @@ def person_entities(tokens: Sequence[Token]) -> list[Found]:
     return found
 
 
+# The words right before a house number that make the rest of its sentence an address.
+ANSWERED_ADDRESS = {("live", "at"), ("lives", "at"), ("address", "is"), ("is", "at")}
+
+
 def address_entities(tokens: Sequence[Token]) -> list[Found]:
     """A house number, one to three capitalized words and a street type ("42 Oak Street"),
     then a city (up to two capitalized words, after "in" or not) when one follows in the same
@@ -696,6 +718,16 @@ def address_entities(tokens: Sequence[Token]) -> list[Found]:
             words += 1
             k += 1
         if not (words and k < len(tokens) and keys[k] in STREET_TYPES):
+            if words and tuple(keys[max(0, start - 2) : start]) in ANSWERED_ADDRESS:
+                # Asked for an address, the customer says a house number and words whose
+                # street type Whisper misheard ("42 Lincoln driving Boston"): the rest of
+                # the sentence, up to six words, is the address.
+                end = i
+                while end + 1 < len(tokens) and end - i < 6:
+                    end += 1
+                    if tokens[end].word.endswith((".", "?", "!")):
+                        break
+                found.append(Found("address", tuple(range(start, end + 1)), 0.7, "speech-address"))
             continue
         end = k
         if not tokens[k].word.endswith((".", "?", "!")):
