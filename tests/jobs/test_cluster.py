@@ -224,11 +224,16 @@ def job_file(path: Path, input_: str, output: str, **transcribe) -> Path:
 
 
 def rows(output: Path) -> list[dict]:
-    folder = output / "transcripts"
-    if not folder.is_dir() or not any(folder.glob("**/*.parquet")):
+    """Every committed transcript row: published, and staged by a run not yet published
+    (a run publishes at its end; its actors' commits are durable before that)."""
+    files = [
+        *(output / "transcripts").glob("**/*.parquet"),
+        *(output / "_staging" / "transcripts").glob("*/*/part-*.parquet"),
+    ]
+    if not files:
         return []
     return (
-        pads.dataset(str(folder), format="parquet")
+        pads.dataset([str(f) for f in files], format="parquet")
         .to_table(columns=["item_id", "source_uri", "status", "error_code", "text", "worker"])
         .to_pylist()
     )
