@@ -147,12 +147,7 @@ def fetch_and_decode(
         t1 = time.perf_counter()
         decoded = chunker(data, split_channels=split)
         row["decode_s"] = time.perf_counter() - t1
-        if decoded.error_code:
-            row.update(
-                status="error", error_code=decoded.error_code, error_message=decoded.error_message
-            )
-        row["duration_s"], row["speech_s"] = decoded.duration_s, decoded.speech_s
-        row["chunks"] = decoded.chunk_records()
+        row.update(decoded.fields())
         out.append(row)
     return pa.Table.from_pylist(out, schema=DECODED)
 

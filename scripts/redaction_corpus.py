@@ -463,19 +463,12 @@ def transcribe(calls: Sequence[Call], batch_size: int = 16, threads: int = 2) ->
         write_wav(buf, synthesize(call))
         decoded = chunker(buf.getvalue(), split_channels=True)
         rows.append(
-            {
-                "item_id": call.name,
-                "uri": f"corpus://{call.name}",
-                "channel_labels": ["agent", "customer"],
-                "status": "ok",
-                "fetch_s": 0.0,
-                "decode_s": 0.0,
-                "decode_units": 1.0,
-                "duration_s": decoded.duration_s,
-                "speech_s": decoded.speech_s,
-                "_split": True,
-                "chunks": decoded.chunk_records(),
-            }
+            decoded.record(
+                call.name,
+                f"corpus://{call.name}",
+                split=True,
+                channel_labels=["agent", "customer"],
+            )
         )
     worker = WhisperWorker(
         WhisperWorkerConfig(

@@ -109,6 +109,32 @@ class DecodedAudio:
     error_code: str | None = None
     error_message: str | None = None
 
+    def fields(self) -> dict[str, Any]:
+        """The decode's columns of a ``schemas.stages.DECODED`` row: status, error, durations
+        and chunks."""
+        return {
+            "status": "error" if self.error_code else "ok",
+            "error_code": self.error_code,
+            "error_message": self.error_message,
+            "duration_s": self.duration_s,
+            "speech_s": self.speech_s,
+            "chunks": self.chunk_records(),
+        }
+
+    def record(self, item_id: str, uri: str, split: bool = False, **extra: Any) -> dict[str, Any]:
+        """A whole DECODED row for a recording decoded outside a job (tests, evaluations):
+        no fetch and no timings; ``extra`` adds manifest columns (``channel_labels``...)."""
+        return {
+            "item_id": item_id,
+            "uri": uri,
+            "fetch_s": 0.0,
+            "decode_s": 0.0,
+            "decode_units": 1.0,
+            "_split": split,
+            **self.fields(),
+            **extra,
+        }
+
     def chunk_records(self) -> list[dict]:
         """The chunks as the ``chunks`` column of ``schemas.stages.DECODED`` carries them."""
         return [

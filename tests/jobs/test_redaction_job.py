@@ -266,19 +266,9 @@ def test_redacted_audio_is_flac_of_the_same_shape_and_says_none_of_the_card(tmp_
 
     # The redacted recording through tiny.en again, the channels apart as in the job.
     decoded = AudioChunker(AudioOptions())(flac.read_bytes(), split_channels=True)
-    record = {
-        "item_id": "again",
-        "uri": "mem://again",
-        "channel_labels": ["agent", "customer"],
-        "status": "ok",
-        "fetch_s": 0.0,
-        "decode_s": 0.0,
-        "decode_units": 1.0,
-        "duration_s": decoded.duration_s,
-        "speech_s": decoded.speech_s,
-        "_split": True,
-        "chunks": decoded.chunk_records(),
-    }
+    record = decoded.record(
+        "again", "mem://again", split=True, channel_labels=["agent", "customer"]
+    )
     worker = WhisperWorker(WhisperWorkerConfig(whisper=WhisperOptions(cpu_threads=2)))
     (again,) = worker(pa.Table.from_pylist([record], schema=DECODED)).to_pylist()
     heard = said_digits(again["text"])

@@ -55,30 +55,7 @@ def decoded_rows(audios: list[np.ndarray], options: AudioOptions | None = None) 
     rows = []
     for i, audio in enumerate(audios):
         d = chunker(_wav_bytes(audio))
-        rows.append(
-            {
-                "item_id": f"item{i}",
-                "uri": f"mem://{i}.wav",
-                "size": 1,
-                "etag": "e",
-                "tenant": None,
-                "submission_id": None,
-                "external_id": None,
-                "metadata": None,
-                "language": None,
-                "channel_labels": None,
-                "status": "ok" if not d.error_code else "error",
-                "error_code": d.error_code,
-                "error_message": d.error_message,
-                "fetch_s": 0.0,
-                "decode_s": 0.0,
-                "decode_units": 1.0,
-                "duration_s": d.duration_s,
-                "speech_s": d.speech_s,
-                "_split": False,
-                "chunks": d.chunk_records(),
-            }
-        )
+        rows.append(d.record(f"item{i}", f"mem://{i}.wav", size=1, etag="e"))
     return pa.Table.from_pylist(rows, schema=DECODED)
 
 

@@ -44,20 +44,7 @@ def _decoded(sources: list[bytes]) -> pa.Table:
     rows = []
     for i, data in enumerate(sources):
         d = chunker(data)
-        rows.append(
-            {
-                "item_id": f"item{i}",
-                "uri": f"mem://{i}",
-                "status": "ok",
-                "fetch_s": 0.0,
-                "decode_s": 0.0,
-                "decode_units": 1.0,
-                "duration_s": d.duration_s,
-                "speech_s": d.speech_s,
-                "_split": False,
-                "chunks": d.chunk_records(),
-            }
-        )
+        rows.append(d.record(f"item{i}", f"mem://{i}"))
     return pa.Table.from_pylist(rows, schema=DECODED)
 
 
