@@ -25,7 +25,7 @@ Choices, each one a trade between recall and false alarms on ordinary calls:
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 UNITS = {
@@ -655,35 +655,40 @@ def _capitalized_name(word: str) -> bool:
     )
 
 
+def after_cues(
+    keys: Sequence[str], cues: Iterable[tuple[str, ...]]
+) -> Iterator[tuple[tuple[str, ...], int, int]]:
+    """(cue, its first token, the token after it) for every place a cue phrase is said."""
+    for cue in cues:
+        n = len(cue)
+        for j in range(len(keys) - n + 1):
+            if tuple(keys[j : j + n]) == cue:
+                yield cue, j, j + n
+
+
 def person_entities(tokens: Sequence[Token]) -> list[Found]:
     """Names after cue phrases: "my name is Maria Lopez", "this is Dan from billing"."""
     keys = [t.key for t in tokens]
     found = []
-    for cue in NAME_CUES:
-        n = len(cue)
-        for j in range(len(keys) - n + 1):
-            if tuple(keys[j : j + n]) != cue:
+    for cue, _, k in after_cues(keys, NAME_CUES):
+        span: list[int] = []
+        while k < len(tokens) and len(span) < 3 and _capitalized_name(tokens[k].word):
+            span.append(k)
+            if tokens[k].word.rstrip()[-1:] in ",.?!":
+                break
+            k += 1
+        if not span:
+            continue
+        # A weak cue ("this is", "I'm") takes a name only where a name fits: the
+        # sentence breaks after it, or "calling", "from", "speaking", "here" follow.
+        if cue not in STRONG_NAME_CUES:
+            last = tokens[span[-1]].word
+            after = keys[span[-1] + 1] if span[-1] + 1 < len(keys) else ""
+            if not (
+                last[-1:] in ",.?!" or after in {"calling", "from", "speaking", "here", "with", ""}
+            ):
                 continue
-            k = j + n
-            span: list[int] = []
-            while k < len(tokens) and len(span) < 3 and _capitalized_name(tokens[k].word):
-                span.append(k)
-                if tokens[k].word.rstrip()[-1:] in ",.?!":
-                    break
-                k += 1
-            if not span:
-                continue
-            # A weak cue ("this is", "I'm") takes a name only where a name fits: the
-            # sentence breaks after it, or "calling", "from", "speaking", "here" follow.
-            if cue not in STRONG_NAME_CUES:
-                last = tokens[span[-1]].word
-                after = keys[span[-1] + 1] if span[-1] + 1 < len(keys) else ""
-                if not (
-                    last[-1:] in ",.?!"
-                    or after in {"calling", "from", "speaking", "here", "with", ""}
-                ):
-                    continue
-            found.append(Found("person", tuple(span), 0.85, "speech-name"))
+        found.append(Found("person", tuple(span), 0.85, "speech-name"))
     return found
 
 
@@ -843,20 +848,15 @@ def said_code(tokens: Sequence[Token]) -> list[Found]:
     CVV is at most four digits, and what Whisper makes of them may be no digits at all."""
     keys = [t.key for t in tokens]
     found = []
-    for cue in CODE_IS:
-        n = len(cue)
-        for j in range(len(keys) - n + 1):
-            if tuple(keys[j : j + n]) != cue:
-                continue
-            span: list[int] = []
-            k = j + n
-            while k < len(tokens) and len(span) < 3 and tokens[k].seg == tokens[j].seg:
-                span.append(k)
-                if tokens[k].word[-1:] in ".?!,":
-                    break
-                k += 1
-            if span:
-                found.append(Found("cvv", tuple(span), 0.55, "speech-code"))
+    for _, j, k in after_cues(keys, CODE_IS):
+        span: list[int] = []
+        while k < len(tokens) and len(span) < 3 and tokens[k].seg == tokens[j].seg:
+            span.append(k)
+            if tokens[k].word[-1:] in ".?!,":
+                break
+            k += 1
+        if span:
+            found.append(Found("cvv", tuple(span), 0.55, "speech-code"))
     return found
 
 
