@@ -4,7 +4,7 @@ without, spoken by espeak-ng, transcribed by the bundled tiny.en with word times
 redacted with every type on; prints recall and precision per type and the share of clean
 calls with any redaction.
 
-    python scripts/eval_redaction.py [--seed 17] [--misses]
+    python scripts/eval_redaction.py [--seed 17 [20 21 ...]] [--misses] [--cache 'DIR/s{seed}.pkl']
 """
 
 from __future__ import annotations
@@ -22,28 +22,41 @@ import redaction_corpus as corpus
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=17)
+    parser.add_argument(
+        "--seed", type=int, nargs="+", default=[17], help="one corpus per seed, scores pooled"
+    )
     parser.add_argument("--misses", action="store_true", help="print every miss and false alarm")
     parser.add_argument(
-        "--cache", help="a pickle of the transcripts: read when it exists, else written"
+        "--cache",
+        help="a pickle of the transcripts ({seed} in it: one per seed): read when it exists, "
+        "else written",
     )
     args = parser.parse_args()
-    calls = corpus.build_corpus(args.seed)
-    t0 = time.perf_counter()
-    if args.cache and Path(args.cache).is_file():
-        rows = pickle.loads(Path(args.cache).read_bytes())
-    else:
-        rows = corpus.transcribe(calls)
-        if args.cache:
-            Path(args.cache).write_bytes(pickle.dumps(rows))
-    t1 = time.perf_counter()
-    scores = corpus.evaluate(calls, rows)
-    t2 = time.perf_counter()
-    print(scores.table())
-    print(f"\ntranscription {t1 - t0:.1f} s, redaction {t2 - t1:.1f} s ({len(calls)} calls)")
+    pooled = corpus.Scores()
+    for seed in args.seed:
+        calls = corpus.build_corpus(seed)
+        cache = Path(args.cache.format(seed=seed)) if args.cache else None
+        t0 = time.perf_counter()
+        if cache and cache.is_file():
+            rows = pickle.loads(cache.read_bytes())
+        else:
+            rows = corpus.transcribe(calls)
+            if cache:
+                cache.write_bytes(pickle.dumps(rows))
+        t1 = time.perf_counter()
+        scores = corpus.evaluate(calls, rows)
+        t2 = time.perf_counter()
+        if len(args.seed) > 1:
+            print(f"\n## seed {seed}")
+        print(scores.table())
+        print(f"\ntranscription {t1 - t0:.1f} s, redaction {t2 - t1:.1f} s ({len(calls)} calls)")
+        pooled.add(scores)
+    if len(args.seed) > 1:
+        print(f"\n## pooled over seeds {', '.join(map(str, args.seed))}")
+        print(pooled.table())
     if args.misses:
-        print("\nmisses:", *scores.misses, sep="\n  ")
-        print("\nfalse alarms:", *scores.false_alarms, sep="\n  ")
+        print("\nmisses:", *pooled.misses, sep="\n  ")
+        print("\nfalse alarms:", *pooled.false_alarms, sep="\n  ")
 
 
 if __name__ == "__main__":

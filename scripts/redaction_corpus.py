@@ -381,6 +381,17 @@ class Scores:
     def clean_share(self) -> float:
         return self.clean_redacted / self.clean_calls if self.clean_calls else 0.0
 
+    def add(self, other: Scores) -> None:
+        """Pool ``other`` (another corpus) into these scores."""
+        for name in ("found", "truths", "right", "reported"):
+            mine = getattr(self, name)
+            for kind, n in getattr(other, name).items():
+                mine[kind] = mine.get(kind, 0) + n
+        self.clean_redacted += other.clean_redacted
+        self.clean_calls += other.clean_calls
+        self.misses += other.misses
+        self.false_alarms += other.false_alarms
+
     def table(self) -> str:
         from overnight.workers.redact import TYPES
 

@@ -118,6 +118,27 @@ def test_an_address_given_after_i_live_at_is_redacted_when_whisper_mishears_its_
         assert not redactor.redact(row(("customer", said)))[1], said
 
 
+def test_security_code_heard_as_words_after_security_code_in_is_the_cvv():
+    r = row(
+        ("agent", "And the security code on the back?"),
+        ("customer", "The security code in free free."),
+    )
+    fields, entities = Redactor(["cvv"]).redact(r)
+    assert fields["text"].endswith("customer: The security code in [CVV].")
+    assert [e["type"] for e in entities] == ["cvv"]
+
+
+def test_an_address_whose_house_number_whisper_lost_is_redacted_up_to_its_city():
+    redactor = Redactor(["address"])
+    fields, entities = redactor.redact(
+        row(("customer", "I live at I -T -Wanno Avenue in Seattle."))
+    )
+    assert fields["text"] == "customer: I live at [ADDRESS]."
+    assert [e["type"] for e in entities] == ["address"]
+    for said in ("I live at the end of the road.", "The address is on the way out."):
+        assert not redactor.redact(row(("customer", said)))[1], said
+
+
 def test_ssn_phone_email_cvv_and_expiry_as_whisper_writes_them():
     r = row(
         (
@@ -133,6 +154,22 @@ def test_ssn_phone_email_cvv_and_expiry_as_whisper_writes_them():
         "The security code is [CVV] and it expires [EXPIRY]."
     )
     assert [e["type"] for e in entities] == ["ssn", "phone", "email", "cvv", "expiry"]
+
+
+def test_expiry_after_whisper_hears_expiration_date_as_exploration_made():
+    """tiny.en on the synthesized calls: "and the expiration date" → "and the exploration
+    made", "it expires oh four twenty eight" → "It takes 5 0 4 28", "expired" for expires;
+    "may" the verb is not the month."""
+    cases = [
+        ("It takes 5 0 4 28.", "It takes [EXPIRY]."),
+        ("It expired March 2013.", "It expired [EXPIRY]."),
+        ("The expiration may be April 2026.", "The expiration may be [EXPIRY]."),
+    ]
+    for said, redacted in cases:
+        r = row(("agent", "and the exploration made."), ("customer", said))
+        fields, entities = Redactor(["pci"]).redact(r)
+        assert fields["text"] == f"agent: and the exploration made.\ncustomer: {redacted}"
+        assert [e["type"] for e in entities] == ["expiry"]
 
 
 def test_names_addresses_and_dates_of_birth_from_cue_phrases():

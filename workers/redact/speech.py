@@ -138,7 +138,18 @@ CUES: dict[str, tuple[str, ...]] = {
         "verification code",
         "verification",
     ),
-    "expiry": ("expires", "expiry", "expiration", "expiring", "valid through", "valid thru"),
+    "expiry": (
+        "expires",
+        "expired",
+        "expire",
+        "expiry",
+        "expiration",
+        "expiring",
+        "valid through",
+        "valid thru",
+        # Whisper's hearing of "expiration (date)" on synthesized and telephone speech.
+        "exploration",
+    ),
     "ssn": ("social", "ssn", "social security", "socials"),
     "phone": (
         "phone",
@@ -593,13 +604,38 @@ def _is_date_word(key: str, digit: str | None) -> bool:
     )
 
 
+def _date_filler(keys: Sequence[str], digits: Sequence[str | None], k: int, fillers) -> bool:
+    """Whether token ``k`` between a date cue and its date is a word to step over: a filler,
+    or "may" that is the verb ("the expiration may be April 2026"), i.e. not followed by a
+    number."""
+    if keys[k] == "may":
+        nxt = k + 1 < len(keys) and (digits[k + 1] is not None or keys[k + 1] in ORDINALS)
+        return not nxt
+    return keys[k] in fillers
+
+
 def date_entities(tokens: Sequence[Token]) -> list[Found]:
     """A date expression right after an expiry or date-of-birth cue: "expires oh nine twenty
     seven", "09/27", "date of birth is March 3rd, 1985", "born on the fifth of May"."""
     keys = [t.key for t in tokens]
     digits = token_digits(tokens)
     found: list[Found] = []
-    fillers = {"is", "on", "the", "it", "it's", "its", "was", "in", "date", "my", "at", "be", ""}
+    fillers = {
+        "is",
+        "on",
+        "the",
+        "it",
+        "it's",
+        "its",
+        "was",
+        "in",
+        "date",
+        "my",
+        "at",
+        "be",
+        "will",
+        "",
+    }
     for cat in ("expiry", "date_of_birth"):
         for cue in CUES[cat]:
             parts = cue.split()
@@ -609,7 +645,7 @@ def date_entities(tokens: Sequence[Token]) -> list[Found]:
                     continue
                 k = j + n
                 skipped = 0
-                while k < len(keys) and keys[k] in fillers and skipped < 4:
+                while k < len(keys) and skipped < 4 and _date_filler(keys, digits, k, fillers):
                     k += 1
                     skipped += 1
                 span: list[int] = []
@@ -693,7 +729,7 @@ def person_entities(tokens: Sequence[Token]) -> list[Found]:
 
 
 # The words right before a house number that make the rest of its sentence an address.
-ANSWERED_ADDRESS = {("live", "at"), ("lives", "at"), ("address", "is"), ("is", "at")}
+ANSWERED_ADDRESS = (("live", "at"), ("lives", "at"), ("address", "is"), ("is", "at"))
 
 
 def address_entities(tokens: Sequence[Token]) -> list[Found]:
@@ -734,23 +770,50 @@ def address_entities(tokens: Sequence[Token]) -> list[Found]:
                         break
                 found.append(Found("address", tuple(range(start, end + 1)), 0.7, "speech-address"))
             continue
-        end = k
-        if not tokens[k].word.endswith((".", "?", "!")):
-            m = k + 1
-            if m + 1 < len(tokens) and keys[m] == "in" and tokens[m + 1].word[:1].isupper():
-                m += 1  # "... Oak Street in Springfield"
-            while (
-                m < len(tokens)
-                and m - k <= 2
-                and tokens[m].word[:1].isupper()
-                and keys[m] not in NOT_NAMES
-            ):
-                end = m
-                if tokens[m].word.endswith((".", "?", "!")):
-                    break
-                m += 1
+        end = _with_city(tokens, k)
         found.append(Found("address", tuple(range(start, end + 1)), 0.85, "speech-address"))
+    # "I live at I-T-Wanno Avenue in Seattle": the house number lost (or never said), the
+    # street type heard after one to four capitalized words or "27mm" (a name or a garbled
+    # number, not "on the way").
+    for _, _, k in after_cues(keys, ANSWERED_ADDRESS):
+        if k < len(tokens) and digits[k] is not None:
+            continue  # a house number: the loop above
+        for m in range(k + 1, min(k + 5, len(tokens))):
+            if tokens[m - 1].word.endswith((".", "?", "!")):
+                break
+            if keys[m] in STREET_TYPES and all(_name_or_number(t.word) for t in tokens[k:m]):
+                span = tuple(range(k, _with_city(tokens, m) + 1))
+                found.append(Found("address", span, 0.7, "speech-address"))
+                break
     return found
+
+
+def _name_or_number(word: str) -> bool:
+    """A word of a street name as Whisper splits them: "Oak", "-Wanno", "27mm"."""
+    first = word.lstrip("-'\" ")[:1]
+    return first.isupper() or first.isdigit()
+
+
+def _with_city(tokens: Sequence[Token], k: int) -> int:
+    """The last token of an address whose street type is token ``k``: a city (up to two
+    capitalized words, after "in" or not) when one follows in the same sentence."""
+    keys = [t.key for t in tokens]
+    end = k
+    if not tokens[k].word.endswith((".", "?", "!")):
+        m = k + 1
+        if m + 1 < len(tokens) and keys[m] == "in" and tokens[m + 1].word[:1].isupper():
+            m += 1  # "... Oak Street in Springfield"
+        while (
+            m < len(tokens)
+            and m - k <= 2
+            and tokens[m].word[:1].isupper()
+            and keys[m] not in NOT_NAMES
+        ):
+            end = m
+            if tokens[m].word.endswith((".", "?", "!")):
+                break
+            m += 1
+    return end
 
 
 def email_entities(tokens: Sequence[Token]) -> list[Found]:
@@ -840,7 +903,13 @@ def answer_entities(tokens: Sequence[Token]) -> list[Found]:
     return found
 
 
-CODE_IS = (("security", "code", "is"), ("cvv", "is"), ("code", "on", "the", "back", "is"))
+CODE_IS = (
+    ("security", "code", "is"),
+    # Whisper's hearing of it on synthesized speech ("The security code in free free").
+    ("security", "code", "in"),
+    ("cvv", "is"),
+    ("code", "on", "the", "back", "is"),
+)
 
 
 def said_code(tokens: Sequence[Token]) -> list[Found]:
