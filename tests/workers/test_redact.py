@@ -128,6 +128,19 @@ def test_security_code_heard_as_words_after_security_code_in_is_the_cvv():
     assert [e["type"] for e in entities] == ["cvv"]
 
 
+def test_an_email_ending_the_sentence_and_an_ssn_heard_as_two_short_runs_are_found():
+    r = row(
+        ("agent", "To verify your identity, what is your social security number?"),
+        ("customer", "My social is 515 for Nero, Nero 112."),
+        ("agent", "Can I have your email for the receipt?"),
+        ("customer", "Sure, my email is beta dot miller at email dot com."),
+    )
+    fields, entities = Redactor(["ssn", "email"]).redact(r)
+    assert "customer: My social is [SSN]." in fields["text"]
+    assert "customer: Sure, my email is [EMAIL]." in fields["text"]
+    assert [e["type"] for e in entities] == ["ssn", "email"]
+
+
 def test_an_address_whose_house_number_whisper_lost_is_redacted_up_to_its_city():
     redactor = Redactor(["address"])
     fields, entities = redactor.redact(

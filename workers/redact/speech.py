@@ -826,8 +826,9 @@ def email_entities(tokens: Sequence[Token]) -> list[Found]:
     for i, w in enumerate(raw):
         if "@" in w:
             continue  # a written address: Presidio's
-        tail = w.rstrip(".").rsplit(".", 1)
-        suffix = tail[-1] if len(tail) == 2 else (w if i > 0 and keys[i - 1] == "dot" else None)
+        bare = w.rstrip(".")  # "com." at a sentence's end
+        tail = bare.rsplit(".", 1)
+        suffix = tail[-1] if len(tail) == 2 else (bare if i > 0 and keys[i - 1] == "dot" else None)
         if suffix not in EMAIL_SUFFIXES:
             continue
         at = next((j for j in range(i - 1, max(-1, i - 8), -1) if keys[j] in ("at", "@")), None)
@@ -864,9 +865,9 @@ def _numberish(key: str, digit: str | None) -> bool:
 def answer_entities(tokens: Sequence[Token]) -> list[Found]:
     """The answer to a question that asks for a number ("what is your social security
     number?"): in the other speaker's next segment (a one-voice call: the next segment),
-    from the first to the last token that says digits, when there are at least three. What
-    Whisper makes of a read-out number is sometimes no number at all ("for 25 made, 26 won"),
-    and the question says what the answer holds."""
+    from the first to the last token that says digits, when there are at least three (or two
+    saying five digits or more). What Whisper makes of a read-out number is sometimes no
+    number at all ("for 25 made, 26 won"), and the question says what the answer holds."""
     keys = [t.key for t in tokens]
     digits = token_digits(tokens)
     segments: dict[int, list[int]] = {}
@@ -898,7 +899,9 @@ def answer_entities(tokens: Sequence[Token]) -> list[Found]:
         if gap > ANSWER_GAP_S:
             continue
         said = [i for i in answer if _numberish(keys[i], digits[i])]
-        if len(said) >= 3:
+        # Three number tokens, or fewer that say five digits or more ("515 for Nero, Nero
+        # 112": Whisper's "five one five, four oh, oh one one two").
+        if len(said) >= 3 or (len(said) >= 2 and sum(len(digits[i] or "") for i in said) >= 5):
             found.append(Found(asked[0], tuple(range(said[0], said[-1] + 1)), 0.6, "answer"))
     return found
 
