@@ -128,17 +128,20 @@ def test_security_code_heard_as_words_after_security_code_in_is_the_cvv():
     assert [e["type"] for e in entities] == ["cvv"]
 
 
-def test_an_email_ending_the_sentence_and_an_ssn_heard_as_two_short_runs_are_found():
+def test_an_email_ending_the_sentence_and_an_ssn_heard_as_short_runs_or_glued_to_a_word():
     r = row(
         ("agent", "To verify your identity, what is your social security number?"),
         ("customer", "My social is 515 for Nero, Nero 112."),
+        ("agent", "And again, what is your social security number?"),
+        ("customer", "My social import i0217940"),
         ("agent", "Can I have your email for the receipt?"),
         ("customer", "Sure, my email is beta dot miller at email dot com."),
     )
     fields, entities = Redactor(["ssn", "email"]).redact(r)
     assert "customer: My social is [SSN]." in fields["text"]
+    assert "customer: My social import [SSN]" in fields["text"]
     assert "customer: Sure, my email is [EMAIL]." in fields["text"]
-    assert [e["type"] for e in entities] == ["ssn", "email"]
+    assert [e["type"] for e in entities] == ["ssn", "ssn", "email"]
 
 
 def test_an_address_whose_house_number_whisper_lost_is_redacted_up_to_its_city():
@@ -150,6 +153,12 @@ def test_an_address_whose_house_number_whisper_lost_is_redacted_up_to_its_city()
     assert [e["type"] for e in entities] == ["address"]
     for said in ("I live at the end of the road.", "The address is on the way out."):
         assert not redactor.redact(row(("customer", said)))[1], said
+    # Asked for it, the rest of the sentence is the address, whatever Whisper made of it.
+    asked = row(
+        ("agent", "What is the address on the account?"),
+        ("customer", "I live at United States, Washington, driving Portland. Thanks."),
+    )
+    assert redactor.redact(asked)[0]["text"].endswith("customer: I live at [ADDRESS]. Thanks.")
 
 
 def test_ssn_phone_email_cvv_and_expiry_as_whisper_writes_them():

@@ -366,6 +366,8 @@ def token_digits(tokens: Sequence[Token]) -> list[str | None]:
         written = re.sub(r"\D", "", k)
         if written and re.fullmatch(r"[\d,.\-/:()]+(st|nd|rd|th)?", k):
             out[i] = written
+        elif re.fullmatch(r"[a-z]{1,2}\d{4,}", k):
+            out[i] = written  # a word Whisper glued onto a long number: "import i0217940"
         elif "-" in k.strip("-") and written is not None:
             out[i] = _hyphenated(k)
         elif k in UNITS:
@@ -775,7 +777,7 @@ def address_entities(tokens: Sequence[Token]) -> list[Found]:
     # "I live at I-T-Wanno Avenue in Seattle": the house number lost (or never said), the
     # street type heard after one to four capitalized words or "27mm" (a name or a garbled
     # number, not "on the way").
-    for _, _, k in after_cues(keys, ANSWERED_ADDRESS):
+    for _, j, k in after_cues(keys, ANSWERED_ADDRESS):
         if k < len(tokens) and digits[k] is not None:
             continue  # a house number: the loop above
         for m in range(k + 1, min(k + 5, len(tokens))):
@@ -785,7 +787,35 @@ def address_entities(tokens: Sequence[Token]) -> list[Found]:
                 span = tuple(range(k, _with_city(tokens, m) + 1))
                 found.append(Found("address", span, 0.7, "speech-address"))
                 break
+        else:
+            if k < len(tokens) and _answers_question_about(tokens, j, "address"):
+                # Asked for the address, "I live at United States, Washington, driving
+                # Portland": Whisper garbled it; the rest of the sentence is the address.
+                end = k
+                while (
+                    end + 1 < len(tokens) and end - k < 8 and tokens[end + 1].seg == tokens[k].seg
+                ):
+                    if tokens[end].word.endswith((".", "?", "!")):
+                        break
+                    end += 1
+                found.append(Found("address", tuple(range(k, end + 1)), 0.6, "speech-address"))
     return found
+
+
+def _answers_question_about(tokens: Sequence[Token], j: int, word: str) -> bool:
+    """Whether token ``j``'s segment comes right after another speaker's question (a
+    segment ending in "?") that says ``word``."""
+    seg, stream = tokens[j].seg, tokens[j].stream
+    before = [t for t in tokens if t.seg < seg]
+    if not before:
+        return False
+    last = max(t.seg for t in before)
+    question = [t for t in before if t.seg == last]
+    return (
+        question[-1].word.endswith("?")
+        and (question[0].stream != stream or not stream)
+        and any(t.key == word for t in question)
+    )
 
 
 def _name_or_number(word: str) -> bool:
