@@ -15,7 +15,7 @@ from __future__ import annotations
 import io
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,8 @@ from faster_whisper.vad import VadOptions, get_speech_timestamps, get_vad_model
 from overnight.schemas import ErrorCode
 
 SAMPLE_RATE = 16_000
+# Recordings up to this long (10 min, 38 MB a channel) are decoded once; longer ones twice.
+KEEP_DECODED_SAMPLES = 10 * 60 * SAMPLE_RATE
 # Frames per second of Whisper features (hop length 160 at 16 kHz).
 FRAMES_PER_SECOND = 100
 
@@ -548,10 +550,18 @@ class AudioChunker:
         channels = source.channels
         vads = [StreamingVad() for _ in range(channels)] if opts.vad else []
         length = 0
+        # A short recording's samples are kept from the first pass, so the second one cuts
+        # from memory instead of decoding and resampling it again (a third of the decode
+        # stage's time on 5-30 s clips); a long one is decoded twice, in bounded memory.
+        kept: list[np.ndarray] | None = []
         for block in source.blocks():
             length += block.shape[1]
             for channel, vad in enumerate(vads):
                 vad.feed(block[channel])
+            if kept is not None:
+                kept.append(block)
+                if length > KEEP_DECODED_SAMPLES:
+                    kept = None
         result = DecodedAudio(duration_s=length / SAMPLE_RATE, num_channels=channels)
         chunk_samples = opts.chunk_length_s * SAMPLE_RATE
         max_gap = int(opts.turn_gap_s * SAMPLE_RATE) if channels > 1 else None
@@ -565,19 +575,21 @@ class AudioChunker:
             groups.append(pack_clips(clips, chunk_samples, max_gap))
         if any(groups):
             _check_deadline(deadline)
-            for chunks in self._cut(source, groups):
+            for chunks in self._cut(source.blocks() if kept is None else kept, groups):
                 result.chunks.extend(chunks)
         result.speech_s = sum(c.duration_s for c in result.chunks)
         return result
 
-    def _cut(self, source: Source, groups: list[list[list[tuple[int, int]]]]) -> list[list[Chunk]]:
+    def _cut(
+        self, blocks: Iterable[np.ndarray], groups: list[list[list[tuple[int, int]]]]
+    ) -> list[list[Chunk]]:
         """Each channel's chunks: the samples of its current group's clips are collected as
         the blocks go by, and a complete group becomes features at once."""
         out: list[list[Chunk]] = [[] for _ in groups]
         current = [0] * len(groups)
         pieces: list[list[np.ndarray]] = [[] for _ in groups]
         pos = 0
-        for block in source.blocks():
+        for block in blocks:
             n = block.shape[1]
             for channel, channel_groups in enumerate(groups):
                 while current[channel] < len(channel_groups):
