@@ -7,7 +7,8 @@ Packing short chunks of different recordings into one window (first-fit decreasi
 ``--gap-frames`` silent frames between them) cuts the windows by about half on the benchmark's
 5-30 s clips. A chunk's text is then the segments whose middle falls in its part of the window.
 Three variants, the same chunks (the job's own decode: Silero VAD, 30 s chunks), the same
-model call (faster-whisper's batched ``forward``, tiny.en int8, beam 5, batch 16), taking turns:
+model call (the job's ``WhisperWorker``: its model and decoding options, faster-whisper's batched
+``forward``, tiny.en int8, beam 5, batch 16), taking turns:
 
 (u) one chunk per window, no timestamps: what the job does
 (t) one chunk per window, timestamps on: what packing needs to split, without packing
@@ -40,39 +41,6 @@ from overnight.jobs.wer import wer
 WINDOW = 3000  # feature frames in Whisper's 30 s window
 
 
-def transcription_options(tokenizer, timestamps: bool):
-    from faster_whisper.transcribe import TranscriptionOptions, get_suppressed_tokens
-
-    return TranscriptionOptions(
-        beam_size=5,
-        best_of=5,
-        patience=1,
-        length_penalty=1,
-        repetition_penalty=1,
-        no_repeat_ngram_size=0,
-        log_prob_threshold=-1.0,
-        no_speech_threshold=0.6,
-        compression_ratio_threshold=2.4,
-        condition_on_previous_text=False,
-        prompt_reset_on_temperature=0.5,
-        temperatures=[0.0],
-        initial_prompt=None,
-        prefix=None,
-        suppress_blank=True,
-        suppress_tokens=get_suppressed_tokens(tokenizer, [-1]),
-        without_timestamps=not timestamps,
-        max_initial_timestamp=0.0,
-        word_timestamps=False,
-        prepend_punctuations="\"'“¿([{-",
-        append_punctuations="\"'.。,，!！?？:：”)]}、",
-        multilingual=False,
-        max_new_tokens=None,
-        clip_timestamps=[],
-        hallucination_silence_threshold=None,
-        hotwords=None,
-    )
-
-
 def pack(frames: list[int], gap: int) -> list[list[int]]:
     """First-fit decreasing: chunk indices per window, gaps included in the 30 s."""
     bins: list[list[int]] = []
@@ -101,12 +69,12 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    from faster_whisper import WhisperModel
-    from faster_whisper.tokenizer import Tokenizer
+    import dataclasses
+
     from faster_whisper.transcribe import BatchedInferencePipeline
 
     from overnight.workers.audio import AudioChunker, AudioOptions
-    from overnight.workers.whisper import bundled_model_path
+    from overnight.workers.whisper import WhisperOptions, WhisperWorker, WhisperWorkerConfig
 
     audio_dir = Path(args.real_audio)
     root = Path(tempfile.gettempdir()) / "overnight-bench-corpus"
@@ -118,19 +86,24 @@ def main() -> None:
     chunks: list[tuple[str, np.ndarray]] = []
     for name in names:
         chunks += [(name, c.features) for c in chunker((folder / name).read_bytes()).chunks]
-    model = WhisperModel(
-        bundled_model_path(), device="cpu", compute_type="int8", cpu_threads=args.threads
+    # The job's own worker: its model, tokenizer and decoding options (beam 5, int8).
+    worker = WhisperWorker(
+        WhisperWorkerConfig(
+            WhisperOptions(device="cpu", compute_type="int8", beam_size=5, cpu_threads=args.threads)
+        )
     )
-    tokenizer = Tokenizer(model.hf_tokenizer, False, task="transcribe", language="en")
+    tokenizer = worker._tokenizer("en")
+    job_options = worker._transcription_options(tokenizer)
 
     def decode(windows: list[np.ndarray], timestamps: bool) -> list[list[dict]]:
-        options = transcription_options(tokenizer, timestamps)
+        options = dataclasses.replace(job_options, without_timestamps=not timestamps)
         outputs: list[list[dict]] = []
         for i in range(0, len(windows), 16):
             part = windows[i : i + 16]
             feats = np.stack([np.pad(w, ((0, 0), (0, WINDOW - w.shape[1]))) for w in part])
             metas = [{"offset": 0.0, "duration": w.shape[1] / 100} for w in part]
-            outputs += BatchedInferencePipeline(model).forward(feats, tokenizer, metas, options)
+            pipeline = BatchedInferencePipeline(worker.model)
+            outputs += pipeline.forward(feats, tokenizer, metas, options)
         return outputs
 
     def unpacked(timestamps: bool) -> tuple[dict[str, str], int]:
