@@ -606,7 +606,9 @@ def _is_date_word(key: str, digit: str | None) -> bool:
     )
 
 
-def _date_filler(keys: Sequence[str], digits: Sequence[str | None], k: int, fillers) -> bool:
+def _date_filler(
+    keys: Sequence[str], digits: Sequence[str | None], k: int, fillers: set[str]
+) -> bool:
     """Whether token ``k`` between a date cue and its date is a word to step over: a filler,
     or "may" that is the verb ("the expiration may be April 2026"), i.e. not followed by a
     number."""
