@@ -91,6 +91,18 @@ def test_number_over_two_turns_of_the_customer_is_tagged_in_both_turns_only():
     assert len(entities) == 1 and entities[0]["end_s"] > entities[0]["start_s"] + 3
 
 
+def test_the_rest_of_a_card_after_words_whisper_made_of_its_digits_is_the_card():
+    r = row(
+        ("agent", "Sure, what is the card number?"),
+        ("customer", "It's in 5759 3336 9800"),
+        ("agent", "Okay, go on."),
+        ("customer", "I hate Nero Nero 2 5 2 1"),
+    )
+    fields, entities = Redactor(["card_number"]).redact(r)
+    assert fields["text"].endswith("customer: I hate Nero Nero [CARD_NUMBER]")
+    assert [e["type"] for e in entities] == ["card_number", "card_number"]
+
+
 def test_luhn_valid_card_is_redacted_without_context_and_invalid_one_only_with_it():
     valid, invalid = "4111 1111 1111 1111", "4111 1111 1111 1112"
     redactor = Redactor(["card_number"])
@@ -149,6 +161,8 @@ def test_an_address_whose_house_number_whisper_lost_is_redacted_up_to_its_city()
     fields, entities = redactor.redact(
         row(("customer", "I live at I -T -Wanno Avenue in Seattle."))
     )
+    assert fields["text"] == "customer: I live at [ADDRESS]."
+    fields, _ = redactor.redact(row(("customer", "I live at I .D. Lincoln Avenue in Portland.")))
     assert fields["text"] == "customer: I live at [ADDRESS]."
     assert [e["type"] for e in entities] == ["address"]
     for said in ("I live at the end of the road.", "The address is on the way out."):

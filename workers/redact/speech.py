@@ -564,13 +564,23 @@ def number_entities(tokens: Sequence[Token]) -> list[Found]:
     keys = [t.key for t in tokens]
     digits = token_digits(tokens)
     found = []
+    card_ended: dict[str, float] = {}  # per speaker: when the last card number run ended
     for run in digit_runs(tokens, digits):
+        first, last = tokens[run.tokens[0]], tokens[run.tokens[-1]]
         cues = nearest_cue(keys, run.tokens[0])
         named = classify_run(run, cues, reads_out_a_card(keys, run.tokens[0]))
         if named is None:
             named = _in_card_call(run, nearest_cue(keys, run.tokens[0], CARD_CONTEXT_WINDOW))
+        # The rest of a card read over two turns, after words Whisper made of some of its
+        # digits ("I hate Nero Nero 2 5 2 1" for "eight zero zero, two five two one").
+        ended = card_ended.get(first.stream)
+        continues = ended is not None and (first.start_s or 0.0) - ended <= TURN_GAP_S
+        if named is None and len(run.digits) >= 4 and continues:
+            named = "card_number", 0.6
         if named is None:
             continue
+        if named[0] == "card_number":
+            card_ended[first.stream] = last.end_s or 0.0
         indices = run.tokens
         if named[0] in ("expiry", "date_of_birth"):  # "June 26, 1970": the month too
             first = indices[0]
@@ -783,8 +793,11 @@ def address_entities(tokens: Sequence[Token]) -> list[Found]:
         if k < len(tokens) and digits[k] is not None:
             continue  # a house number: the loop above
         for m in range(k + 1, min(k + 5, len(tokens))):
-            if tokens[m - 1].word.endswith((".", "?", "!")):
-                break
+            previous = tokens[m - 1].word
+            if previous.endswith((".", "?", "!")) and not re.fullmatch(
+                r"\.?(?:[A-Za-z]\.)+", previous
+            ):
+                break  # the sentence ended ("I.D." does not end it)
             if keys[m] in STREET_TYPES and all(_name_or_number(t.word) for t in tokens[k:m]):
                 span = tuple(range(k, _with_city(tokens, m) + 1))
                 found.append(Found("address", span, 0.7, "speech-address"))
@@ -821,8 +834,8 @@ def _answers_question_about(tokens: Sequence[Token], j: int, word: str) -> bool:
 
 
 def _name_or_number(word: str) -> bool:
-    """A word of a street name as Whisper splits them: "Oak", "-Wanno", "27mm"."""
-    first = word.lstrip("-'\" ")[:1]
+    """A word of a street name as Whisper splits them: "Oak", "-Wanno", ".D.", "27mm"."""
+    first = word.lstrip("-.'\" ")[:1]
     return first.isupper() or first.isdigit()
 
 
