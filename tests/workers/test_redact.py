@@ -97,10 +97,18 @@ def test_the_rest_of_a_card_after_words_whisper_made_of_its_digits_is_the_card()
         ("customer", "It's in 5759 3336 9800"),
         ("agent", "Okay, go on."),
         ("customer", "I hate Nero Nero 2 5 2 1"),
+        ("agent", "And the other card number?"),
+        ("customer", "It's in 4643 1515 1538-eight forty-five, zero-five-eight two."),
+        ("agent", "And the last one?"),
+        ("customer", "It's in 4 6 4 3 1 5 1 5 Thirty -eight forty -five, zero -five -eight two."),
     )
     fields, entities = Redactor(["card_number"]).redact(r)
-    assert fields["text"].endswith("customer: I hate Nero Nero [CARD_NUMBER]")
-    assert [e["type"] for e in entities] == ["card_number", "card_number"]
+    assert "customer: I hate Nero Nero [CARD_NUMBER]\n" in fields["text"]
+    # "forty-five" is two digits: the card goes on to its last group.
+    assert "customer: It's in [CARD_NUMBER].\n" in fields["text"]
+    # Whisper's words "Thirty", "-eight": 38.
+    assert fields["text"].endswith("customer: It's in [CARD_NUMBER].")
+    assert [e["type"] for e in entities] == ["card_number"] * 4
 
 
 def test_luhn_valid_card_is_redacted_without_context_and_invalid_one_only_with_it():

@@ -359,8 +359,10 @@ def luhn_ok(digits: str) -> bool:
 
 def token_digits(tokens: Sequence[Token]) -> list[str | None]:
     """The digits each token says, or None: "4,111" → "4111", "-1" → "1", "four" → "4",
-    "oh" → "0" next to digits, "double five" → "" + "55", "twenty seven" → "2" + "7"."""
-    keys = [t.key for t in tokens]
+    "oh" → "0" next to digits, "double five" → "" + "55", "twenty seven" → "2" + "7".
+    Whisper also splits a hyphenated number into words that start with the hyphen:
+    "Thirty", "-eight" is 38."""
+    keys = [t.key.strip("-–") for t in tokens]
     out: list[str | None] = [None] * len(keys)
     for i, k in enumerate(keys):
         written = re.sub(r"\D", "", k)
@@ -392,15 +394,18 @@ def token_digits(tokens: Sequence[Token]) -> list[str | None]:
 
 def _hyphenated(key: str) -> str | None:
     """A token Whisper joined with hyphens, each part a digit: "41-double-four" → "4144",
-    "one-two-three" → "123"; None when a part is not a digit."""
+    "one-two-three" → "123", "forty-five" → "45"; None when a part is not a digit."""
     parts = [p for p in re.split(r"[-–]", key) if p]
     digits, repeat = "", 1
-    for part in parts:
+    for k, part in enumerate(parts):
         if part in REPEAT:
             repeat = REPEAT[part]
             continue
         if part.isdigit():
             d = part
+        elif part in TENS:  # "forty-five": the unit follows; "forty" alone is 40
+            unit = parts[k + 1] if k + 1 < len(parts) else ""
+            d = TENS[part] if unit in UNITS and unit != "zero" else TENS[part] + "0"
         elif part in UNITS:
             d = UNITS[part]
         elif part in ZEROS:
