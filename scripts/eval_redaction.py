@@ -32,6 +32,8 @@ def main() -> None:
         "else written",
     )
     args = parser.parse_args()
+    if args.cache and len(args.seed) > 1 and "{seed}" not in args.cache:
+        parser.error("--cache needs {seed} in it when several seeds share it")
     pooled = corpus.Scores()
     for seed in args.seed:
         calls = corpus.build_corpus(seed)
