@@ -571,21 +571,21 @@ def number_entities(tokens: Sequence[Token]) -> list[Found]:
     found = []
     card_ended: dict[str, float] = {}  # per speaker: when the last card number run ended
     for run in digit_runs(tokens, digits):
-        first, last = tokens[run.tokens[0]], tokens[run.tokens[-1]]
+        opening, closing = tokens[run.tokens[0]], tokens[run.tokens[-1]]
         cues = nearest_cue(keys, run.tokens[0])
         named = classify_run(run, cues, reads_out_a_card(keys, run.tokens[0]))
         if named is None:
             named = _in_card_call(run, nearest_cue(keys, run.tokens[0], CARD_CONTEXT_WINDOW))
         # The rest of a card read over two turns, after words Whisper made of some of its
         # digits ("I hate Nero Nero 2 5 2 1" for "eight zero zero, two five two one").
-        ended = card_ended.get(first.stream)
-        continues = ended is not None and (first.start_s or 0.0) - ended <= TURN_GAP_S
+        ended = card_ended.get(opening.stream)
+        continues = ended is not None and (opening.start_s or 0.0) - ended <= TURN_GAP_S
         if named is None and len(run.digits) >= 4 and continues:
             named = "card_number", 0.6
         if named is None:
             continue
         if named[0] == "card_number":
-            card_ended[first.stream] = last.end_s or 0.0
+            card_ended[opening.stream] = closing.end_s or 0.0
         indices = run.tokens
         if named[0] in ("expiry", "date_of_birth"):  # "June 26, 1970": the month too
             first = indices[0]
