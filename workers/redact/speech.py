@@ -782,14 +782,10 @@ def address_entities(tokens: Sequence[Token]) -> list[Found]:
                 # Asked for an address, the customer says a house number and words whose
                 # street type Whisper misheard ("42 Lincoln driving Boston"): the rest of
                 # the sentence, up to six words, is the address.
-                end = i
-                while end + 1 < len(tokens) and end - i < 6:
-                    end += 1
-                    if tokens[end].word.endswith((".", "?", "!")):
-                        break
+                end = _rest_of_sentence(tokens, i, 6)
                 found.append(Found("address", tuple(range(start, end + 1)), 0.7, "speech-address"))
             continue
-        end = _with_city(tokens, k)
+        end = _with_city(tokens, keys, k)
         found.append(Found("address", tuple(range(start, end + 1)), 0.85, "speech-address"))
     # "I live at I-T-Wanno Avenue in Seattle": the house number lost (or never said), the
     # street type heard after one to four capitalized words or "27mm" (a name or a garbled
@@ -804,20 +800,14 @@ def address_entities(tokens: Sequence[Token]) -> list[Found]:
             ):
                 break  # the sentence ended ("I.D." does not end it)
             if keys[m] in STREET_TYPES and all(_name_or_number(t.word) for t in tokens[k:m]):
-                span = tuple(range(k, _with_city(tokens, m) + 1))
+                span = tuple(range(k, _with_city(tokens, keys, m) + 1))
                 found.append(Found("address", span, 0.7, "speech-address"))
                 break
         else:
             if k < len(tokens) and _answers_question_about(tokens, j, "address"):
                 # Asked for the address, "I live at United States, Washington, driving
                 # Portland": Whisper garbled it; the rest of the sentence is the address.
-                end = k
-                while (
-                    end + 1 < len(tokens) and end - k < 8 and tokens[end + 1].seg == tokens[k].seg
-                ):
-                    if tokens[end].word.endswith((".", "?", "!")):
-                        break
-                    end += 1
+                end = _rest_of_sentence(tokens, k, 8)
                 found.append(Found("address", tuple(range(k, end + 1)), 0.6, "speech-address"))
     return found
 
@@ -844,10 +834,23 @@ def _name_or_number(word: str) -> bool:
     return first.isupper() or first.isdigit()
 
 
-def _with_city(tokens: Sequence[Token], k: int) -> int:
+def _rest_of_sentence(tokens: Sequence[Token], k: int, words: int) -> int:
+    """The last token of the sentence token ``k`` is in, at most ``words`` tokens on and
+    within its segment."""
+    end = k
+    while (
+        end + 1 < len(tokens)
+        and end - k < words
+        and tokens[end + 1].seg == tokens[k].seg
+        and not tokens[end].word.endswith((".", "?", "!"))
+    ):
+        end += 1
+    return end
+
+
+def _with_city(tokens: Sequence[Token], keys: Sequence[str], k: int) -> int:
     """The last token of an address whose street type is token ``k``: a city (up to two
     capitalized words, after "in" or not) when one follows in the same sentence."""
-    keys = [t.key for t in tokens]
     end = k
     if not tokens[k].word.endswith((".", "?", "!")):
         m = k + 1
