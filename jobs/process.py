@@ -221,7 +221,8 @@ def process_plan(
             kwargs={"config": config},
             accelerator_type=opts.accelerator_type,
             calls_per_actor=calls_per_actor,
-            batch_size=items_per_call,
+            # A call is one manifest block: see rows_per_block below.
+            batch_size=None,
         )
         return runner.Build(
             stages=[extract, llm],
@@ -261,6 +262,12 @@ def process_plan(
         build=build,
         ledger_stages=ledger.DOCUMENT_STAGES,
         resource_column="llm_resource",
+        # One call per Ray task, a task being one manifest block (the LLM stage takes whole
+        # blocks). A task runs its batches one after another: blocks of 8, or a batch_size
+        # with which Ray Data bundled a 3-row block into the next 4-row one, made a task two
+        # calls in a row, the second call's short documents behind the first call's long
+        # one (120 s later on 10 short documents and a 30-page one).
+        rows_per_block=max(1, min(8, items_per_call)),
         load_errors=(EngineUnavailable,),
         describe=lambda pool: (
             f"{task_name} on {opts.backend}: {pool.describe('LLM', 'text extraction')}"
