@@ -133,7 +133,7 @@ def throughput(backend: Any, n: int, new_tokens: int) -> dict[str, Any]:
         output_kind=RequestOutputKind.FINAL_ONLY,
     )
     started = time.perf_counter()
-    raw = backend._engine.run(prompts, [params] * n)
+    raw = backend._engine.run(prompts, [params] * n, gated=False)
     raw_s = time.perf_counter() - started
     raw_tokens = sum(len(o.outputs[0].token_ids) for o, _ in raw)
 
