@@ -266,3 +266,32 @@ def test_float32_replies_do_not_depend_on_mixed_length_batch_mates(model_dir: Pa
     together = backend.generate([conv(q) for q in questions], params)
     assert together == alone
     assert "paris" in together[1].text.lower()
+
+
+def test_batches_hold_at_most_the_token_budget_and_every_prompt_once(
+    backend: LLMBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from overnight.workers.llm import ct2_backend
+
+    # Equal lengths share batches (int8); the budget cuts them; a prompt over it runs alone.
+    lengths = [300] * 10 + [500] * 3 + [9000]
+    monkeypatch.setattr(ct2_backend, "MAX_BATCH_TOKENS", 1000)
+    batches = backend._batches(list(range(len(lengths))), lengths, 48)  # type: ignore[attr-defined]
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:
+        assert len(b) == 1 or sum(lengths[i] for i in b) <= 1000, b
+    assert [13] in batches
+    assert max(len(b) for b in batches) == 3  # 3 x 300 fit, 4 would not
+
+
+def test_on_cpu_a_long_document_is_cut_into_chunks_whose_prefill_memory_stays_small(
+    backend: LLMBackend,
+) -> None:
+    from overnight.workers.llm import ct2_backend
+    from overnight.workers.llm.tasks import TaskSpec, _prompt_budget
+
+    # The model's context would take 7.9k document tokens a call (3.6 GB of attention
+    # scores in CTranslate2's CPU prefill); the cap keeps a call at 2k (0.7 GB).
+    assert backend.context_length == 8192
+    budget = _prompt_budget(backend, TaskSpec(kind="summarize"), overhead=60)
+    assert budget == ct2_backend.CPU_CHUNK_TOKENS == 2048

@@ -66,6 +66,7 @@ class ScriptedBackend:
     name = "scripted"
     model_id = "scripted"
     device = "cpu"
+    max_chunk_tokens: int | None = None
 
     def __init__(
         self,

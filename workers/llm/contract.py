@@ -95,6 +95,8 @@ class LLMBackend(Protocol):
     name: str  # "ctranslate2" | "vllm"
     model_id: str  # provenance: what was loaded, recorded on every row
     context_length: int  # prompt + generated tokens the model accepts
+    # Document tokens per model call at most, below what the context allows (None: no cap).
+    max_chunk_tokens: int | None
     device: str  # "cpu" | "cuda"
     # True when json_schema/choices constrain decoding itself (vLLM); False when replies are
     # generated freely and only validated afterwards (CTranslate2), so a retry can help.

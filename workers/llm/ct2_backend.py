@@ -38,6 +38,14 @@ _STEP_FIXED_COST = {"cpu": 2.5, "cuda": 32.0}
 _PREFILL_TOKEN_COST = {"cpu": 0.15, "cuda": 0.01}
 # A shared prompt prefix shorter than this is not worth a separate forward pass.
 _MIN_SHARED_PREFIX = 16
+# CTranslate2's prefill on CPU holds a layer's attention scores whole (batch x heads x
+# prompt length^2 floats): one SmolLM2 prompt of 2k tokens peaked at 0.7 GB, 4k at 1.6 GB,
+# 7.8k at 3.6 GB (and took 5.7, 19.8, 62.9 s: the same quadratic). A 30-page summary in
+# two 7.9k-token chunks peaked at 4.3 GB. So on CPU a document is cut into chunks of at
+# most CPU_CHUNK_TOKENS (more map calls, each cheaper), and a batch holds at most
+# MAX_BATCH_TOKENS prompt tokens (a single longer prompt still runs, alone).
+CPU_CHUNK_TOKENS = 2048
+MAX_BATCH_TOKENS = 8192
 
 
 class ChatTemplate:
@@ -174,6 +182,7 @@ class CTranslate2Backend:
         self.device = device
         self.compute_type = compute_type
         self.context_length = int(meta.get("context_length") or _DEFAULT_CONTEXT_LENGTH)
+        self.max_chunk_tokens = CPU_CHUNK_TOKENS if device == "cpu" else None
         self.max_batch_size = max_batch_size
         self._tokenizer = Tokenizer.from_file(str(tokenizer_path))
         # Every added token of the vocabulary: untrusted text must not spell any of them.
@@ -314,7 +323,8 @@ class CTranslate2Backend:
     def _batches(
         self, indices: list[int], lengths: list[int], max_new_tokens: int
     ) -> list[list[int]]:
-        """Batches of at most ``max_batch_size`` prompts of similar length.
+        """Batches of at most ``max_batch_size`` prompts of similar length and at most
+        MAX_BATCH_TOKENS prompt tokens.
 
         CTranslate2 feeds the prompt tokens beyond the shortest prompt of a batch one step
         at a time (OpenNMT/CTranslate2#1349), each step costing as much as a decoding step
@@ -333,6 +343,15 @@ class CTranslate2Backend:
         one-at-a-time loop in scripts/bench_process.py); float16 on CUDA is taken to behave
         like float32 here, which has not been checked on a GPU.
         """
+        return [
+            part
+            for batch in self._batches_by_cost(indices, lengths, max_new_tokens)
+            for part in _within_tokens(batch, lengths, MAX_BATCH_TOKENS)
+        ]
+
+    def _batches_by_cost(
+        self, indices: list[int], lengths: list[int], max_new_tokens: int
+    ) -> list[list[int]]:
         ordered = sorted(indices, key=lambda i: lengths[i])
         if not self._exact_mixed_batches:
             groups = [list(g) for _, g in itertools.groupby(ordered, key=lambda i: lengths[i])]
@@ -378,7 +397,7 @@ class CTranslate2Backend:
         continuations = [[*self._tokens(choice), end] for choice in choices]
         sequences = [prompt + cont for prompt in prompts for cont in continuations]
         scores = self._generator.score_batch(
-            sequences, max_batch_size=self.max_batch_size, max_input_length=0
+            sequences, max_batch_size=MAX_BATCH_TOKENS, batch_type="tokens", max_input_length=0
         )
         best: list[str] = []
         for p in range(len(prompts)):
@@ -390,3 +409,20 @@ class CTranslate2Backend:
                     top_label, top_score = choices[c], score
             best.append(top_label)
         return best
+
+
+def _within_tokens(batch: list[int], lengths: list[int], budget: int) -> list[list[int]]:
+    """``batch`` cut, in order, into runs of at most ``budget`` prompt tokens (a longer
+    prompt alone)."""
+    parts: list[list[int]] = []
+    run: list[int] = []
+    total = 0
+    for i in batch:
+        if run and total + lengths[i] > budget:
+            parts.append(run)
+            run, total = [], 0
+        run.append(i)
+        total += lengths[i]
+    if run:
+        parts.append(run)
+    return parts

@@ -815,8 +815,9 @@ def _generate(
 def _prompt_budget(backend: LLMBackend, spec: TaskSpec, overhead: int) -> int:
     """Document tokens that fit next to the prompt scaffolding and the reply."""
     budget = backend.context_length - spec.new_tokens - overhead - _CONTEXT_MARGIN
-    if spec.chunk_tokens is not None:
-        budget = min(budget, spec.chunk_tokens)
+    for cap in (spec.chunk_tokens, backend.max_chunk_tokens):
+        if cap is not None:
+            budget = min(budget, cap)
     return budget
 
 
