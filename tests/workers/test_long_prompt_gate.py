@@ -75,3 +75,30 @@ def test_a_long_prompt_waits_at_most_its_hold_under_a_steady_stream_of_short_one
 
     asyncio.run(scenario())
     assert gate.short == 0
+
+
+def _round_then_retry(gate: _LongPromptGate, log: list) -> None:
+    """A call's first round, then its retry a moment after the reply, as the actor's thread
+    sends it (the long prompt waits from just after the first round began)."""
+
+    async def call() -> None:
+        await _request(gate, 50, 0.2, log)
+        await asyncio.sleep(0.02)  # the actor reads the replies and sends the retry
+        await _request(gate, 60, 0.3, log)
+
+    async def scenario() -> None:
+        first = asyncio.ensure_future(call())
+        await asyncio.sleep(0.05)
+        await asyncio.gather(first, _request(gate, 500, 0.0, log))
+
+    asyncio.run(scenario())
+
+
+def test_a_calls_next_round_sent_right_after_its_reply_goes_in_before_a_waiting_long_prompt():
+    log: list = []
+    _round_then_retry(_LongPromptGate(STEP, grace_s=0.0, hold_s=10.0, settle_s=0.2), log)
+    assert _at(log, "in", 500) >= _at(log, "out", 60)
+    # Without the settling time the long prompt slips in between the two rounds.
+    log = []
+    _round_then_retry(_LongPromptGate(STEP, grace_s=0.0, hold_s=10.0, settle_s=0.0), log)
+    assert _at(log, "out", 50) <= _at(log, "in", 500) < _at(log, "in", 60)

@@ -55,10 +55,12 @@ DEFAULT_MAX_MODEL_LEN = 16_384
 # in flight, 64 sequences of 360 tokens.
 CPU_KV_CACHE_BYTES = 1 << 30
 # A prompt longer than one engine step's token budget (``max_num_batched_tokens``) is
-# "long": see _LongPromptGate. How long it waits for shorter work arriving with it, and at
-# most behind shorter work in flight (on 2 cores a call of 4 short summaries took 31 s).
+# "long": see _LongPromptGate. How long it waits for shorter work arriving with it, at most
+# behind shorter work in flight (on 2 cores a call of 4 short summaries took 31 s), and with
+# no short request in flight before it goes in (a call's next round is milliseconds away).
 LONG_PROMPT_GRACE_S = 2.0
 LONG_PROMPT_HOLD_S = 30.0
+LONG_PROMPT_SETTLE_S = 0.5
 
 
 def import_vllm() -> Any:
@@ -174,15 +176,29 @@ class _LongPromptGate:
     behind one straggler (a short summary that looped to its token cap and was retried kept
     a 30-page report out for 120 s with a longer hold, while the engine decoded one
     sequence). One that finds no short request waits ``grace_s`` for shorter work arriving
-    with it (the calls queued at an actor's start land together).
+    with it (the calls queued at an actor's start land together). And the last short request
+    leaving lets the long ones in only after ``settle_s`` with none back: a call's next round
+    (a retry of a looping summary, a reduce) comes a few milliseconds after its last reply,
+    from the actor's thread, and lost that race to the waiting prompt: three retries then
+    took 51 s behind two 7.8k-token prefills instead of about 3 s, and their call of four
+    short documents committed at 85 s instead of 40 s.
+
+    vLLM's own cap on a long prefill's tokens per step (``long_prefill_token_threshold``,
+    64) did not help on CPU: every token of a step costs compute there, so the short
+    documents' decode steps still carried the long prefill, and they committed at 89 s, as
+    with no gate at all (85-87 s; 10 short documents and a 15k-token report, 2 cores).
     Runs on the engine's event loop only, so it needs no lock.
     """
 
-    def __init__(self, step_tokens: int, grace_s: float, hold_s: float) -> None:
+    def __init__(
+        self, step_tokens: int, grace_s: float, hold_s: float, settle_s: float = 0.0
+    ) -> None:
         self.step_tokens, self.grace_s, self.hold_s = step_tokens, grace_s, hold_s
+        self.settle_s = settle_s
         self.short = 0  # short requests in flight
         self._none_short = asyncio.Event()
         self._none_short.set()
+        self._settling: asyncio.TimerHandle | None = None
 
     def is_long(self, prompt_tokens: int) -> bool:
         return prompt_tokens > self.step_tokens
@@ -191,11 +207,14 @@ class _LongPromptGate:
         if not self.is_long(prompt_tokens):
             self.short += 1
             self._none_short.clear()
+            if self._settling is not None:
+                self._settling.cancel()
+                self._settling = None
             return
         deadline = time.monotonic() + self.hold_s
         if not self.short:
             await asyncio.sleep(self.grace_s)
-        while self.short and time.monotonic() < deadline:
+        while not self._none_short.is_set() and time.monotonic() < deadline:
             try:
                 await asyncio.wait_for(self._none_short.wait(), deadline - time.monotonic())
             except TimeoutError:
@@ -205,7 +224,12 @@ class _LongPromptGate:
         if not self.is_long(prompt_tokens):
             self.short -= 1
             if not self.short:
-                self._none_short.set()
+                self._settling = asyncio.get_running_loop().call_later(self.settle_s, self._settled)
+
+    def _settled(self) -> None:
+        self._settling = None
+        if not self.short:
+            self._none_short.set()
 
 
 class _Engine:
@@ -239,7 +263,9 @@ class _Engine:
             self.loop.call_soon_threadsafe(self.loop.stop)
             raise
         step = self.llm.vllm_config.scheduler_config.max_num_batched_tokens
-        self.gate = _LongPromptGate(int(step), LONG_PROMPT_GRACE_S, LONG_PROMPT_HOLD_S)
+        self.gate = _LongPromptGate(
+            int(step), LONG_PROMPT_GRACE_S, LONG_PROMPT_HOLD_S, LONG_PROMPT_SETTLE_S
+        )
 
     def run(
         self, prompts: list[Any], sampling: list[Any], gated: bool = True
