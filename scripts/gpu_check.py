@@ -7,8 +7,9 @@
 ``prepare`` runs where the bundled model is installed: it writes two model folders without
 weights, a tiny Llama for the structural checks and a Llama-3.1-8B-shaped one for
 throughput, each with the bundled SmolLM2 tokenizer (its 49,152-token vocabulary stands in
-for Llama 3's 128,256: the 8B shape is exact but for the embedding and output rows). The
-folder is a few MB and travels with the working tree (``carry``).
+for Llama 3's 128,256: the 8B shape is exact but for the embedding and output rows), and the
+Whisper half's vocabulary (``scripts/gpu_check_whisper.py``). The folder is a few MB and
+travels with the working tree (``carry``).
 
 ``run`` needs nothing else: the engine builds each model with random weights
 (``load_format="dummy"``), so every check is structural: one reply per prompt in order,
@@ -63,6 +64,10 @@ def prepare(folder: Path) -> None:
         for file in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
             shutil.copy(source / file, target / file)
     print(f"gpu_check: wrote {folder}/tiny and {folder}/llama8b (configs and tokenizer)")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gpu_check_whisper import prepare as prepare_whisper
+
+    prepare_whisper(folder)
 
 
 def _documents(n: int, words: int) -> list[str]:

@@ -17,8 +17,9 @@ def test_gpu_check_passes_in_cpu_mode_from_configs_and_dummy_weights(tmp_path):
     configs, out = tmp_path / "configs", tmp_path / "out"
     prepare = [sys.executable, "scripts/gpu_check.py", "prepare", "--dir", str(configs)]
     subprocess.run(prepare, cwd=REPO, check=True, timeout=300)
-    assert {p.name for p in configs.iterdir()} == {"tiny", "llama8b"}
+    assert {p.name for p in configs.iterdir()} == {"tiny", "llama8b", "whisper"}
     assert not list(configs.glob("*/*.safetensors"))  # configs and tokenizer only
+    assert not list(configs.glob("*/model.bin"))
     env = {**os.environ, "OUT": str(out), "GPU_CHECK_DIR": str(configs), "PYTHON": sys.executable}
     done = subprocess.run(
         ["bash", "scripts/gpu_check.sh", "--cpu", "--docs", "16"],
@@ -33,3 +34,12 @@ def test_gpu_check_passes_in_cpu_mode_from_configs_and_dummy_weights(tmp_path):
     assert report["status"] == "pass", report
     assert set(report["structural"]) == {"generate", "extract", "classify", "summarize"}
     assert report["throughput"]["documents"] == 16 and report["throughput"]["ratio"] > 0
+    # The Whisper half: a random-weight tiny.en-shaped model through overnight's worker, one
+    # against two model workers, every recording one row.
+    whisper = json.loads((out / "whisper_check.json").read_text())
+    assert whisper["status"] == "pass", whisper
+    assert whisper["load"]["status"] == "ok" and whisper["load"]["device"] == "cpu"
+    runs = whisper["workers"]
+    assert sum(runs["row_statuses"].values()) == runs["recordings"] * runs["passes"] * 2
+    assert len(runs["two_over_one"]["16"]) == runs["passes"]
+    assert all(r > 0 for r in runs["two_over_one"]["16"])
