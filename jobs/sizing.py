@@ -11,7 +11,8 @@ One rule for the Whisper pool (transcribe, chain, tune) and the LLM pool (proces
   faster-whisper loop, the spec's old 1-CPU actor 1.5-1.8x), and a pool holding every core
   leaves no slot for a decode task, so the model would starve.
 - A model actor runs one model worker per core it holds, one thread each, on CPU (two
-  one-thread CTranslate2 workers outran one two-thread worker), and one worker on a GPU.
+  one-thread CTranslate2 workers outran one two-thread worker), and ``gpu_model_workers`` on a
+  GPU: 1, or 2 for a Whisper with a light decoder (``workers.whisper_options``).
 
 An explicit value always wins; ``auto`` fills only what the user left unset, and what it
 chose is printed at start and recorded in the run summary's ``options``. ``overnight plan``
@@ -96,6 +97,7 @@ def size_pool(
     model_workers: int = 0,
     threads: int = 0,
     names: dict[str, str] | None = None,
+    gpu_model_workers: int = 1,
 ) -> Pool:
     """Fill what is None (or 0 for workers and threads) from ``nodes``; keep the rest."""
     auto: list[str] = []
@@ -140,7 +142,7 @@ def size_pool(
             auto.append("task_cpus")
     cores = max(1, math.ceil(cpus_per_actor))
     if not model_workers:
-        model_workers = 1 if device == "cuda" else cores
+        model_workers = gpu_model_workers if device == "cuda" else cores
         auto.append("model_workers")
     if not threads:
         threads = 0 if device == "cuda" else max(1, cores // model_workers)
@@ -179,6 +181,7 @@ def size_job_pool(
     task_cpus: float | None,
     model_workers: int,
     names: dict[str, str],
+    gpu_model_workers: int = 1,
 ) -> Pool:
     """``size_pool`` for a job section: its own pool fields, its CPU stage's share."""
     return size_pool(
@@ -191,6 +194,7 @@ def size_job_pool(
         model_workers=model_workers,
         threads=opts.cpu_threads,
         names=names,
+        gpu_model_workers=gpu_model_workers,
     )
 
 

@@ -37,6 +37,7 @@ from overnight.workers.whisper_options import (
     DecodingOptions,
     WhisperOptions,
     english_only,
+    gpu_model_workers,
     is_english,
 )
 
@@ -73,6 +74,7 @@ def whisper_pool(opts: TranscribeOptions, device: str, nodes: list[sizing.Node])
         task_cpus=opts.decode_cpus,
         model_workers=opts.model_workers,
         names=POOL_NAMES,
+        gpu_model_workers=gpu_model_workers(opts.model),
     )
 
 
