@@ -160,6 +160,27 @@ def test_vllm_backend_without_vllm_raises_engine_unavailable_with_an_install_hin
         load_backend("vllm", None)
 
 
+def test_a_cuda_library_that_cannot_be_opened_fails_the_load_not_the_first_document(
+    model_dir: Path, monkeypatch
+) -> None:
+    # CTranslate2's CUDA build opens cuBLAS at its first computation; on an H200 with a CUDA 13
+    # image the load itself succeeded and every generate raised this (scripts/gpu_check.py).
+    import ctranslate2
+
+    class NoCublas:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def generate_batch(self, *args: Any, **kwargs: Any) -> list[Any]:
+            raise RuntimeError("Library libcublas.so.12 is not found or cannot be loaded")
+
+    monkeypatch.setattr(ctranslate2, "Generator", NoCublas)
+    with pytest.raises(
+        EngineUnavailable, match=r"cannot run .* on cpu \(int8\): Library libcublas"
+    ):
+        load_backend("ctranslate2", str(model_dir), device="cpu")
+
+
 def test_unknown_backend_raises_engine_unavailable_naming_the_choices() -> None:
     with pytest.raises(EngineUnavailable, match="ctranslate2, vllm"):
         load_backend("llamacpp", None)

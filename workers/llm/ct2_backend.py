@@ -20,6 +20,7 @@ from overnight.workers.llm.contract import (
     FINISH_LENGTH,
     FINISH_STOP,
     BackendConfigError,
+    EngineUnavailable,
     Generation,
     GenerationParams,
     split_on_offsets,
@@ -201,6 +202,17 @@ class CTranslate2Backend:
             str(model_dir), device=device, compute_type=compute_type, intra_threads=cpu_threads
         )
         self.cpu_threads = cpu_threads
+        # One decoding step inside the load, as the Whisper worker does: CTranslate2's CUDA
+        # build opens cuBLAS only when it first computes, so a missing libcublas.so.12 (seen
+        # on an H200 with a CUDA 13 image) would otherwise fail every document as an error
+        # row instead of stopping the job at load with its reason.
+        try:
+            self._generator.generate_batch([self._tokenizer.encode("ok").tokens], max_length=1)
+        except Exception as exc:
+            self._generator = None
+            raise EngineUnavailable(
+                f"CTranslate2 cannot run {self.model_id!r} on {device} ({compute_type}): {exc}"
+            ) from exc
         # Release the generator before interpreter shutdown: after a callback has stopped a
         # generation early, CTranslate2 4.8 sometimes aborts ("terminate called without an
         # active exception") when it is destroyed during finalization (about 1 exit in 3
