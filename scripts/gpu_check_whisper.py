@@ -114,6 +114,22 @@ def _find_cublas13() -> Path | None:
     return None
 
 
+def cublas12_env(work: Path) -> tuple[dict[str, str], str] | None:
+    """An environment whose ``LD_LIBRARY_PATH`` names this machine's cuBLAS 13 as
+    ``libcublas.so.12`` (a symlink under ``work``), and a note saying so; None without one."""
+    cublas = _find_cublas13()
+    if cublas is None:
+        return None
+    shim = work / "cublas12"
+    shim.mkdir(exist_ok=True)
+    link = shim / "libcublas.so.12"
+    if not link.exists():
+        link.symlink_to(cublas)
+    path = [str(shim), str(cublas.parent), os.environ.get("LD_LIBRARY_PATH", "")]
+    env = {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(path)}
+    return env, f"libcublas.so.12 -> {cublas} (check machine only)"
+
+
 def _rows(chunks: int, n_mels: int) -> Any:
     """Decoded recordings of 1-6 chunks of 30 s, as the decode stage hands them on."""
     import numpy as np
@@ -270,16 +286,10 @@ def run(args: argparse.Namespace) -> int:
         first = _child(args, model, out, dict(os.environ))
         report.update(first)
         message = first["load"].get("message", "")
-        cublas = _find_cublas13() if "libcublas.so.12" in message else None
-        if cublas is not None:
-            shim = work / "cublas12"
-            shim.mkdir()
-            (shim / "libcublas.so.12").symlink_to(cublas)
-            path = os.pathsep.join(
-                [str(shim), str(cublas.parent), os.environ.get("LD_LIBRARY_PATH", "")]
-            )
-            report["cublas_shim"] = f"libcublas.so.12 -> {cublas} (check machine only)"
-            second = _child(args, model, out, {**os.environ, "LD_LIBRARY_PATH": path})
+        shimmed = cublas12_env(work) if "libcublas.so.12" in message else None
+        if shimmed is not None:
+            env, report["cublas_shim"] = shimmed
+            second = _child(args, model, out, env)
             report["load_with_shim"] = second.pop("load")
             report.update(second)
         # Either the model ran, or it failed at load with its reason (the job's exit 5).

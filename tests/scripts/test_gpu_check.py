@@ -33,6 +33,8 @@ def test_gpu_check_passes_in_cpu_mode_from_configs_and_dummy_weights(tmp_path):
     report = json.loads((out / "gpu_check.json").read_text())
     assert report["status"] == "pass", report
     assert set(report["structural"]) == {"generate", "extract", "classify", "summarize"}
+    ct2 = report["ctranslate2_structural"]  # the other engine, the same checks
+    assert ct2["device"] == "cpu" and {"generate", "extract", "classify", "summarize"} <= set(ct2)
     assert report["throughput"]["documents"] == 16 and report["throughput"]["ratio"] > 0
     # The Whisper half: a random-weight tiny.en-shaped model through overnight's worker, one
     # against two model workers, every recording one row.
