@@ -30,7 +30,7 @@ _LIGHT_DECODER_MARKERS = ("turbo", "distil")
 def gpu_model_workers(model: str) -> int:
     """Model workers per GPU when the job leaves it to ``auto``: 2 for a light-decoder model,
     else 1. Measured on an H200 with ``scripts/gpu_check_whisper.py`` (random weights, 96
-    tokens per 30 s chunk, beam 5): two workers ran large-v3-turbo's shape 1.12-1.36x one at
+    tokens per 30 s chunk, beam 5): two workers ran large-v3-turbo's shape 1.09-1.36x one at
     batch sizes 16-64, large-v3's (32 decoder layers) 1.06x at batch 16 and 0.93x at 32. A
     4-layer decoder's beam-search steps are too short to keep the GPU busy (300-470 W of
     700); a second worker's kernels fill the gaps."""

@@ -55,7 +55,7 @@ def test_gpu_nodes_get_one_actor_per_gpu_and_cpu_only_clusters_one_per_node():
     assert gpu.task_cpus == sizing.GPU_NODE_TASK_CPUS
     cpu = whisper_pool(TranscribeOptions(), "cpu", [sizing.Node(0), sizing.Node(8), sizing.Node(8)])
     assert cpu.actors == 2 and cpu.cpus_per_actor == 7.0 and cpu.model_workers == 7
-    # A light-decoder Whisper runs two model workers per GPU (measured: 1.12-1.36x one), a
+    # A light-decoder Whisper runs two model workers per GPU (measured: 1.09-1.36x one), a
     # deep one one; an explicit value wins either way.
     turbo = TranscribeOptions(model="large-v3-turbo")
     assert whisper_pool(turbo, "cuda", [sizing.Node(16, 1)]).model_workers == 2
