@@ -9,7 +9,7 @@
 #   # faster-whisper, pydantic, pydantic-core, annotated-types, typing-inspection (47 MB);
 #   # for the LLM half's CTranslate2 checks also jsonschema, jsonschema-specifications,
 #   # referencing and rpds-py (0.6 MB).
-#   # vLLM (239 MB) does not fit in one 64 MiB carry: its half then SKIPs.
+#   # vLLM 0.32 (327 MB, pinning torch 2.13) does not fit in one 64 MiB carry: its part SKIPs.
 # On the device, with carry [".gpu-check", ".whl"]:
 #   bash scripts/gpu_check.sh
 # In CPU mode (the suite runs this, so the check cannot rot):
