@@ -21,7 +21,8 @@ average next to every figure: on a shared machine wall-clock throughput moves wi
 
 ``--pipelines`` are the pipeline variants, ACTORSxTHREADS[/ITEMS_PER_CALL[/MAX_BATCH]]
 (default ``2x1``: two actors of one CTranslate2 thread, each given half the documents in one
-call; ``1x0`` for vLLM: one actor on one GPU). ``--quality`` also extracts promised amounts
+call; for vLLM one actor, its model on every core, as ``overnight process``'s sizing gives it
+on a CPU node: ``1x2`` on 2 cores; on a GPU the threads do not matter). ``--quality`` also extracts promised amounts
 (the promise_to_pay task) and counts exact matches per compute type.
 """
 
@@ -505,7 +506,8 @@ def main() -> int:
         "--pipelines",
         default=None,
         help="ACTORSxTHREADS[/ITEMS_PER_CALL[/MAX_BATCH]], comma separated; default 2x1 "
-        "(ctranslate2: two actors of one thread), 1x0 (vllm: one actor, one GPU)",
+        "(ctranslate2: two actors of one thread), 1xCORES (vllm: one actor; on CPU its model "
+        "on every core, as the job's sizing gives it)",
     )
     ap.add_argument(
         "--threads", type=int, default=os.cpu_count() or 2, help="CTranslate2 threads for (a)"
@@ -528,7 +530,7 @@ def main() -> int:
     compute_types = [
         c for c in (args.compute_types or ("auto" if vllm else "float32,int8")).split(",") if c
     ]
-    pipelines = args.pipelines or ("1x0" if vllm else "2x1")
+    pipelines = args.pipelines or (f"1x{cpus}" if vllm else "2x1")
     variants = [
         parse_pipeline(p, args.docs, cpus, args.max_batch_size, vllm)
         for p in pipelines.split(",")

@@ -56,9 +56,32 @@ class Invoice(BaseModel):
 @pytest.fixture(scope="module")
 def backend() -> LLMBackend:
     model = os.environ.get("OVERNIGHT_VLLM_TEST_MODEL")  # None: the bundled model
-    engine = load_backend("vllm", model, max_model_len=2048, engine_kwargs={"seed": 0})
-    yield engine
-    engine.close()  # type: ignore[attr-defined]
+    with pytest.MonkeyPatch.context() as env:
+        # As the process job's actor on 2 cores: Ray set 1 thread for its 1.5 CPUs, and the
+        # pool's sizing gives the model 2 (cpu_threads).
+        env.setenv("OMP_NUM_THREADS", "1")
+        env.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+        engine = load_backend(
+            "vllm", model, max_model_len=2048, engine_kwargs={"seed": 0}, cpu_threads=2
+        )
+        yield engine
+        engine.close()  # type: ignore[attr-defined]
+
+
+def test_on_cpu_the_model_runs_in_the_engine_core_process_on_the_pools_threads(backend):
+    import psutil
+
+    if backend.device != "cpu":  # type: ignore[attr-defined]
+        pytest.skip("the CPU engine's process layout")
+    config = backend._engine.llm.vllm_config.parallel_config  # type: ignore[attr-defined]
+    assert config.distributed_executor_backend == "uni"
+    # The engine-core process holds the model (no worker process under it), and it started
+    # from an environment with the pool's 2 threads, not the 1 that Ray gives a 1.5-CPU actor
+    # (its own environ cannot be read back: vLLM's process title overwrites it).
+    cores = [p for p in psutil.Process().children(recursive=True) if "EngineCore" in p.name()]
+    assert len(cores) == 1, [(p.pid, p.name()) for p in cores]
+    assert cores[0].children() == []
+    assert os.environ["OMP_NUM_THREADS"] == "2"
 
 
 def _items(*texts: str) -> list[TaskInput]:

@@ -65,10 +65,11 @@ def load_backend(
     GGUF (for ``ctranslate2``, and for ``vllm`` on CPU), ``meta-llama/Llama-3.1-8B-Instruct``
     for ``vllm`` on a GPU. A local path (a CTranslate2 model directory for ``ctranslate2``, a
     Hugging Face model directory for ``vllm``, a ``.gguf`` file for either) or a hub name
-    goes through the same code. ``max_batch_size``/``cpu_threads`` apply to ``ctranslate2``;
-    ``max_num_seqs``, ``max_num_batched_tokens`` (None: vLLM's hardware defaults),
-    ``gpu_memory_utilization``, ``max_model_len`` and ``engine_kwargs`` (any other
-    ``vllm.LLM`` argument, winning over the derived ones) to ``vllm``. ``model_path``: a
+    goes through the same code. ``max_batch_size`` applies to ``ctranslate2``,
+    ``cpu_threads`` to both on CPU; ``max_num_seqs``, ``max_num_batched_tokens`` (None:
+    vLLM's hardware defaults), ``gpu_memory_utilization``, ``max_model_len`` and
+    ``engine_kwargs`` (any other ``vllm.LLM`` argument, winning over the derived ones) to
+    ``vllm``. ``model_path``: a
     local copy of the hub model ``model`` (fetched beforehand); loaded instead of fetching
     when this machine has it, with ``model`` as the model id.
     """
@@ -125,6 +126,7 @@ def load_backend(
             gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=max_model_len,
             engine_kwargs=engine_kwargs,
+            cpu_threads=cpu_threads,
         )
     raise EngineUnavailable(
         f"unknown LLM backend {backend!r}: use one of {', '.join(BACKENDS)} "

@@ -53,7 +53,7 @@ class LLMWorkerConfig:
     max_batch_size: CTranslate2 examples per batch.
     max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, max_model_len, engine_kwargs:
     vLLM (None: vLLM's own default for the hardware).
-    cpu_threads: CTranslate2 threads on CPU (0: its default).
+    cpu_threads: the model's threads on CPU, either engine (0: its default).
     max_new_tokens: overrides the task's cap on generated tokens per call.
     resource: the ``llm_resource`` label (a price-table key); None detects it.
     units: ``llm_units`` (GPUs or CPU cores held); None takes Ray's assignment or a guess.
