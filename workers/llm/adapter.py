@@ -69,9 +69,8 @@ def load_backend(
     ``cpu_threads`` to both on CPU; ``max_num_seqs``, ``max_num_batched_tokens`` (None:
     vLLM's hardware defaults), ``gpu_memory_utilization``, ``max_model_len`` and
     ``engine_kwargs`` (any other ``vllm.LLM`` argument, winning over the derived ones) to
-    ``vllm``. ``model_path``: a
-    local copy of the hub model ``model`` (fetched beforehand); loaded instead of fetching
-    when this machine has it, with ``model`` as the model id.
+    ``vllm``. ``model_path``: a local copy of the hub model ``model`` (fetched beforehand);
+    loaded instead of fetching when this machine has it, with ``model`` as the model id.
     """
     if model is not None and model_path is not None and Path(model_path).is_dir():
         model_id = model
