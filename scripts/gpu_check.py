@@ -18,9 +18,8 @@ row per document. Then it times overnight's task layer (calls of 4 documents, 32
 as the process job's vLLM actor runs them) against one raw generate of the same prompts.
 ``--cpu`` uses the tiny model for both parts. The structural checks also run on the
 CTranslate2 backend (the tiny model converted where it runs), with or without vLLM. Missing
-vLLM is a SKIP (exit 0) with the reason;
-everything lands in ``--out`` (default ``$OUT`` or ./gpu-check-out): ``gpu_check.json``,
-``nvidia-smi-dmon.txt`` when there is a GPU.
+vLLM is a SKIP (exit 0) with the reason; everything lands in ``--out`` (default ``$OUT`` or
+./gpu-check-out): ``gpu_check.json``, ``nvidia-smi-dmon.txt`` when there is a GPU.
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_check_whisper, beside this
 
 # head_dim 64: the CPU attention kernels take 32, 64, 80, 96, 112, 128, 256, not 16.
 TINY = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2}
@@ -66,7 +66,6 @@ def prepare(folder: Path) -> None:
         for file in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
             shutil.copy(source / file, target / file)
     print(f"gpu_check: wrote {folder}/tiny and {folder}/llama8b (configs and tokenizer)")
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from gpu_check_whisper import prepare as prepare_whisper
 
     prepare_whisper(folder)
@@ -162,7 +161,6 @@ def ct2_half(folder: Path, cpu: bool) -> dict[str, Any]:
         report: dict[str, Any] = {"load": f"error at load: {exc}"}
         if "libcublas.so.12" not in str(exc):
             return report
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from gpu_check_whisper import cublas12_env
 
     with tempfile.TemporaryDirectory(prefix="gpu-check-ct2-") as work:
