@@ -264,8 +264,8 @@ def run(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"mode": "cpu" if args.cpu else "gpu"}
     started = time.time()
     vocab = Path(args.dir) / "whisper"
-    missing = [m for m in ("ctranslate2", "torch", "transformers", "faster_whisper", "pydantic")]
-    missing = [m for m in missing if not _importable(m)]
+    needed = ("ctranslate2", "torch", "transformers", "faster_whisper", "pydantic")
+    missing = [m for m in needed if not _importable(m)]
     if missing or not (vocab / "tokenizer.json").is_file():
         why = f"{', '.join(missing)} not installed" if missing else f"no {vocab}/tokenizer.json"
         report["status"] = f"skip: {why}"
