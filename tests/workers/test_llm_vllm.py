@@ -8,10 +8,12 @@ Accuracy is whatever a 135M model gives; well-formedness is asserted on every ou
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
 from datetime import date
+from typing import Any
 
 import pytest
 from pydantic import BaseModel, Field
@@ -55,32 +57,50 @@ class Invoice(BaseModel):
 
 @pytest.fixture(scope="module")
 def backend() -> LLMBackend:
+    import torch
+
     model = os.environ.get("OVERNIGHT_VLLM_TEST_MODEL")  # None: the bundled model
+    threads = torch.get_num_threads()
     with pytest.MonkeyPatch.context() as env:
-        # As the process job's actor on 2 cores: Ray set 1 thread for its 1.5 CPUs, and the
-        # pool's sizing gives the model 2 (cpu_threads).
+        # As the process job's actor on 2 cores: Ray started it with 1 thread for its 1.5
+        # CPUs (torch took that at import), and the pool's sizing gives the model 2.
         env.setenv("OMP_NUM_THREADS", "1")
+        torch.set_num_threads(1)
         env.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
         engine = load_backend(
             "vllm", model, max_model_len=2048, engine_kwargs={"seed": 0}, cpu_threads=2
         )
         yield engine
         engine.close()  # type: ignore[attr-defined]
+    torch.set_num_threads(threads)
 
 
-def test_on_cpu_the_model_runs_in_the_engine_core_process_on_the_pools_threads(backend):
+def _on_engine_thread(backend: LLMBackend, fn: Any) -> Any:
+    """``fn()`` run on the thread that steps the engine."""
+    engine = backend._engine  # type: ignore[attr-defined]
+
+    async def call() -> Any:
+        return fn()
+
+    return asyncio.run_coroutine_threadsafe(call(), engine.loop).result()
+
+
+def test_on_cpu_the_engine_runs_in_the_actors_process_on_the_pools_threads(backend):
     import psutil
+    import torch
 
     if backend.device != "cpu":  # type: ignore[attr-defined]
         pytest.skip("the CPU engine's process layout")
-    config = backend._engine.llm.vllm_config.parallel_config  # type: ignore[attr-defined]
-    assert config.distributed_executor_backend == "uni"
-    # The engine-core process holds the model (no worker process under it), and it started
-    # from an environment with the pool's 2 threads, not the 1 that Ray gives a 1.5-CPU actor
-    # (its own environ cannot be read back: vLLM's process title overwrites it).
-    cores = [p for p in psutil.Process().children(recursive=True) if "EngineCore" in p.name()]
-    assert len(cores) == 1, [(p.pid, p.name()) for p in cores]
-    assert cores[0].children() == []
+    engine = backend._engine  # type: ignore[attr-defined]
+    assert engine.in_process
+    assert engine.llm.vllm_config.parallel_config.distributed_executor_backend == "uni"
+    # No engine-core or model process: the engine steps in this process...
+    engines = [
+        p.name() for p in psutil.Process().children(recursive=True) if "Engine" in p.name()
+    ]
+    assert engines == []
+    # ...on the pool's 2 threads, not the 1 that Ray gives a 1.5-CPU actor.
+    assert _on_engine_thread(backend, torch.get_num_threads) == 2
     assert os.environ["OMP_NUM_THREADS"] == "2"
 
 
@@ -295,3 +315,84 @@ def test_a_long_document_arriving_first_does_not_hold_back_the_short_ones(
     # time (1.9-2.2 s); without it the long prefill shared the engine steps with the short
     # documents and they ended nearly together, 0.79-0.86x (6.5-6.8 s).
     assert done["short"] < 0.5 * done["long"], done
+
+
+def _vllm_env(monkeypatch: pytest.MonkeyPatch, multiprocessing: str | None) -> None:
+    """Set VLLM_ENABLE_V1_MULTIPROCESSING (None: unset) for the next engine. vLLM caches its
+    environment once an engine has started, a process's first engine deciding for all the
+    others; a job's actor only ever starts one, this module starts three. The caller clears
+    the cache again when it is done, so that later engines read the restored environment."""
+    import vllm.envs
+
+    if multiprocessing is None:
+        monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", multiprocessing)
+    vllm.envs.disable_envs_cache()
+
+
+def test_vllms_own_layout_with_an_engine_core_process_gives_the_same_texts(
+    backend: LLMBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPU's layout (AsyncLLM, the engine core in a process of its own), run here on CPU
+    through the same backend so that it cannot rot while CI has no GPU: a job's
+    ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` selects it."""
+    import psutil
+    import vllm.envs
+
+    if backend.device != "cpu":  # type: ignore[attr-defined]
+        pytest.skip("on a GPU this is the module's engine")
+    _vllm_env(monkeypatch, "1")
+    other = load_backend(
+        "vllm",
+        os.environ.get("OVERNIGHT_VLLM_TEST_MODEL"),
+        max_model_len=2048,
+        engine_kwargs={"seed": 0},
+        cpu_threads=2,
+    )
+    try:
+        assert not other._engine.in_process  # type: ignore[attr-defined]
+        names = [p.name() for p in psutil.Process().children(recursive=True)]
+        assert any("EngineCore" in n for n in names), names
+        convs = [[{"role": "user", "content": d}] for d in DOCUMENTS]
+        params = GenerationParams(max_new_tokens=24)
+        mine = [(g.text, g.output_tokens) for g in backend.generate(convs, params)]
+        theirs = [(g.text, g.output_tokens) for g in other.generate(convs, params)]
+        assert theirs == mine
+    finally:
+        other.close()  # type: ignore[attr-defined]
+        vllm.envs.disable_envs_cache()
+
+
+def test_an_engine_step_that_fails_fails_its_requests_and_every_later_one_clearly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In process, the engine's steps run on the backend's own thread: an error there
+    reaches the calls waiting on it (none hangs), and later calls are refused with
+    EngineUnavailable instead of waiting for a stepper that has stopped."""
+    import vllm.envs
+
+    from overnight.workers.llm.adapter import EngineUnavailable
+
+    _vllm_env(monkeypatch, None)
+    broken = load_backend(
+        "vllm", os.environ.get("OVERNIGHT_VLLM_TEST_MODEL"), max_model_len=2048, cpu_threads=2
+    )
+    try:
+        engine = broken._engine  # type: ignore[attr-defined]
+        if not engine.in_process:
+            pytest.skip("the in-process engine only (CPU)")
+
+        def step() -> None:
+            raise RuntimeError("simulated failure inside the model's step")
+
+        monkeypatch.setattr(engine.llm, "step", step)
+        convs = [[{"role": "user", "content": d}] for d in DOCUMENTS]
+        with pytest.raises(RuntimeError, match="simulated failure"):
+            broken.generate(convs, GenerationParams(max_new_tokens=8))
+        with pytest.raises(EngineUnavailable, match="the vLLM engine stopped"):
+            broken.generate(convs[:1], GenerationParams(max_new_tokens=8))
+        assert engine._waiting == {}
+    finally:
+        broken.close()  # type: ignore[attr-defined]
+        vllm.envs.disable_envs_cache()

@@ -6,8 +6,9 @@ Both packages are the same engine and API; which one is installed decides the de
 imports on machines without either. Structured outputs use ``StructuredOutputsParams``
 (the ``guided_*`` fields were removed in vLLM 0.12).
 
-Continuous batching across calls: the engine is vLLM's ``AsyncLLM`` on an event loop of its
-own thread. ``generate`` may be called from any thread and blocks until its replies are done;
+Continuous batching across calls: the engine (vLLM's ``AsyncLLM`` on a GPU, its ``LLMEngine``
+stepped in this process on CPU: see ``_Engine``) runs on an event loop of its own thread.
+``generate`` may be called from any thread and blocks until its replies are done;
 meanwhile the engine's scheduler mixes its requests with those of every other call in flight
 (the Ray actor runs several at once), so map and reduce rounds, extract retries and documents
 of every length share the steps, and no call waits for another's long tail. This is how Ray's
@@ -234,32 +235,35 @@ class _LongPromptGate:
 
 
 class _Engine:
-    """``AsyncLLM`` on an event loop in a daemon thread; ``run`` is callable from any thread."""
+    """The engine on an event loop in a daemon thread; ``run`` is callable from any thread.
 
-    def __init__(self, engine_args: dict[str, Any]) -> None:
-        from vllm import AsyncEngineArgs
-        from vllm.usage.usage_lib import UsageContext
-        from vllm.v1.engine.async_llm import AsyncLLM
+    Two layouts, one interface. ``in_process=False``: vLLM's ``AsyncLLM``, whose engine core
+    (scheduler and model) runs in a process of its own and overlaps its steps with this
+    process's tokenizing and detokenizing: the layout for a GPU. ``in_process=True``: vLLM's
+    ``LLMEngine`` with its engine core in this process, stepped on the loop's thread between
+    the requests' coroutines, as ``vllm.LLM`` runs it: no second process to start. On CPU
+    the model's steps are the whole cost, so nothing is lost by not overlapping; the engine
+    started in 7.5 s instead of 12.6 s (2 cores, SmolLM2-135M: the second process imported
+    torch and vLLM again), and generated the same texts at 160 against 164 tokens/s (24
+    prompts of 473 tokens, 64 new tokens each, layouts taking turns; /tmp probe).
+    """
 
+    def __init__(self, engine_args: dict[str, Any], *, in_process: bool = False) -> None:
+        self.in_process = in_process
         self._inflight: dict[str, float] = {}  # request -> engine seconds so far
         self._since = time.perf_counter()
+        # in_process: each request's future, completed by the stepper; the error that
+        # stopped the stepper, if one did.
+        self._waiting: dict[str, asyncio.Future[Any]] = {}
+        self._broken: BaseException | None = None
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(
             target=self.loop.run_forever, name="vllm-engine", daemon=True
         )
         self.thread.start()
-
-        async def start() -> Any:
-            # An offline batch job, as vllm.LLM is: its usage context picks vLLM's hardware
-            # defaults for max_num_seqs and max_num_batched_tokens (1024/16384 on an
-            # H100/H200, 256/4096 on CPU). AsyncLLM's own context, the serving engine's,
-            # fell back to 128/2048 on every device.
-            return AsyncLLM.from_engine_args(
-                AsyncEngineArgs(**engine_args), usage_context=UsageContext.LLM_CLASS
-            )
-
+        start = self._start_in_process if in_process else self._start_async
         try:
-            self.llm = asyncio.run_coroutine_threadsafe(start(), self.loop).result()
+            self.llm = asyncio.run_coroutine_threadsafe(start(engine_args), self.loop).result()
         except BaseException:
             self.loop.call_soon_threadsafe(self.loop.stop)
             raise
@@ -267,6 +271,79 @@ class _Engine:
         self.gate = _LongPromptGate(
             int(step), LONG_PROMPT_GRACE_S, LONG_PROMPT_HOLD_S, LONG_PROMPT_SETTLE_S
         )
+
+    async def _start_async(self, engine_args: dict[str, Any]) -> Any:
+        from vllm import AsyncEngineArgs
+        from vllm.usage.usage_lib import UsageContext
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        # An offline batch job, as vllm.LLM is: its usage context picks vLLM's hardware
+        # defaults for max_num_seqs and max_num_batched_tokens (1024/16384 on an H100/H200,
+        # 256/4096 on CPU). AsyncLLM's own context, the serving engine's, fell back to
+        # 128/2048 on every device.
+        return AsyncLLM.from_engine_args(
+            AsyncEngineArgs(**engine_args), usage_context=UsageContext.LLM_CLASS
+        )
+
+    async def _start_in_process(self, engine_args: dict[str, Any]) -> Any:
+        from vllm import EngineArgs
+        from vllm.usage.usage_lib import UsageContext
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        # Built on the loop's thread, the one that runs every step: the model's set-up and
+        # its forward passes share one thread and its OpenMP team.
+        llm = LLMEngine.from_engine_args(
+            EngineArgs(**engine_args),
+            usage_context=UsageContext.LLM_CLASS,
+            enable_multiprocessing=False,
+        )
+        self._work = asyncio.Event()
+        self._stepper = asyncio.get_running_loop().create_task(self._step_forever(llm))
+        return llm
+
+    async def _step_forever(self, llm: Any) -> None:
+        """in_process: step the engine while it has requests; between steps the loop runs
+        the requests' coroutines (new requests go in, the gate's timers fire)."""
+        while True:
+            if not llm.has_unfinished_requests():
+                self._work.clear()
+                await self._work.wait()
+                continue
+            try:
+                outputs = llm.step()
+            except Exception as exc:  # the engine is broken: every request fails with it
+                self._broken = exc
+                for future in self._waiting.values():
+                    if not future.done():
+                        future.set_exception(exc)
+                self._waiting.clear()
+                return
+            for output in outputs:
+                waiter = self._waiting.get(output.request_id)
+                if output.finished and waiter is not None:
+                    del self._waiting[output.request_id]
+                    if not waiter.done():
+                        waiter.set_result(output)
+            await asyncio.sleep(0)
+
+    async def _generate(self, prompt: Any, params: Any, request: str) -> Any:
+        """The request's final output (``RequestOutputKind.FINAL_ONLY``)."""
+        if not self.in_process:
+            final = None
+            async for output in self.llm.generate(prompt, params, request):
+                final = output
+            return final
+        if self._broken is not None:
+            raise EngineUnavailable(f"the vLLM engine stopped: {self._broken}")
+        future: asyncio.Future[Any] = self.loop.create_future()
+        self._waiting[request] = future
+        try:
+            self.llm.add_request(request, prompt, params)
+        except BaseException:
+            self._waiting.pop(request, None)
+            raise
+        self._work.set()
+        return await future
 
     def run(
         self, prompts: list[Any], sampling: list[Any], gated: bool = True
@@ -282,10 +359,8 @@ class _Engine:
             size = len(prompt["prompt_token_ids"]) if gated else 0
             await self.gate.enter(size)
             self._account(request, start=True)
-            final = None
             try:
-                async for output in self.llm.generate(prompt, params, request):
-                    final = output
+                final = await self._generate(prompt, params, request)
             finally:
                 share = self._account(request, start=False)
                 self.gate.leave(size)
@@ -311,7 +386,11 @@ class _Engine:
 
     def close(self) -> None:
         async def stop() -> None:
-            self.llm.shutdown()
+            if self.in_process:
+                self._stepper.cancel()
+                self.llm.engine_core.shutdown()
+            else:
+                self.llm.shutdown()
             # The engine's output handlers: cancelled and awaited here, not left pending.
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
             for task in tasks:
@@ -339,27 +418,31 @@ class VLLMBackend:
 
         self.device = vllm_device()
         self.cpu_threads = cpu_threads
+        in_process = False
         if self.device == "cpu":
-            # On CPU the model runs inside vLLM's engine-core process (its uniprocess
-            # executor) instead of a third process of its own. The multiprocess executor
-            # binds the model to one core and leaves the other to the engine core, whose
-            # scheduler only works between the model's steps; in one process the two take
-            # turns on one thread and the model's OpenMP threads get both cores. Measured on
-            # 2 cores, SmolLM2-135M, 24 prompts of 473 tokens, 64 new tokens each, settings
-            # taking turns (/tmp probe): start 12.7-13.1 s against 18.2-19.0 s, generation
-            # 144-145 against 82 generated tokens/s, the same texts. vLLM's CPU platform
-            # keeps the multiprocess executor unless this variable is 0; a job's own
-            # value wins.
+            # On CPU the engine core (scheduler and model) runs in this process, stepped by
+            # _Engine: no second process that imports torch and vLLM again (5 s of a 12.6 s
+            # start on 2 cores), and the model's OpenMP threads get every core the pool
+            # gave it. vLLM-CPU's default, a process for the engine core and one more for
+            # the model (its multiprocess executor), bound the model to one core of two and
+            # generated 82 tokens/s against 144-164 in one process. A job's own
+            # VLLM_ENABLE_V1_MULTIPROCESSING=1 wins and gets vLLM's layout back.
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            in_process = not vllm.envs.VLLM_ENABLE_V1_MULTIPROCESSING
             if cpu_threads > 0:
-                # The engine-core process inherits this at its start. Ray sets it to the
-                # actor's whole CPUs (1 for the 1.5 of a 2-core node), which left the model
-                # one thread; the pool's sizing gives it the cores it holds.
+                # Ray starts an actor with OMP_NUM_THREADS set to its whole CPUs (1 for the
+                # 1.5 of a 2-core node), and torch took its thread count from it at import;
+                # the pool's sizing gives the model the cores it holds. vLLM reads the
+                # variable too (it then leaves torch's threads alone), and an engine-core
+                # process inherits it.
                 os.environ["OMP_NUM_THREADS"] = str(cpu_threads)
+                import torch
+
+                torch.set_num_threads(cpu_threads)
         self.engine_args = engine_arguments(model, self.device, **settings)
         self._vllm_sampling = vllm_sampling
         self._SamplingParams = vllm.SamplingParams
-        self._engine: _Engine | None = _Engine(self.engine_args)
+        self._engine: _Engine | None = _Engine(self.engine_args, in_process=in_process)
         self._tokenizer = self._engine.llm.get_tokenizer()
         self._tokenizer_lock = threading.Lock()
         # Every added token of the vocabulary: untrusted text must not spell any of them.
@@ -372,7 +455,6 @@ class VLLMBackend:
         # vLLM's chunked prefill and paged attention keep memory to the KV cache it was
         # given, whatever the prompt's length.
         self.max_chunk_tokens: int | None = None
-        self.cpu_threads = 0
 
     def close(self) -> None:
         """Stop the engine's processes now rather than at interpreter exit."""
