@@ -104,6 +104,27 @@ def test_on_cpu_the_engine_runs_in_the_actors_process_on_the_pools_threads(backe
     assert os.environ["OMP_NUM_THREADS"] == "2"
 
 
+def test_while_a_grammar_compiles_the_in_process_engine_does_not_spin(
+    backend: LLMBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests waiting on a structured output's grammar leave the engine nothing to run;
+    stepping it again at once spun about 6,000 empty steps through one guided choice over
+    8 documents (2.3 s, against 1.9 s with the back-off)."""
+    import uuid
+
+    engine = backend._engine  # type: ignore[attr-defined]
+    if not engine.in_process:
+        pytest.skip("the in-process engine only (CPU)")
+    calls = []
+    step = engine.llm.step
+    monkeypatch.setattr(engine.llm, "step", lambda: calls.append(1) or step())
+    # Labels never seen before: their grammar is compiled for this call.
+    labels = [f"label{uuid.uuid4().hex[:6]}" for _ in range(3)]
+    convs = [[{"role": "user", "content": f"Which label fits case {i}?"}] for i in range(8)]
+    assert set(backend.choose(convs, labels)) <= set(labels)
+    assert 0 < len(calls) < 300, len(calls)
+
+
 def _items(*texts: str) -> list[TaskInput]:
     return [TaskInput(str(i), text) for i, text in enumerate(texts)]
 
