@@ -21,6 +21,8 @@ from overnight.jobs.commits import ACTOR_STARTED, MODEL_READY
 from overnight.jobs.errors import EngineFailed, ModelNotFound, OvernightError
 from overnight.schemas import ErrorCode
 
+log = logging.getLogger(__name__)
+
 
 def _below_error(record: logging.LogRecord) -> bool:
     return record.levelno < logging.ERROR
@@ -67,6 +69,7 @@ def ensure_ray(address: str | None, verbose: bool = False) -> None:
     context.raise_original_map_exception = True
     if verbose:
         return
+    _quiet_raylet_echo()
     # Our own progress lines replace Ray Data's per-operator log dumps.
     data_logger = logging.getLogger("ray.data")
     data_logger.setLevel(logging.WARNING)
@@ -78,6 +81,31 @@ def ensure_ray(address: str | None, verbose: bool = False) -> None:
         )
         if terminal and _below_error not in handler.filters:
             handler.addFilter(_below_error)
+
+
+def _quiet_raylet_echo() -> None:
+    """Keep the error reports Ray pushes to the driver off the terminal (to the log).
+
+    Ray's driver prints every error its cluster reports (an actor's constructor failing,
+    with the whole remote traceback, prefixed "(raylet)") straight to stdout, whatever
+    ``log_to_driver`` says; the CLI says what failed in one paragraph instead. The
+    tracebacks stay in Ray's session logs and in this process's log at debug level.
+    Ray's own printer is private API: left as it is when it is not where Ray 2.x keeps it.
+    """
+    from ray._private import worker
+
+    printer = getattr(worker, "print_to_stdstream", None)
+    if printer is None or getattr(printer, "_overnight_quiet", False):
+        return
+
+    def quiet(data: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+        if data.get("pid") == "raylet":
+            log.debug("ray: %s", "\n".join(data.get("lines") or ()))
+            return
+        printer(data, *args, **kwargs)
+
+    quiet._overnight_quiet = True  # type: ignore[attr-defined]
+    worker.print_to_stdstream = quiet
 
 
 def cluster_has_gpu() -> bool:
@@ -223,6 +251,9 @@ def _unwrap(exc: BaseException, load_errors: tuple[type[BaseException], ...]) ->
     ours: tuple[type[BaseException], ...] = (OvernightError, *load_errors)
     seen = exc
     for _ in range(8):
+        rebuilt = _actor_init_error(seen, load_errors)
+        if rebuilt is not None:
+            return rebuilt
         cause = getattr(seen, "cause", None) or seen.__cause__
         if isinstance(seen, ours) and not isinstance(cause, ours):
             return seen
@@ -230,6 +261,31 @@ def _unwrap(exc: BaseException, load_errors: tuple[type[BaseException], ...]) ->
             break
         seen = cause
     return seen
+
+
+def _actor_init_error(
+    exc: BaseException, load_errors: tuple[type[BaseException], ...]
+) -> BaseException | None:
+    """A model load error raised in an actor's ``__init__``, rebuilt from the text Ray keeps.
+
+    Ray turns an exception in an actor's constructor into ``ActorDiedError``, which keeps
+    only the remote traceback's text, not the exception (Ray Data then chains a bare
+    ``SystemException`` to it): a model that could not load read "the pipeline failed:
+    SystemException: ." (exit 6). The traceback's last ``ClassName: message`` line of one
+    of the job's load errors is that error; the backends raise them with one-line messages.
+    """
+    if not getattr(exc, "actor_init_failed", False):
+        return None
+    text = str(getattr(exc, "error_msg", None) or exc)
+    for cls in load_errors:
+        at = text.rfind(f"{cls.__name__}: ")
+        if at >= 0:
+            message = text[at + len(cls.__name__) + 2 :].splitlines()[0].strip()
+            try:
+                return cls(message)
+            except Exception:  # a class that needs other arguments: not rebuilt
+                return None
+    return None
 
 
 @dataclass

@@ -208,6 +208,50 @@ def test_a_local_model_folder_that_does_not_exist_is_exit_5_not_found(
     assert "./no/such/llm not found" in output
 
 
+def _cut_short(source: Path, folder: Path, weights: str) -> Path:
+    """A copy of a model folder whose weights file stops after its first bytes, as an
+    interrupted download leaves it."""
+    folder.mkdir()
+    for f in source.iterdir():
+        if f.is_file() and f.name != weights:
+            (folder / f.name).write_bytes(f.read_bytes())
+    with open(source / weights, "rb") as whole:
+        (folder / weights).write_bytes(whole.read(100_000))
+    return folder
+
+
+def test_a_whisper_model_that_fails_to_load_in_its_actor_is_exit_5_in_one_paragraph(
+    recording, tmp_path
+):
+    """The model is found on the driver and fails in the Ray actor's constructor: Ray keeps
+    only the text of that error (and printed the remote traceback, "(raylet)", on stdout)."""
+    from overnight.workers.whisper import bundled_model_path
+
+    broken = _cut_short(Path(bundled_model_path()), tmp_path / "whisper", "model.bin")
+    status, output = overnight(
+        "transcribe", str(recording), str(tmp_path / "out"), "--model", str(broken)
+    )
+    assert status == 5, output
+    assert_one_clean_paragraph(output)
+    assert f"cannot load Whisper model '{broken}'" in output
+
+
+def test_an_llm_that_fails_to_load_in_its_actor_is_exit_5_in_one_paragraph(document, tmp_path):
+    from overnight.workers.llm.prepare import prepare_hf_from_gguf, smollm2_gguf_path
+    from tests.conftest import require_vllm
+
+    require_vllm()
+    source = prepare_hf_from_gguf(smollm2_gguf_path())
+    broken = _cut_short(source, tmp_path / "llm", "model.safetensors")
+    status, output = overnight(
+        "process", str(document), str(tmp_path / "out"), "--backend", "vllm", "--model", str(broken)
+    )
+    assert status == 5, output
+    assert_one_clean_paragraph(output)
+    assert f"vLLM could not load the model '{broken}'" in output
+    assert "complete Hugging Face model folder" in output
+
+
 def test_offline_mode_without_the_model_in_the_cache_says_so(recording, tmp_path):
     env = cli_env(HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf-home"))
     status, output = overnight(

@@ -95,9 +95,7 @@ def test_on_cpu_the_engine_runs_in_the_actors_process_on_the_pools_threads(backe
     assert engine.in_process
     assert engine.llm.vllm_config.parallel_config.distributed_executor_backend == "uni"
     # No engine-core or model process: the engine steps in this process...
-    engines = [
-        p.name() for p in psutil.Process().children(recursive=True) if "Engine" in p.name()
-    ]
+    engines = [p.name() for p in psutil.Process().children(recursive=True) if "Engine" in p.name()]
     assert engines == []
     # ...on the pool's 2 threads, not the 1 that Ray gives a 1.5-CPU actor.
     assert _on_engine_thread(backend, torch.get_num_threads) == 2

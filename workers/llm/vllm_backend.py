@@ -457,7 +457,19 @@ class VLLMBackend:
         self.engine_args = engine_arguments(model, self.device, **settings)
         self._vllm_sampling = vllm_sampling
         self._SamplingParams = vllm.SamplingParams
-        self._engine: _Engine | None = _Engine(self.engine_args, in_process=in_process)
+        try:
+            self._engine: _Engine | None = _Engine(self.engine_args, in_process=in_process)
+        except Exception as exc:
+            # vLLM's own errors (a pydantic ValidationError for a truncated safetensors
+            # header) reached the driver from the Ray actor as "SystemException: ." with
+            # Ray's traceback; the job maps this one to exit 5 with its message.
+            detail = " ".join(str(exc).split())[:500] or type(exc).__name__
+            raise EngineUnavailable(
+                f"vLLM could not load the model {model!r}: {detail}. Check that it is a "
+                "complete Hugging Face model folder (config.json, the tokenizer files and "
+                "every *.safetensors file; re-download it with `hf download REPO` if one "
+                "is cut short) and that engine_kwargs are vLLM engine arguments."
+            ) from exc
         self._tokenizer = self._engine.llm.get_tokenizer()
         self._tokenizer_lock = threading.Lock()
         # Every added token of the vocabulary: untrusted text must not spell any of them.
