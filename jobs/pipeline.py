@@ -84,13 +84,14 @@ def ensure_ray(address: str | None, verbose: bool = False) -> None:
 
 
 def _quiet_raylet_echo() -> None:
-    """Keep the error reports Ray pushes to the driver off the terminal (to the log).
+    """Keep the remote tracebacks Ray pushes to the driver off the terminal (to the log).
 
-    Ray's driver prints every error its cluster reports (an actor's constructor failing,
-    with the whole remote traceback, prefixed "(raylet)") straight to stdout, whatever
-    ``log_to_driver`` says; the CLI says what failed in one paragraph instead. The
-    tracebacks stay in Ray's session logs and in this process's log at debug level.
-    Ray's own printer is private API: left as it is when it is not where Ray 2.x keeps it.
+    Ray's driver prints every error its cluster reports straight to stdout, prefixed
+    "(raylet)", whatever ``log_to_driver`` says: an actor's constructor failing came out as
+    the whole remote traceback, above the CLI's own one-paragraph message. Reports with a
+    traceback go to this process's log at debug level (and stay in Ray's session logs);
+    the others (a worker killed for memory, say) are still printed. Ray's printer is
+    private API: left as it is when it is not where Ray 2.x keeps it.
     """
     from ray._private import worker
 
@@ -99,8 +100,9 @@ def _quiet_raylet_echo() -> None:
         return
 
     def quiet(data: dict[str, Any], *args: Any, **kwargs: Any) -> None:
-        if data.get("pid") == "raylet":
-            log.debug("ray: %s", "\n".join(data.get("lines") or ()))
+        lines = data.get("lines") or ()
+        if data.get("pid") == "raylet" and any("Traceback" in line for line in lines):
+            log.debug("ray: %s", "\n".join(lines))
             return
         printer(data, *args, **kwargs)
 

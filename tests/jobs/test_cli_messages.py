@@ -252,6 +252,27 @@ def test_an_llm_that_fails_to_load_in_its_actor_is_exit_5_in_one_paragraph(docum
     assert "complete Hugging Face model folder" in output
 
 
+def test_rays_echo_of_a_remote_traceback_stays_off_the_terminal_and_other_reports_do_not(
+    monkeypatch,
+):
+    from ray._private import worker
+
+    from overnight.jobs import pipeline
+
+    printed: list[list[str]] = []
+    monkeypatch.setattr(
+        worker, "print_to_stdstream", lambda data, **kw: printed.append(data["lines"])
+    )
+    pipeline._quiet_raylet_echo()
+    pipeline._quiet_raylet_echo()  # a second job in the process: wrapped once
+    traceback = ["Task X.get_location failed. Error: Traceback (most recent call last):", "..."]
+    memory = ["Task was killed due to the node running low on memory."]
+    worker.print_to_stdstream({"lines": traceback, "pid": "raylet"}, ignore_prefix=False)
+    worker.print_to_stdstream({"lines": memory, "pid": "raylet"}, ignore_prefix=False)
+    worker.print_to_stdstream({"lines": ["a worker's own output"], "pid": 42}, ignore_prefix=False)
+    assert printed == [memory, ["a worker's own output"]]
+
+
 def test_offline_mode_without_the_model_in_the_cache_says_so(recording, tmp_path):
     env = cli_env(HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf-home"))
     status, output = overnight(
