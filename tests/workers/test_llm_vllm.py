@@ -57,7 +57,11 @@ class Invoice(BaseModel):
 
 @pytest.fixture(scope="module")
 def backend() -> LLMBackend:
+    import flask  # noqa: F401
     import torch
+
+    # The suite's process has moto's S3 server (flask) imported, whatever the order of the
+    # tests: an engine starting in this process must cope with werkzeug's proxies.
 
     model = os.environ.get("OVERNIGHT_VLLM_TEST_MODEL")  # None: the bundled model
     threads = torch.get_num_threads()

@@ -27,13 +27,15 @@ and with a fixed KV cache (``kv_cache_memory_bytes``; CPU vLLM otherwise reserve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
+import sys
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -238,6 +240,35 @@ class _LongPromptGate:
             self._none_short.set()
 
 
+@contextlib.contextmanager
+def _modules_vllm_can_scan() -> Iterator[None]:
+    """Hide, while an engine starts in this process, the modules whose globals raise on an
+    attribute test.
+
+    vLLM's CPU platform scans every module in ``sys.modules`` at engine start (to swap its
+    Triton kernels for CPU ones) with ``hasattr(value, "__dict__")`` on each global, which
+    lets only AttributeError through. A werkzeug ``LocalProxy`` outside its context
+    (``flask.request``, imported with moto's S3 server) raises RuntimeError, and the start
+    failed; in a fresh engine-core process nothing of the kind is imported. The modules
+    hidden hold none of vLLM's kernels; they are put back as they were.
+    """
+    hidden: dict[str, Any] = {}
+    for name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None)
+        for value in list(namespace.values()) if isinstance(namespace, dict) else ():
+            try:
+                hasattr(value, "__dict__")
+            except Exception:
+                hidden[name] = module
+                break
+    for name in hidden:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
+
+
 class _Engine:
     """The engine on an event loop in a daemon thread; ``run`` is callable from any thread.
 
@@ -296,11 +327,12 @@ class _Engine:
 
         # Built on the loop's thread, the one that runs every step: the model's set-up and
         # its forward passes share one thread and its OpenMP team.
-        llm = LLMEngine.from_engine_args(
-            EngineArgs(**engine_args),
-            usage_context=UsageContext.LLM_CLASS,
-            enable_multiprocessing=False,
-        )
+        with _modules_vllm_can_scan():
+            llm = LLMEngine.from_engine_args(
+                EngineArgs(**engine_args),
+                usage_context=UsageContext.LLM_CLASS,
+                enable_multiprocessing=False,
+            )
         self._work = asyncio.Event()
         self._stepper = asyncio.get_running_loop().create_task(self._step_forever(llm))
         return llm
