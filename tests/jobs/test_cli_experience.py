@@ -95,6 +95,83 @@ def test_a_no_op_rerun_starts_no_ray_and_takes_under_9_s(first_run):
     assert elapsed < 9.0, f"a no-op rerun took {elapsed:.1f} s"
 
 
+STOP_PROBE = """
+import json, time
+from ray._private import node, worker
+from overnight.jobs import pipeline
+alive_at_rays_turn = {}
+kill = node.Node._kill_process_impl
+def spy(self, kind, **kwargs):
+    alive_at_rays_turn[kind] = [i.process.poll() is None for i in self.all_processes.get(kind, [])]
+    return kill(self, kind, **kwargs)
+node.Node._kill_process_impl = spy
+pipeline.ensure_ray(None)
+procs = {kind: [i.process for i in infos] for kind, infos in worker._global_node.all_processes.items()}
+t0 = time.monotonic()
+pipeline.stop_local_ray()
+took = time.monotonic() - t0
+deadline = time.monotonic() + 10
+while any(p.poll() is None for ps in procs.values() for p in ps) and time.monotonic() < deadline:
+    time.sleep(0.1)
+import ray
+print(json.dumps({
+    "initialized": ray.is_initialized(),
+    "alive": sorted(k for k, ps in procs.items() for p in ps if p.poll() is None),
+    "kinds": sorted(procs),
+    "monitor": [p.returncode for p in procs.get("monitor", [])],
+    "alive_at_rays_turn": alive_at_rays_turn,
+    "took": took,
+}))
+"""
+
+
+def test_a_commands_local_ray_is_stopped_whole_without_waiting_on_its_monitor():
+    """The command line stops the Ray it started (jobs.pipeline.stop_local_ray): every one
+    of Ray's processes is gone, and the autoscaler monitor was killed (-9) before Ray's
+    shutdown got to it. Ray sends it SIGTERM after stopping the GCS, and its handler then
+    spends Ray's whole second of grace trying to report its death to that GCS (with the GCS
+    up, the report reaches the terminal as "The autoscaler failed"). Ray's own exit hook
+    took about 2.1 s after a run's summary; 0.6 s now."""
+    done = subprocess.run(
+        [sys.executable, "-c", STOP_PROBE],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    probe = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {"raylet", "gcs_server", "monitor"} <= set(probe["kinds"]), probe
+    assert probe["alive"] == [] and probe["initialized"] is False, probe
+    assert probe["monitor"] == [-signal.SIGKILL], probe
+    assert probe["alive_at_rays_turn"]["monitor"] == [False], probe
+    assert probe["alive_at_rays_turn"]["gcs_server"] == [True], probe  # the spy sees Ray's turns
+    assert "Traceback" not in done.stderr and "monitor" not in done.stderr.lower(), done.stderr
+
+
+def test_a_ray_the_process_already_had_is_left_running(ray_local):
+    """A caller (a notebook, the suite) that started Ray keeps it after a job's end."""
+    from overnight.jobs import pipeline
+
+    pipeline.ensure_ray(None)
+    pipeline.stop_local_ray()
+    assert ray_local.is_initialized()
+    assert ray_local.get(ray_local.put(1)) == 1
+
+
+def test_the_command_line_stops_its_ray_and_a_calling_program_keeps_its_own(monkeypatch):
+    from overnight.jobs import cli, pipeline
+
+    stopped: list[int] = []
+    monkeypatch.setattr(pipeline, "stop_local_ray", lambda: stopped.append(1))
+    monkeypatch.setattr(sys, "argv", ["overnight", "config"])
+    monkeypatch.setattr(cli, "_interrupt_within_grace", lambda: None)
+    assert cli.main() == 0  # the command line (argv None)
+    assert stopped == [1]
+    assert cli.main(["config"]) == 0  # a caller, which may run more commands on its Ray
+    assert stopped == [1]
+
+
 def test_include_and_exclude_globs_choose_the_files_of_a_folder(tmp_path):
     for name in ("a.wav", "b.WAV", "sub/c.flac", "notes.txt", "sub/video.mkv", "x_trans.txt"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
