@@ -3,6 +3,7 @@ cannot rot between the rare sessions that have a GPU."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -45,3 +46,35 @@ def test_gpu_check_passes_in_cpu_mode_from_configs_and_dummy_weights(tmp_path):
     assert sum(runs["row_statuses"].values()) == runs["recordings"] * runs["passes"] * 2
     assert len(runs["two_over_one"]["16"]) == runs["passes"]
     assert all(r > 0 for r in runs["two_over_one"]["16"])
+
+
+def _gpu_check_module():
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_failing_ctranslate2_half_is_recorded_and_the_run_goes_on_to_fail_clearly(
+    tmp_path, monkeypatch
+):
+    """A device call is minutes of a session's few: one half's failure must not lose the
+    other half's results, and the report and exit status must say it failed."""
+    gpu_check = _gpu_check_module()
+
+    def boom(folder, cpu):
+        raise RuntimeError("boom on the device")
+
+    monkeypatch.setattr(gpu_check, "ct2_half", boom)
+    monkeypatch.setitem(sys.modules, "vllm", None)  # the vLLM half: absent, so a SKIP
+    out = tmp_path / "out"
+    assert gpu_check.run(tmp_path / "configs", out, cpu=True, docs=1) == 1
+    report = json.loads((out / "gpu_check.json").read_text())
+    assert report["status"] == "fail: the CTranslate2 checks", report
+    assert "boom on the device" in report["ctranslate2_structural"]["status"]
+    assert report["vllm"].startswith("SKIP")
+    # A shimmed child that died is a failure too; a clean load error is what the check wants.
+    shim_died = {"load": "error at load: libcublas", "with_shim": {"status": "fail: exited 1"}}
+    assert gpu_check._failed(shim_died)
+    assert not gpu_check._failed({"load": "error at load: libcublas.so.12 is not found"})
+    assert not gpu_check._failed({"device": "cuda", "generate": {"prompts": 4}})
