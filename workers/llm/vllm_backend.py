@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import math
 import os
@@ -325,6 +326,14 @@ class _Engine:
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.llm_engine import LLMEngine
 
+        # vLLM collects garbage five times while it builds the engine (around the weights'
+        # load, and when it freezes its heap once built), each a pass over every object of
+        # the process: 0.94 of a 3.1 s start, with Ray, pyarrow and torch loaded. What
+        # exists now lives as long as the actor, so it is collected once and frozen here,
+        # as vLLM does at the end: its passes then see only the engine's new objects
+        # (engine build 2.5 s -> 1.3 s, plus 0.28 s for this collection; /tmp probe).
+        gc.collect()
+        gc.freeze()
         # Built on the loop's thread, the one that runs every step: the model's set-up and
         # its forward passes share one thread and its OpenMP team.
         with _modules_vllm_can_scan():
