@@ -39,6 +39,11 @@ _RAY_NOTICES = (
 )
 
 
+# True while this process runs a local Ray that ensure_ray started quietly: the command
+# line stops it with stop_local_ray.
+_STARTED_HERE = False
+
+
 def ensure_ray(address: str | None, verbose: bool = False) -> None:
     """Join ``address`` (or RAY_ADDRESS, as Ray Jobs sets it), else start Ray locally.
 
@@ -85,11 +90,6 @@ def ensure_ray(address: str | None, verbose: bool = False) -> None:
         )
         if terminal and _below_error not in handler.filters:
             handler.addFilter(_below_error)
-
-
-# True while this process runs a local Ray that ensure_ray started quietly: the command
-# line stops it with stop_local_ray.
-_STARTED_HERE = False
 
 
 def stop_local_ray() -> None:

@@ -107,9 +107,7 @@ def spy(self, kind, **kwargs):
 node.Node._kill_process_impl = spy
 pipeline.ensure_ray(None)
 procs = {kind: [i.process for i in infos] for kind, infos in worker._global_node.all_processes.items()}
-t0 = time.monotonic()
 pipeline.stop_local_ray()
-took = time.monotonic() - t0
 deadline = time.monotonic() + 10
 while any(p.poll() is None for ps in procs.values() for p in ps) and time.monotonic() < deadline:
     time.sleep(0.1)
@@ -120,7 +118,6 @@ print(json.dumps({
     "kinds": sorted(procs),
     "monitor": [p.returncode for p in procs.get("monitor", [])],
     "alive_at_rays_turn": alive_at_rays_turn,
-    "took": took,
 }))
 """
 
