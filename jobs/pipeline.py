@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import subprocess
 import sys
 import threading
@@ -320,26 +321,36 @@ def _unwrap(exc: BaseException, load_errors: tuple[type[BaseException], ...]) ->
 def _actor_init_error(
     exc: BaseException, load_errors: tuple[type[BaseException], ...]
 ) -> BaseException | None:
-    """A model load error raised in an actor's ``__init__``, rebuilt from the text Ray keeps.
+    """An error of ours raised in an actor's ``__init__``, rebuilt from the text Ray keeps.
 
     Ray turns an exception in an actor's constructor into ``ActorDiedError``, which keeps
     only the remote traceback's text, not the exception (Ray Data then chains a bare
     ``SystemException`` to it): a model that could not load read "the pipeline failed:
-    SystemException: ." (exit 6). The traceback's last ``ClassName: message`` line of one
-    of the job's load errors is that error; the backends raise them with one-line messages.
+    SystemException: ." (exit 6). The traceback's last ``ClassName: message`` line naming
+    one of the job's load errors or one of our ``OvernightError`` classes is that error;
+    they are raised with one-line messages.
     """
     if not getattr(exc, "actor_init_failed", False):
         return None
     text = str(getattr(exc, "error_msg", None) or exc)
-    for cls in load_errors:
-        at = text.rfind(f"{cls.__name__}: ")
-        if at >= 0:
-            message = text[at + len(cls.__name__) + 2 :].splitlines()[0].strip()
-            try:
-                return cls(message)
-            except Exception:  # a class that needs other arguments: not rebuilt
-                return None
-    return None
+    candidates = {cls.__name__: cls for cls in (*_overnight_errors(), *load_errors)}
+    names = "|".join(re.escape(name) for name in sorted(candidates, key=len, reverse=True))
+    matches = list(re.finditer(rf"(?<![\w])({names}): ([^\n]*)", text))
+    if not matches:
+        return None
+    last = matches[-1]
+    try:
+        return candidates[last.group(1)](last.group(2).strip())
+    except Exception:  # a class that needs other arguments: not rebuilt
+        return None
+
+
+def _overnight_errors() -> list[type[OvernightError]]:
+    """``OvernightError`` and every subclass of it, at any depth."""
+    found: list[type[OvernightError]] = [OvernightError]
+    for cls in found:
+        found.extend(cls.__subclasses__())
+    return found
 
 
 @dataclass

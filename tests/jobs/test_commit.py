@@ -9,7 +9,7 @@ import pytest
 
 from overnight.jobs import commits, pipeline, storage
 from overnight.jobs.commits import committed_files
-from overnight.jobs.errors import Superseded
+from overnight.jobs.errors import StorageUnavailable, Superseded
 from tests.conftest import secrets_in
 
 SCHEMA = pa.schema(
@@ -215,3 +215,28 @@ def test_a_duplicate_in_a_file_of_an_older_schema_version_is_repaired_in_its_own
     rows = {r["item_id"]: r for r in read_all(dataset)}
     assert sorted(rows) == ["w", "x"] and rows["x"]["run_id"] == "run-2"
     assert rows["w"]["text"] is None  # the old file, rewritten as it was: no `text` column
+
+
+class _StorageGoneAtStart:
+    """An actor whose constructor meets one of our systemic errors (here, storage)."""
+
+    def __init__(self):
+        raise StorageUnavailable("cannot reach s3://night/out: check the endpoint and rerun")
+
+    def __call__(self, batch):
+        return batch
+
+
+def test_our_error_raised_in_an_actors_constructor_stops_the_job_as_itself(ray_local):
+    """Ray keeps only the text of an exception raised in an actor's constructor; the job
+    still stops with our error, its exit code and its message, not as "the pipeline failed:
+    SystemException" (exit 6)."""
+    import ray
+
+    ds = ray.data.from_arrow(pa.table({"item_id": ["a"], "status": ["ok"]})).map_batches(
+        _StorageGoneAtStart, batch_format="pyarrow", concurrency=1, num_cpus=0.5
+    )
+    with pytest.raises(StorageUnavailable) as caught:
+        pipeline.execute(ds, {"a"}, pipeline.Progress(1, enabled=False), ())
+    assert str(caught.value) == "cannot reach s3://night/out: check the endpoint and rerun"
+    assert caught.value.exit_code == StorageUnavailable.exit_code
