@@ -279,10 +279,15 @@ def run(folder: Path, out: Path, cpu: bool, docs: int) -> int:
                         "status": f"fail: {type(exc).__name__}: {exc}"
                     }
         ct2_failed = _failed(report.get("ctranslate2_structural"))
+
+        def finish(otherwise: str) -> int:
+            """The run's status and exit code: a failed CTranslate2 half fails it."""
+            report["status"] = "fail: the CTranslate2 checks" if ct2_failed else otherwise
+            return 1 if ct2_failed else 0
+
         if report["vllm"] != "present":
             print(f"gpu_check: {report['vllm']}; carry its wheels in .whl/ to check it")
-            report["status"] = "fail: the CTranslate2 checks" if ct2_failed else "skip"
-            return 1 if ct2_failed else 0
+            return finish("skip")
         from overnight.workers.llm.adapter import load_backend
 
         dummy = {"load_format": "dummy", "seed": 0}
@@ -301,8 +306,7 @@ def run(folder: Path, out: Path, cpu: bool, docs: int) -> int:
                 report["throughput"] = throughput(big, docs, 128)
             finally:
                 big.close()  # type: ignore[attr-defined]
-        report["status"] = "fail: the CTranslate2 checks" if ct2_failed else "pass"
-        return 1 if ct2_failed else 0
+        return finish("pass")
     except Exception as exc:
         report["status"] = f"fail: {type(exc).__name__}: {exc}"
         raise
