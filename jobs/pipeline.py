@@ -224,7 +224,10 @@ def manifest_dataset(
     The blocks come from the driver, with no read tasks: Ray Data's file listing task asks
     for a whole CPU whatever the read's ``num_cpus``, so on a node whose cores the model
     actors hold it could never be scheduled and the job stalled before its first item (seen
-    on 2 cores with a 1.5-CPU actor).
+    on 2 cores with a 1.5-CPU actor). ``from_blocks``, not ``from_arrow``: the latter runs one
+    remote task per block to read back each block's size and schema, which the driver has in
+    hand; the first such task waits for a worker, and the step took 0.35-0.42 s instead of
+    0.03 s on the critical path of every run.
     """
     import ray
 
@@ -232,7 +235,7 @@ def manifest_dataset(
 
     write_manifest(output, run_id, table)
     blocks = [table.slice(i, rows_per_block) for i in range(0, table.num_rows, rows_per_block)]
-    return ray.data.from_arrow(blocks or [table.schema.empty_table()])
+    return ray.data.from_blocks(blocks or [table.schema.empty_table()])
 
 
 class Progress:
