@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -72,13 +73,16 @@ def ensure_ray(address: str | None, verbose: bool = False) -> None:
         if address:
             ray.init(address=address, log_to_driver=verbose)
         else:
+            # Under Ray Jobs, RAY_ADDRESS names the cluster and ray.init joins it: Ray refuses
+            # a _system_config there, and the cluster is not this process's to stop.
+            joining = bool(os.environ.get("RAY_ADDRESS"))
             ray.init(
                 include_dashboard=False,
                 log_to_driver=verbose,
                 configure_logging=verbose,
-                _system_config=LOCAL_RAY_SYSTEM_CONFIG,
+                _system_config=None if joining else LOCAL_RAY_SYSTEM_CONFIG,
             )
-            _STARTED_HERE = not verbose
+            _STARTED_HERE = not verbose and not joining
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False
     # Ray Data stops a job in which no block moved for 30 minutes. One item may take longer
