@@ -341,7 +341,7 @@ def _actor_init_error(
         return None
     text = str(getattr(exc, "error_msg", None) or exc)
     candidates = {cls.__name__: cls for cls in (*_overnight_errors(), *load_errors)}
-    names = "|".join(re.escape(name) for name in sorted(candidates, key=len, reverse=True))
+    names = "|".join(map(re.escape, candidates))  # ": " after a name: none is read as another
     matches = list(re.finditer(rf"(?<![\w])({names}): ([^\n]*)", text))
     if not matches:
         return None
