@@ -118,16 +118,8 @@ def _worker_config(
 ) -> LLMWorkerConfig:
     return LLMWorkerConfig(
         task=task,
-        backend=opts.backend,
-        model=opts.model,
-        device=device,
-        compute_type=opts.compute_type,
-        max_batch_size=opts.max_batch_size,
-        max_num_seqs=opts.max_num_seqs,
-        max_num_batched_tokens=opts.max_num_batched_tokens,
-        gpu_memory_utilization=opts.gpu_memory_utilization,
-        max_model_len=opts.max_model_len,
-        engine_kwargs=tuple(sorted(opts.engine_kwargs.items())),
+        # The device the job resolved for the cluster, not the spec's "auto".
+        engine=opts.engine_only().model_copy(update={"device": device}),
         cpu_threads=pool.threads if device == "cpu" else 0,
         resource=opts.resource,
         units=(pool.gpus_per_actor or 1.0) if device == "cuda" else pool.cpus_per_actor,

@@ -18,6 +18,7 @@ from pydantic import ConfigDict, Field, ValidationError, field_validator, model_
 
 from overnight.jobs.config_model import ConfigModel, config_error
 from overnight.jobs.errors import ConfigError
+from overnight.workers.llm.engine_options import EngineOptions
 from overnight.workers.whisper_options import DecodingOptions
 
 # USD per hour for one unit (one GPU, or one CPU core). Sources, December 2026:
@@ -33,13 +34,6 @@ DEFAULT_PRICES: dict[str, float] = {
     "t4": 0.53,
     "gpu": 2.69,
 }
-
-
-def default_llm_backend() -> Literal["ctranslate2", "vllm"]:
-    """vllm when this Python can import it (without importing it: that takes seconds)."""
-    import importlib.util
-
-    return "vllm" if importlib.util.find_spec("vllm") is not None else "ctranslate2"
 
 
 _Model = ConfigModel
@@ -213,8 +207,12 @@ class TranscribeOptions(DecodingOptions):
         return self
 
 
-class ProcessOptions(_Model):
-    """``[process]``: documents and transcripts through an LLM."""
+class ProcessOptions(EngineOptions):
+    """``[process]``: documents and transcripts through an LLM. The engine fields are
+    ``workers.llm.engine_options.EngineOptions`` (declared there once, passed to the worker as
+    they are); the fields below choose the task, the pool and the run."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     task: str | list[str] = Field(
         "summarize",
@@ -235,38 +233,7 @@ class ProcessOptions(_Model):
     required_phrases: list[str] = Field(
         default_factory=list, description="compliance: phrases the agent must say"
     )
-    backend: Literal["auto", "ctranslate2", "vllm"] = Field(
-        "auto",
-        description="auto: vllm where it is installed (the gpu extra on GPUs, llm-cpu on CPU), "
-        "else ctranslate2 (the default install, no torch); see README, The engines",
-    )
-    model: str | None = Field(
-        None,
-        description="default: SmolLM2-135M on CPU, Llama-3.1-8B-Instruct with vllm on GPU",
-    )
-    device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto", description="auto: cuda when the cluster has GPUs"
-    )
-    compute_type: str = Field("auto", description="auto: float16 on cuda, int8 on cpu")
     max_new_tokens: int | None = Field(None, ge=1, description="cap on generated tokens per call")
-    max_batch_size: int = Field(32, ge=1, description="ctranslate2: sequences per generate_batch")
-    max_num_seqs: int | None = Field(
-        None, ge=1, description="vllm: sequences in flight (None: vLLM's default for the hardware)"
-    )
-    max_num_batched_tokens: int | None = Field(
-        None, ge=256, description="vllm: tokens per scheduler step (None: vLLM's default)"
-    )
-    gpu_memory_utilization: float = Field(
-        0.9, gt=0, le=1, description="vllm: share of each GPU the engine takes"
-    )
-    max_model_len: int | None = Field(
-        None, ge=256, description="vllm: context length cap (None: the model's, at most 16384)"
-    )
-    engine_kwargs: dict[str, Any] = Field(
-        default_factory=dict,
-        description="vllm: other vllm.LLM arguments (tensor_parallel_size, enforce_eager, "
-        "load_format, kv_cache_dtype, seed, ...); they win over the derived ones",
-    )
     actors: int | None = Field(
         None,
         ge=1,
@@ -321,16 +288,6 @@ class ProcessOptions(_Model):
     resource: str | None = Field(
         None, description="price-table key of what an actor holds; default detected"
     )
-
-    @model_validator(mode="after")
-    def _resolve_backend(self) -> ProcessOptions:
-        # Resolved once, here, so that every consumer (call shape, preflight, workers, the
-        # summary) sees the engine that runs. vLLM won where both were measured
-        # (scripts/compare_engines.py): every extraction valid, classify one pass per document;
-        # CTranslate2 starts in 1 s instead of 35 s and needs no torch.
-        if self.backend == "auto":
-            object.__setattr__(self, "backend", default_llm_backend())
-        return self
 
     @property
     def call_shape(self) -> tuple[int, int]:

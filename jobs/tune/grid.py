@@ -74,7 +74,7 @@ def default_grid(device: str, task: str = "transcribe", backend: str = "auto") -
         if device == "cuda":
             return _names(_cross(PROCESS_GPU_GRID))
         if backend == "auto":
-            from overnight.jobs.spec import default_llm_backend
+            from overnight.workers.llm.engine_options import default_llm_backend
 
             backend = default_llm_backend()
         return _names(_cross(PROCESS_VLLM_CPU_GRID if backend == "vllm" else PROCESS_CPU_GRID))

@@ -12,7 +12,8 @@ import pytest
 from overnight.jobs.cli import main as cli_main
 from overnight.jobs.errors import ConfigError
 from overnight.jobs.process import run_process
-from overnight.jobs.spec import build_spec, default_llm_backend, read_job_file
+from overnight.jobs.spec import build_spec, read_job_file
+from overnight.workers.llm.engine_options import default_llm_backend
 from tests.conftest import require_vllm, secrets_in, upload_folder
 
 pytestmark = pytest.mark.usefixtures("ray_local")

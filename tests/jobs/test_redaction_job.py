@@ -22,6 +22,7 @@ from overnight.jobs.process import task_spec
 from overnight.jobs.spec import build_spec
 from overnight.schemas import TRANSCRIPTS
 from overnight.schemas.stages import DECODED, DOC_INPUT
+from overnight.workers.llm.engine_options import EngineOptions
 from overnight.workers.llm.worker import LLMWorker, LLMWorkerConfig
 from tests.jobs.test_transcribe import rows
 
@@ -148,7 +149,12 @@ def test_redacted_chain_writes_tags_entities_a_ledger_stage_and_no_card_digits_a
             "process": {"task": "call_summary", "backend": "ctranslate2", "max_new_tokens": 8},
         }
     )
-    worker = LLMWorker(LLMWorkerConfig(task=task_spec("call_summary", spec.process)))
+    worker = LLMWorker(
+        LLMWorkerConfig(
+            task=task_spec("call_summary", spec.process),
+            engine=EngineOptions(backend="ctranslate2"),
+        )
+    )
     worker.backend = RecordingBackend(worker.backend)
     worker(pa.Table.from_pylist(records, schema=DOC_INPUT))
     prompts = json.dumps(worker.backend.prompts)

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from pydantic import ValidationError
 
+from overnight.jobs.process import _worker_config, task_spec
+from overnight.jobs.sizing import Pool
+from overnight.jobs.spec import build_spec
 from overnight.schemas import DOCUMENT_RESULTS
 from overnight.workers.devices import gpu_kind, resolve_device, worker_id
-from overnight.workers.llm.adapter import BackendConfigError, EngineUnavailable
+from overnight.workers.llm.adapter import BackendConfigError, EngineUnavailable, load_backend
+from overnight.workers.llm.engine_options import EngineOptions
 from overnight.workers.llm.prepare import prepare_ctranslate2_from_gguf, smollm2_gguf_path
 from overnight.workers.llm.tasks import TaskSpec
 from overnight.workers.llm.worker import LLMWorker, LLMWorkerConfig, options_json
@@ -28,7 +34,12 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def worker(model_dir: Path) -> LLMWorker:
     task = TaskSpec(kind="classify", labels=LABELS)
-    return LLMWorker(LLMWorkerConfig(task=task, model=str(model_dir), device="cpu"))
+    return LLMWorker(
+        LLMWorkerConfig(
+            task=task,
+            engine=EngineOptions(backend="ctranslate2", model=str(model_dir), device="cpu"),
+        )
+    )
 
 
 def _batch() -> pa.Table:
@@ -101,15 +112,47 @@ def test_worker_batch_of_only_error_rows_calls_no_model(worker: LLMWorker) -> No
 
 def test_worker_config_is_validated_and_records_effective_options() -> None:
     task = TaskSpec(kind="summarize", summary_words=30)
-    config = LLMWorkerConfig(task=task, max_new_tokens=12, resource="cpu")
+    engine = EngineOptions(backend="ctranslate2", engine_kwargs={"seed": 1})
+    config = LLMWorkerConfig(task=task, engine=engine, max_new_tokens=12, resource="cpu")
     options = json.loads(options_json(config))
     assert options["task"]["max_new_tokens"] == 12 and options["backend"] == "ctranslate2"
-    with pytest.raises(BackendConfigError, match="backend"):
-        LLMWorkerConfig(task=task, backend="openai")
+    # The engine's settings sit beside the worker's, flat, as rows have always recorded them.
+    assert options["engine_kwargs"] == {"seed": 1} and options["resource"] == "cpu"
+    assert "engine" not in options
+    with pytest.raises(ValidationError, match="backend"):
+        EngineOptions(backend="openai")
+    with pytest.raises(BackendConfigError, match="max_new_tokens"):
+        LLMWorkerConfig(task=task, max_new_tokens=0)
+
+
+def test_the_specs_engine_settings_reach_the_worker_as_they_are_and_load_backend_by_name() -> None:
+    settings = {
+        "backend": "vllm",
+        "model": "org/some-model",
+        "compute_type": "float32",
+        "max_batch_size": 7,
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": 1024,
+        "gpu_memory_utilization": 0.5,
+        "max_model_len": 4096,
+        "engine_kwargs": {"seed": 3, "enforce_eager": True},
+    }
+    spec = build_spec(
+        overrides={"job": {"kind": "process", "input": "in", "output": "out"}, "process": settings}
+    )
+    pool = Pool(
+        actors=1, cpus_per_actor=1.5, gpus_per_actor=0, task_cpus=0.25, model_workers=1, threads=2
+    )
+    config = _worker_config(spec.process, task_spec("summarize", spec.process), "cpu", pool)
+    # Every setting as the spec gave it, the device as the job resolved it, nothing else.
+    assert config.engine == EngineOptions(**settings, device="cpu")
+    assert type(config.engine) is EngineOptions and config.cpu_threads == 2
+    # load_backend takes the engine's settings by their own names (LLMWorker passes them so).
+    assert set(EngineOptions.model_fields) <= set(inspect.signature(load_backend).parameters)
 
 
 def test_worker_fails_loudly_when_the_engine_cannot_load(monkeypatch) -> None:
-    config = LLMWorkerConfig(task=TaskSpec(kind="summarize"), backend="vllm")
+    config = LLMWorkerConfig(task=TaskSpec(kind="summarize"), engine=EngineOptions(backend="vllm"))
     monkeypatch.setitem(sys.modules, "vllm", None)  # as on a machine without vLLM
     with pytest.raises(EngineUnavailable):
         LLMWorker(config)
@@ -119,7 +162,10 @@ def test_worker_fails_loudly_when_the_engine_cannot_load(monkeypatch) -> None:
 def test_worker_runs_as_a_ray_data_actor_pool_stage(ray_local, model_dir: Path) -> None:
     import ray
 
-    config = LLMWorkerConfig(task=TaskSpec(kind="classify", labels=LABELS), model=str(model_dir))
+    config = LLMWorkerConfig(
+        task=TaskSpec(kind="classify", labels=LABELS),
+        engine=EngineOptions(backend="ctranslate2", model=str(model_dir)),
+    )
     ds = ray.data.from_arrow(_batch()).map_batches(
         LLMWorker,
         fn_constructor_kwargs={"config": config},

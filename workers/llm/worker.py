@@ -15,9 +15,10 @@ CUDA out of memory at load) raise.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -26,7 +27,8 @@ from overnight.schemas.errors import ErrorCode
 from overnight.schemas.stages import LLM_OUTPUT
 from overnight.schemas.tables import STATUS_FIELDS
 from overnight.workers.devices import detect_gpu_kind, worker_id
-from overnight.workers.llm.adapter import BACKENDS, BackendConfigError, LLMBackend, load_backend
+from overnight.workers.llm.adapter import BackendConfigError, LLMBackend, load_backend
+from overnight.workers.llm.engine_options import EngineOptions
 from overnight.workers.llm.tasks import STATUS_ERROR, TaskInput, TaskSpec, run_task
 
 # Columns this worker writes (typed as in schemas.DOCUMENT_RESULTS) and the status it sets.
@@ -45,14 +47,10 @@ class LLMWorkerConfig:
     """Everything an LLM actor needs; immutable and picklable.
 
     task: what to do with each document (see ``workers.llm.tasks``).
-    backend: ``ctranslate2`` (CPU or CUDA) or ``vllm`` (the ``gpu`` extra on CUDA, ``llm-cpu`` on CPU).
-    model: None for the backend's embedded default, else a path or hub name.
-    model_path: a local copy of the hub model ``model`` (fetched on the driver), used where
-    this node sees it; ``model`` stays the provenance recorded on rows.
-    device, compute_type: ``auto`` picks cuda/float16 when a GPU is visible, else cpu/int8.
-    max_batch_size: CTranslate2 examples per batch.
-    max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, max_model_len, engine_kwargs:
-    vLLM (None: vLLM's own default for the hardware).
+    engine: which engine runs which model, and how (``EngineOptions``, the spec's own
+    fields; ``auto`` backend: vllm where it is installed, else ctranslate2).
+    model_path: a local copy of the hub model ``engine.model`` (fetched on the driver), used
+    where this node sees it; ``engine.model`` stays the provenance recorded on rows.
     cpu_threads: the model's threads on CPU, either engine (0: its default).
     max_new_tokens: overrides the task's cap on generated tokens per call.
     resource: the ``llm_resource`` label (a price-table key); None detects it.
@@ -60,18 +58,8 @@ class LLMWorkerConfig:
     """
 
     task: TaskSpec
-    backend: str = "ctranslate2"
-    model: str | None = None
+    engine: EngineOptions = dataclasses.field(default_factory=EngineOptions)
     model_path: str | None = None
-    device: str = "auto"
-    compute_type: str = "auto"
-    max_batch_size: int = 32
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    gpu_memory_utilization: float = 0.9
-    max_model_len: int | None = None
-    # Other vllm.LLM arguments, as (name, value) pairs so the config stays hashable.
-    engine_kwargs: tuple[tuple[str, Any], ...] = ()
     cpu_threads: int = 0
     max_new_tokens: int | None = None
     resource: str | None = None
@@ -80,8 +68,10 @@ class LLMWorkerConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.task, TaskSpec):
             raise BackendConfigError(f"task={self.task!r}: must be a TaskSpec")
-        if self.backend not in BACKENDS:
-            raise BackendConfigError(f"backend={self.backend!r}: use one of {', '.join(BACKENDS)}")
+        if not isinstance(self.engine, EngineOptions):
+            raise BackendConfigError(f"engine={self.engine!r}: must be an EngineOptions")
+        if type(self.engine) is not EngineOptions:  # the spec's whole section: keep the engine's
+            object.__setattr__(self, "engine", self.engine.engine_only())
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise BackendConfigError(f"max_new_tokens={self.max_new_tokens}: must be >= 1")
         if self.units is not None and self.units <= 0:
@@ -91,13 +81,17 @@ class LLMWorkerConfig:
     def effective_task(self) -> TaskSpec:
         if self.max_new_tokens is None:
             return self.task
-        fields = {k: getattr(self.task, k) for k in self.task.__dataclass_fields__}
-        fields["max_new_tokens"] = self.max_new_tokens
-        return TaskSpec(**fields)
+        values = {k: getattr(self.task, k) for k in self.task.__dataclass_fields__}
+        values["max_new_tokens"] = self.max_new_tokens
+        return TaskSpec(**values)
 
     def options(self) -> dict[str, Any]:
         """The effective options, as JSON-ready data, for the rows' ``options`` column."""
-        data = asdict(self)
+        # Flat, as the rows have always recorded it: the engine's fields beside the worker's.
+        data: dict[str, Any] = self.engine.model_dump()
+        data.update(
+            (f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "engine"
+        )
         data["task"] = self.effective_task.options()
         return data
 
@@ -122,18 +116,10 @@ class LLMWorker:
     def __init__(self, config: LLMWorkerConfig) -> None:
         self.config = config
         self.task = config.effective_task
+        # EngineOptions' fields are load_backend's keywords, by name.
         self.backend: LLMBackend = load_backend(
-            config.backend,
-            config.model,
-            device=config.device,
-            compute_type=config.compute_type,
-            max_batch_size=config.max_batch_size,
-            max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            gpu_memory_utilization=config.gpu_memory_utilization,
+            **config.engine.model_dump(),
             cpu_threads=config.cpu_threads,
-            max_model_len=config.max_model_len,
-            engine_kwargs=dict(config.engine_kwargs),
             model_path=config.model_path,
         )
         assigned = _assigned_resources()
