@@ -66,7 +66,7 @@ class AudioOptions:
     vad_threshold: float = 0.5
     # Silence that splits speech. Plain faster-whisper's 2000 ms keeps short pauses inside a
     # clip; BatchedInferencePipeline's 160 ms cut every pause out, and on 600 synthesized
-    # calls that cost 0.18 WER points and 20% more model time (README Benchmarks).
+    # calls that cost 0.18 WER points and 20% more model time (docs/benchmarks.md).
     vad_min_silence_ms: int = 2000
     # Split-channel calls: one channel's pause is the other party's turn, so pauses must
     # split clips well below ``turn_gap_s`` for the dialogue to come back in order.

@@ -75,7 +75,8 @@ class DecodingOptions(BaseModel):
         description="segment timestamps inside a chunk (else one segment per VAD chunk). The "
         "batched decoder reads each 30 s window once, and a segment ending in a single "
         "timestamp ends the window's text: on tiny.en this raised the benchmark's WER from "
-        "7.76% to 10.99% (README, Transcription). For finer times prefer `word_timestamps`",
+        "7.76% to 10.99% (docs/benchmarks.md, Transcription). For finer times prefer "
+        "`word_timestamps`",
     )
     word_timestamps: bool = Field(
         False,
@@ -93,7 +94,7 @@ class DecodingOptions(BaseModel):
         "0): Whisper's trained 30 s, as faster-whisper does. 10: less encoder work on short "
         "calls (1.26x the job's throughput on 60 real-speech clips) at a cost in accuracy "
         "(WER 8.4% against 5.5%; +0.08 points on synthesized calls): an SLA trade for "
-        "`overnight tune`, not a default (README Benchmarks)",
+        "`overnight tune`, not a default (docs/benchmarks.md)",
     )
     encoder_batch_size: int = Field(
         0,
