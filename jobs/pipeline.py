@@ -140,15 +140,26 @@ def stop_local_ray() -> None:
     ray.shutdown()
 
 
+# Ray's report of a worker process that died in a task, and its notices of the retries that
+# follow (one per call the dead actor held, then a "[repeated Nx across cluster]" summary).
+_WORKER_DIED = "A worker died or was killed while executing a task"
+_WORKER_PID = re.compile(r"Worker PID: (\d+)")
+_WILL_RETRY = "so the task will be retried"
+
+
 def _quiet_raylet_echo() -> None:
-    """Keep the remote tracebacks Ray pushes to the driver off the terminal (to the log).
+    """Keep Ray's reports about its own machinery off the terminal (to the log), and say in
+    our words what a user needs of them.
 
     Ray's driver prints every error its cluster reports straight to stdout, prefixed
     "(raylet)", whatever ``log_to_driver`` says: an actor's constructor failing came out as
-    the whole remote traceback, above the CLI's own one-paragraph message. Reports with a
-    traceback go to this process's log at debug level (and stay in Ray's session logs);
-    the others (a worker killed for memory, say) are still printed. Ray's printer is
-    private API: left as it is when it is not where Ray 2.x keeps it.
+    the whole remote traceback, above the CLI's own one-paragraph message, and a model actor
+    killed mid-run (by the kernel's OOM killer, say) as a paragraph of Ray's ids followed by
+    one "infinite retries remaining ... RpcError" line per call it held, the last of them
+    after the run's summary. Reports with a traceback and retry notices go to this
+    process's log at debug level (and stay in Ray's session logs); a dead worker becomes one
+    line of ours; the others (a task killed for memory, say) are still printed as they are.
+    Ray's printer is private API: left as it is when it is not where Ray 2.x keeps it.
     """
     from ray._private import worker
 
@@ -158,8 +169,23 @@ def _quiet_raylet_echo() -> None:
 
     def quiet(data: dict[str, Any], *args: Any, **kwargs: Any) -> None:
         lines = data.get("lines") or ()
-        if data.get("pid") == "raylet" and any("Traceback" in line for line in lines):
-            log.debug("ray: %s", "\n".join(lines))
+        if data.get("pid") != "raylet":
+            printer(data, *args, **kwargs)
+            return
+        text = "\n".join(lines)
+        if "Traceback" in text or _WILL_RETRY in text:
+            log.debug("ray: %s", text)
+            return
+        if _WORKER_DIED in text:
+            log.info("ray: %s", text)
+            pid = _WORKER_PID.search(text)
+            print(
+                f"[overnight] a Ray worker process{f' (pid {pid.group(1)})' if pid else ''} "
+                "died while running a task: killed, out of memory (`dmesg` shows the kernel's "
+                "OOM kills) or crashed. Ray restarts it and runs its unfinished items again.",
+                file=sys.stderr,
+                flush=True,
+            )
             return
         printer(data, *args, **kwargs)
 

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow.dataset as pads
 import pytest
 
 from overnight.jobs.demo import DIALOGUE, espeak_available, silence, speak, write_wav
@@ -348,3 +349,66 @@ def test_a_long_run_prints_a_progress_line_at_least_every_10_s(tmp_path):
     text = "".join(stderr)
     assert "core_worker.cc" in text  # --verbose: Ray's own lines are not filtered
     assert "interrupted; finished items are committed, rerun to resume" in text
+
+
+def _processes_named(prefix: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if cmdline.startswith(prefix):
+            pids.append(int(entry.name))
+    return pids
+
+
+@needs_espeak
+def test_a_model_actor_killed_mid_run_is_restarted_and_every_item_ends_as_one_row(tmp_path):
+    """The Whisper actor killed as the kernel's OOM killer kills (SIGKILL) once its first
+    call has committed, with other calls in its hands: Ray restarts it and runs those calls
+    again, every recording ends as exactly one ok row, and the terminal gets one line of
+    ours instead of Ray's report and its "infinite retries remaining" notices."""
+    clip = np.concatenate([np.concatenate([speak(text), silence(0.8)]) for _, text in DIALOGUE * 2])
+    write_wav(tmp_path / "call.wav", clip)
+    items = 32
+    manifest = tmp_path / "calls.jsonl"
+    manifest.write_text(
+        "".join(
+            json.dumps({"uri": "call.wav", "external_id": f"call-{i}"}) + "\n" for i in range(items)
+        )
+    )
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "overnight.jobs.cli", "transcribe", str(manifest), str(out)],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    killed = None
+    try:
+        deadline = time.monotonic() + 180
+        while proc.poll() is None and time.monotonic() < deadline:
+            if any((out / "_staging" / "transcripts").rglob("*.parquet")):
+                actors = _processes_named("ray::MapWorker(MapBatches(CommittingActor))")
+                if actors:
+                    killed = actors[0]
+                    os.kill(killed, signal.SIGKILL)
+                    break
+            time.sleep(0.05)
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert killed is not None, "the run ended before the actor could be killed; give it more work"
+    assert proc.returncode == 0, stdout + stderr
+    rows = pads.dataset(out / "transcripts", format="parquet").to_table().to_pylist()
+    assert sorted(r["external_id"] for r in rows) == sorted(f"call-{i}" for i in range(items))
+    assert {r["status"] for r in rows} == {"ok"}, [r["error_message"] for r in rows]
+    assert f"[overnight] a Ray worker process (pid {killed}) died while running a task" in stderr
+    text = stdout + stderr
+    for ray_words in ("retries remaining", "RpcError", "Worker ID", "Traceback"):
+        assert ray_words not in text, text

@@ -253,7 +253,7 @@ def test_an_llm_that_fails_to_load_in_its_actor_is_exit_5_in_one_paragraph(docum
 
 
 def test_rays_echo_of_a_remote_traceback_stays_off_the_terminal_and_other_reports_do_not(
-    monkeypatch,
+    monkeypatch, capsys
 ):
     from ray._private import worker
 
@@ -267,10 +267,26 @@ def test_rays_echo_of_a_remote_traceback_stays_off_the_terminal_and_other_report
     pipeline._quiet_raylet_echo()  # a second job in the process: wrapped once
     traceback = ["Task X.get_location failed. Error: Traceback (most recent call last):", "..."]
     memory = ["Task was killed due to the node running low on memory."]
-    worker.print_to_stdstream({"lines": traceback, "pid": "raylet"}, ignore_prefix=False)
-    worker.print_to_stdstream({"lines": memory, "pid": "raylet"}, ignore_prefix=False)
+    # As Ray 2.60 reported a model actor killed with SIGKILL mid-run, then each of its calls.
+    died = [
+        "A worker died or was killed while executing a task by an unexpected system error. "
+        "To troubleshoot the problem, check the logs for the dead worker. Lease ID: 0100 "
+        "Worker ID: 1cea Node ID: d583 Worker IP address: 192.0.2.2 Worker port: 39279 "
+        "Worker PID: 21257 Worker exit type: SYSTEM_ERROR Worker exit detail: Worker "
+        "unexpectedly exits with a connection error code 2. End of file."
+    ]
+    retry = [
+        "Task MapWorker(MapBatches(CommittingActor)).submit failed. There are infinite retries "
+        "remaining, so the task will be retried. Error: The actor is temporarily unavailable: "
+        "RpcError: RPC error: Socket closed rpc_code: 14 [repeated 12x across cluster]"
+    ]
+    for lines in (traceback, memory, died, retry):
+        worker.print_to_stdstream({"lines": lines, "pid": "raylet"}, ignore_prefix=False)
     worker.print_to_stdstream({"lines": ["a worker's own output"], "pid": 42}, ignore_prefix=False)
     assert printed == [memory, ["a worker's own output"]]
+    ours = capsys.readouterr().err.strip().splitlines()
+    assert len(ours) == 1 and ours[0].startswith("[overnight] a Ray worker process (pid 21257) ")
+    assert "restarts it and runs its unfinished items again" in ours[0]
 
 
 def test_offline_mode_without_the_model_in_the_cache_says_so(recording, tmp_path):
