@@ -351,18 +351,32 @@ def test_a_long_run_prints_a_progress_line_at_least_every_10_s(tmp_path):
     assert "interrupted; finished items are committed, rerun to resume" in text
 
 
-def _processes_named(prefix: str) -> list[int]:
-    pids = []
+def _processes_named(prefix: str, under: int) -> list[int]:
+    """Processes whose command line starts with ``prefix`` among the descendants of ``under``
+    (Ray's workers are children of the raylet that the command started): never another
+    test's Ray."""
+    parents: dict[int, int] = {}
+    commands: dict[int, str] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            stat = (entry / "stat").read_text()
+            commands[int(entry.name)] = (
+                (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            )
         except OSError:
             continue
-        if cmdline.startswith(prefix):
-            pids.append(int(entry.name))
-    return pids
+        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+
+    def descends(pid: int) -> bool:
+        while pid > 1:
+            pid = parents.get(pid, 0)
+            if pid == under:
+                return True
+        return False
+
+    return [pid for pid, cmd in commands.items() if cmd.startswith(prefix) and descends(pid)]
 
 
 @needs_espeak
@@ -393,7 +407,7 @@ def test_a_model_actor_killed_mid_run_is_restarted_and_every_item_ends_as_one_ro
         deadline = time.monotonic() + 180
         while proc.poll() is None and time.monotonic() < deadline:
             if any((out / "_staging" / "transcripts").rglob("*.parquet")):
-                actors = _processes_named("ray::MapWorker(MapBatches(CommittingActor))")
+                actors = _processes_named("ray::MapWorker(MapBatches(CommittingActor))", proc.pid)
                 if actors:
                     killed = actors[0]
                     os.kill(killed, signal.SIGKILL)
