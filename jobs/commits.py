@@ -23,6 +23,7 @@ import json
 import os
 import posixpath
 import secrets
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -36,6 +37,7 @@ import pyarrow.parquet as pq
 
 from overnight.jobs import storage
 from overnight.jobs.errors import Superseded
+from overnight.schemas.errors import ErrorCode
 
 if TYPE_CHECKING:
     from overnight.jobs.stage import Stage
@@ -265,6 +267,78 @@ def with_provenance(
     return pa.table(columns)
 
 
+# Ray Data restarts a model actor whose process died and runs the calls it held again,
+# without limit. An input that kills the process every time (a crash inside the engine,
+# memory it cannot have) would then loop for the rest of the night. So each call counts the
+# deaths it was in flight for: after the first, it runs again alone among such calls (fresh
+# calls still run beside it), so that the next death names the call that causes it; a call
+# in flight for DEATHS_PER_CALL deaths is not run again, its items become ``worker_crashed``
+# error rows, and the job goes on. A node lost under a call (a preempted instance) counts
+# too: the call then runs alone once more, and only a second loss costs its items.
+DEATHS_PER_CALL = 2
+
+
+class _CallDeaths:
+    """Per call of this run (the claim's token and the call's item ids): how many times it
+    started and did not finish, in the Ray cluster's key-value store, which outlives the
+    actor's process. Outside Ray (the actor called as a plain class) nothing is counted."""
+
+    def __init__(self, token: str):
+        self.token = token
+        self._kv: Any = None
+        try:
+            from ray.experimental import internal_kv
+
+            if internal_kv._internal_kv_initialized():
+                self._kv = internal_kv
+        except ImportError:
+            pass
+
+    def key(self, batch: pa.Table) -> bytes:
+        ids = "\n".join(sorted(str(i) for i in batch.column("item_id").to_pylist()))
+        digest = hashlib.sha256(ids.encode()).hexdigest()[:32]
+        return f"call-deaths:{self.token}:{digest}".encode()
+
+    def get(self, key: bytes) -> int:
+        if self._kv is None:
+            return 0
+        value = self._kv._internal_kv_get(key, namespace="overnight")
+        return int(value) if value else 0
+
+    def put(self, key: bytes, count: int) -> None:
+        if self._kv is not None:
+            self._kv._internal_kv_put(key, str(count).encode(), namespace="overnight")
+
+    def forget(self, key: bytes) -> None:
+        if self._kv is not None:
+            self._kv._internal_kv_del(key, namespace="overnight")
+
+
+def crashed_rows(batch: pa.Table, deaths: int) -> pa.Table:
+    """The call's rows as ``worker_crashed`` errors (rows already in error keep theirs)."""
+    n = batch.num_rows
+    names = batch.column_names
+    status = batch.column("status").to_pylist() if "status" in names else ["ok"] * n
+    codes = batch.column("error_code").to_pylist() if "error_code" in names else [None] * n
+    messages = batch.column("error_message").to_pylist() if "error_message" in names else [None] * n
+    message = (
+        f"the model's process died {deaths} times while this call of {n} items was in "
+        "flight (killed, out of memory, or crashed), so its items were not run again; one of "
+        "them is likely the cause"
+    )
+    for i in range(n):
+        if status[i] != "error":
+            status[i], codes[i], messages[i] = "error", ErrorCode.WORKER_CRASHED.value, message
+    return pa.table(
+        {
+            "item_id": batch.column("item_id"),
+            "status": pa.array(status, pa.string()),
+            "error_code": pa.array(codes, pa.string()),
+            "error_message": pa.array(messages, pa.string()),
+        }
+    )
+
+
 class CommittingActor:
     """A model worker plus the commit of each batch it finishes.
 
@@ -306,9 +380,25 @@ class CommittingActor:
             ]
         # Where the batches are written (the run's staging folder); the claim is the dataset's.
         self.into = into or dataset
+        self.deaths = _CallDeaths(token)
+        self._suspects = threading.Lock()
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        finished = self.worker(batch)
+        key = self.deaths.key(batch)
+        deaths = self.deaths.get(key)
+        if deaths >= DEATHS_PER_CALL:
+            slim = self._commit(batch, crashed_rows(batch, deaths))
+        elif deaths:
+            with self._suspects:  # one call at a time that has seen its process die
+                self.deaths.put(key, deaths + 1)
+                slim = self._commit(batch, self.worker(batch))
+        else:
+            self.deaths.put(key, 1)
+            slim = self._commit(batch, self.worker(batch))
+        self.deaths.forget(key)
+        return slim
+
+    def _commit(self, batch: pa.Table, finished: pa.Table) -> pa.Table:
         if self.provenance is not None:
             finished = with_provenance(batch, finished, self.schema, self.provenance)
         if self.after:

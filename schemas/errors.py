@@ -34,6 +34,8 @@ class ErrorCode(StrEnum):
     INVALID_INPUT = "invalid_input"  # the input row itself is unusable (e.g. bad metadata)
     # Inference
     MODEL_ERROR = "model_error"  # the model raised on this item alone; other items went on
+    # the model's process died twice with this item's call in flight; not run again
+    WORKER_CRASHED = "worker_crashed"
 
 
 ERROR_CODES: tuple[str, ...] = tuple(code.value for code in ErrorCode)

@@ -3,6 +3,10 @@ run's actor commits late (no Ray needed: the committing actor is a plain class).
 
 from __future__ import annotations
 
+import os
+import time
+from collections.abc import Callable
+
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
@@ -268,3 +272,60 @@ def test_the_manifest_is_recorded_and_handed_to_ray_data_in_blocks_without_a_ray
 
     empty = pipeline.manifest_dataset(output, "run-2", table.schema.empty_table())
     assert [b.schema for b in ray.get(empty.to_arrow_refs())] == [table.schema]
+
+
+def _dies_on_poison() -> Callable[[pa.Table], pa.Table]:
+    def work(table: pa.Table) -> pa.Table:
+        if "poison" in table.column("item_id").to_pylist():
+            os._exit(1)  # as the kernel's OOM killer or a crash in the engine ends the process
+        time.sleep(0.3)  # long enough that other calls are in flight when it dies
+        return table
+
+    return work
+
+
+@pytest.mark.timeout(120)  # without the bound, Ray runs the call again forever
+def test_a_call_that_kills_its_model_process_every_time_ends_as_error_rows_and_the_job_goes_on(
+    ray_local, tmp_path
+):
+    """Ray Data restarts a dead actor and runs its calls again without limit: an input that
+    kills the process every time looped forever. The call is run again once, alone among the
+    calls that saw a death; after its second death its items are ``worker_crashed`` rows, and
+    every other item, in flight beside it or not, is committed as it should be."""
+    import ray
+
+    schema = SCHEMA.append(pa.field("error_code", pa.string())).append(
+        pa.field("error_message", pa.string())
+    )
+    dataset = storage.resolve(str(tmp_path / "out" / "transcripts"))
+    token = commits.claim(dataset, "nightly")
+    items = [f"item-{i}" for i in range(10)]
+    items[4:6] = ["poison", "mate"]  # one call of two: the poison and an innocent item
+    blocks = [batch("nightly", *items[i : i + 2]) for i in range(0, len(items), 2)]
+    ds = ray.data.from_blocks(blocks).map_batches(
+        commits.CommittingActor,
+        fn_constructor_kwargs={
+            "make_worker": _dies_on_poison,
+            "dataset": dataset,
+            "schema": schema,
+            "slim": ["item_id", "status"],
+            "token": token,
+            "provenance": commits.Provenance("nightly"),
+        },
+        batch_format="pyarrow",
+        batch_size=2,
+        compute=ray.data.ActorPoolStrategy(
+            size=1, max_concurrent_calls_per_actor=3, enable_true_multi_threading=True
+        ),
+        num_cpus=0.5,
+    )
+    outcome = pipeline.execute(ds, set(items), pipeline.Progress(len(items), enabled=False), ())
+    assert sorted(r["item_id"] for r in outcome.rows) == sorted(items)
+    rows = {r["item_id"]: r for r in read_all(dataset)}
+    assert sorted(rows) == sorted(items)  # each item committed once
+    failed = {i for i, r in rows.items() if r["status"] == "error"}
+    assert failed == {"poison", "mate"}, rows
+    assert {rows[i]["error_code"] for i in failed} == {"worker_crashed"}
+    assert (
+        "died 2 times while this call of 2 items was in flight" in rows["poison"]["error_message"]
+    )
