@@ -17,6 +17,7 @@ at publish. Flat datasets of older versions are still read and repaired
 from __future__ import annotations
 
 import bisect
+import contextlib
 import hashlib
 import io
 import json
@@ -299,19 +300,22 @@ class _CallDeaths:
         digest = hashlib.sha256(ids.encode()).hexdigest()[:32]
         return f"call-deaths:{self.token}:{digest}".encode()
 
+    # A guard, not a commit: when the store cannot answer, the call runs as it always did.
     def get(self, key: bytes) -> int:
-        if self._kv is None:
-            return 0
-        value = self._kv._internal_kv_get(key, namespace="overnight")
-        return int(value) if value else 0
+        with contextlib.suppress(Exception):
+            value = self._kv and self._kv._internal_kv_get(key, namespace="overnight")
+            return int(value) if value else 0
+        return 0
 
     def put(self, key: bytes, count: int) -> None:
-        if self._kv is not None:
-            self._kv._internal_kv_put(key, str(count).encode(), namespace="overnight")
+        with contextlib.suppress(Exception):
+            if self._kv is not None:
+                self._kv._internal_kv_put(key, str(count).encode(), namespace="overnight")
 
     def forget(self, key: bytes) -> None:
-        if self._kv is not None:
-            self._kv._internal_kv_del(key, namespace="overnight")
+        with contextlib.suppress(Exception):
+            if self._kv is not None:
+                self._kv._internal_kv_del(key, namespace="overnight")
 
 
 def crashed_rows(batch: pa.Table, deaths: int) -> pa.Table:
