@@ -458,11 +458,15 @@ def write_bytes_atomic(loc: Location, data: bytes) -> None:
     """Make ``loc`` appear whole or not at all.
 
     Object stores publish a PUT atomically; on a local disk we write a temporary sibling and
-    rename it, which is atomic on POSIX.
+    rename it, which is atomic on POSIX. The sibling's name starts with "." and does not end
+    in ".parquet": stock readers (pyarrow datasets, DuckDB and Polars globs) skip it, where a
+    finished one named "part-x.parquet.tmp-..." was read beside the file it was replacing,
+    every row twice, until the rename.
     """
     if loc.scheme == "file":
-        os.makedirs(os.path.dirname(loc.path), exist_ok=True)
-        tmp = f"{loc.path}.tmp-{os.getpid()}-{random.getrandbits(32):08x}"
+        folder, name = os.path.split(loc.path)
+        os.makedirs(folder, exist_ok=True)
+        tmp = os.path.join(folder, f".{name}.tmp-{os.getpid()}-{random.getrandbits(32):08x}")
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()

@@ -4,6 +4,7 @@ and recordings submitted again on a later night."""
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import shutil
 import signal
@@ -122,6 +123,29 @@ def test_stock_readers_read_the_partitions_and_filter_on_run_date(two_nights):
         f"where run_date = DATE '{day}'"
     ).fetchone()[0]
     assert cost > 0
+
+
+def test_a_file_replaced_in_place_is_never_read_twice_by_a_stock_reader(tmp_path, monkeypatch):
+    """A publish that a killed run left half done is redone under the same file names. At the
+    moment a rewritten file is complete but not yet renamed into place, a reader listing the
+    partition (pyarrow, DuckDB or Polars) must see each row once: a suite run caught a
+    reader seeing every item twice there."""
+    out = tmp_path / "out"
+    loc = storage.resolve(str(out / "transcripts" / "run_date=2026-12-04" / "part-a.parquet"))
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"item_id": ["x", "y"]}), buf)
+    storage.write_bytes_atomic(loc, buf.getvalue())
+    seen: list[list[str]] = []
+    rename = os.replace
+
+    def replace(src: str, dst: str) -> None:
+        seen.append(visible(out))  # the temporary file written, the rename not yet done
+        rename(src, dst)
+
+    monkeypatch.setattr(storage.os, "replace", replace)
+    storage.write_bytes_atomic(loc, buf.getvalue())
+    assert seen == [["x", "y"]]
+    assert visible(out) == ["x", "y"]
 
 
 @pytest.mark.skipif(not shutil.which("espeak-ng"), reason="espeak-ng not installed")
