@@ -318,7 +318,7 @@ class _CallDeaths:
                 self._kv._internal_kv_del(key, namespace="overnight")
 
 
-def crashed_rows(batch: pa.Table, deaths: int) -> pa.Table:
+def _crashed_rows(batch: pa.Table, deaths: int) -> pa.Table:
     """The call's rows as ``worker_crashed`` errors (rows already in error keep theirs)."""
     n = batch.num_rows
     names = batch.column_names
@@ -391,7 +391,7 @@ class CommittingActor:
         key = self.deaths.key(batch)
         deaths = self.deaths.get(key)
         if deaths >= DEATHS_PER_CALL:
-            slim = self._commit(batch, crashed_rows(batch, deaths))
+            slim = self._commit(batch, _crashed_rows(batch, deaths))
         elif deaths:
             with self._suspects:  # one call at a time that has seen its process die
                 self.deaths.put(key, deaths + 1)
