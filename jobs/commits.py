@@ -303,8 +303,9 @@ class _CallDeaths:
     # A guard, not a commit: when the store cannot answer, the call runs as it always did.
     def get(self, key: bytes) -> int:
         with contextlib.suppress(Exception):
-            value = self._kv and self._kv._internal_kv_get(key, namespace="overnight")
-            return int(value) if value else 0
+            if self._kv is not None:
+                value = self._kv._internal_kv_get(key, namespace="overnight")
+                return int(value) if value else 0
         return 0
 
     def put(self, key: bytes, count: int) -> None:
@@ -392,13 +393,11 @@ class CommittingActor:
         deaths = self.deaths.get(key)
         if deaths >= DEATHS_PER_CALL:
             slim = self._commit(batch, _crashed_rows(batch, deaths))
-        elif deaths:
-            with self._suspects:  # one call at a time that has seen its process die
+        else:
+            # One call at a time among those that have seen their process die.
+            with self._suspects if deaths else contextlib.nullcontext():
                 self.deaths.put(key, deaths + 1)
                 slim = self._commit(batch, self.worker(batch))
-        else:
-            self.deaths.put(key, 1)
-            slim = self._commit(batch, self.worker(batch))
         self.deaths.forget(key)
         return slim
 
