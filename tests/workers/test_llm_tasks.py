@@ -14,6 +14,7 @@ import pytest
 
 from overnight.schemas.errors import ERROR_CODES
 from overnight.workers.llm.adapter import Generation, GenerationParams, LLMBackend, load_backend
+from overnight.workers.llm.contract import FINISH_LENGTH, FINISH_STOP
 from overnight.workers.llm.prepare import prepare_ctranslate2_from_gguf, smollm2_gguf_path
 from overnight.workers.llm.tasks import (
     DISPOSITION_LABELS,
@@ -100,7 +101,11 @@ class ScriptedBackend:
         for conv in conversations:
             text = self.reply(conv)
             prompt = self.count_tokens(self.render_chat(conv))
-            out.append(Generation(text, prompt, self.count_tokens(text) + 1, "stop"))
+            if self.count_tokens(text) > params.max_new_tokens:  # cut off as an engine does
+                text = " ".join(text.split()[: params.max_new_tokens])
+                out.append(Generation(text, prompt, params.max_new_tokens, FINISH_LENGTH))
+            else:
+                out.append(Generation(text, prompt, self.count_tokens(text) + 1, FINISH_STOP))
         return out
 
     def choose(
@@ -133,7 +138,7 @@ def test_summarize_of_a_short_text_returns_non_empty_text(backend: LLMBackend) -
 
 def test_long_text_is_summarised_map_reduce_over_several_chunks(backend: LLMBackend) -> None:
     text = (REPO.parent / "shared" / "FIELD_NOTES.md").read_text()[:600]
-    spec = TaskSpec(kind="summarize", summary_words=10, chunk_tokens=100, max_new_tokens=16)
+    spec = TaskSpec(kind="summarize", summary_words=10, chunk_tokens=100)
     short = "Ray Data runs batch jobs on a cluster."
     long_out, short_out = run_task(backend, spec, _items(text, short))
     assert long_out.status == "ok", long_out.error_message
@@ -544,3 +549,30 @@ def test_a_task_missing_what_it_needs_or_unknown_is_refused_with_the_field_to_se
         build_task("compliance", TaskParams())
     with pytest.raises(TaskSpecError, match="summarize, extract, classify, prompt"):
         build_task("translate", TaskParams())
+
+
+def test_a_summary_cut_off_by_the_token_cap_ends_at_its_last_finished_sentence() -> None:
+    spec = TaskSpec(kind="summarize", max_new_tokens=12)
+    drifting = "The customer will pay on Friday. The agent thanks her. Then LOREM IMMES PERS"
+    [out] = run_task(ScriptedBackend(lambda conv: drifting), spec, _items("A call."))
+    assert out.status == "ok"
+    assert out.output_text == "The customer will pay on Friday. The agent thanks her."
+    # A reply that finished within the cap is kept whole, whatever its last characters.
+    [out] = run_task(ScriptedBackend(lambda conv: "Paid in full, no"), spec, _items("A call."))
+    assert out.output_text == "Paid in full, no"
+
+
+def test_a_summary_that_reaches_the_cap_without_finishing_a_sentence_is_retried_then_an_error() -> (
+    None
+):
+    spec = TaskSpec(kind="summarize", max_new_tokens=6)
+    runaway = "the customer whose account number was given earlier on said"
+    stuck = ScriptedBackend(lambda conv: runaway)
+    [out] = run_task(stuck, spec, _items("A call."))
+    assert out.status == "error" and out.error_code == "invalid_output"
+    assert "token cap (6 tokens)" in (out.error_message or "")
+    assert [name for name, _ in stuck.calls] == ["generate", "generate"]
+    # The prompt task leaves the user's format alone: a reply cut at the cap is kept as is.
+    template = TaskSpec(kind="prompt", template="List the items in {text}", max_new_tokens=6)
+    [out] = run_task(ScriptedBackend(lambda conv: runaway), template, _items("A call."))
+    assert out.status == "ok" and out.output_text == "the customer whose account number was"

@@ -14,6 +14,7 @@ from overnight.workers.llm.contract import (
     BACKENDS,
     DEFAULT_VLLM_MODEL,
     FINISH_CONTEXT_EXCEEDED,
+    FINISH_LENGTH,
     BackendConfigError,
     EngineUnavailable,
     Generation,
@@ -25,6 +26,7 @@ from overnight.workers.llm.contract import (
 __all__ = [
     "BACKENDS",
     "FINISH_CONTEXT_EXCEEDED",
+    "FINISH_LENGTH",
     "BackendConfigError",
     "EngineUnavailable",
     "Generation",

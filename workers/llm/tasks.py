@@ -30,6 +30,7 @@ from typing import Any
 from overnight.schemas.errors import ErrorCode
 from overnight.workers.llm.adapter import (
     FINISH_CONTEXT_EXCEEDED,
+    FINISH_LENGTH,
     Generation,
     GenerationParams,
     LLMBackend,
@@ -903,9 +904,9 @@ def _run_summarize(
             owners.append((index, n))
 
     partials: dict[int, list[str]] = {}
-    replies = _generate_free(backend, states, jobs, params)
+    replies = _generate_free(backend, states, jobs, params, sentences=True)
     for (index, n), (_, conv), result in zip(owners, jobs, replies, strict=True):
-        reply = _free_text(states[index], conv, result)
+        reply = _free_text(states[index], conv, result, sentences=True)
         if reply is None:
             continue
         if n < 0:
@@ -933,9 +934,9 @@ def _run_summarize(
                 jobs.append((index, reduce_messages(spec, group, words)))
                 owners.append((index, g if len(groups) > 1 else -1))
         next_round: dict[int, list[str]] = {}
-        replies = _generate_free(backend, states, jobs, params)
+        replies = _generate_free(backend, states, jobs, params, sentences=True)
         for (index, g), (_, conv), result in zip(owners, jobs, replies, strict=True):
-            reply = _free_text(states[index], conv, result)
+            reply = _free_text(states[index], conv, result, sentences=True)
             if reply is None:
                 next_round.pop(index, None)
             elif g < 0:
@@ -955,18 +956,22 @@ RETRY_REPETITION_PENALTY = 1.3
 
 
 def _generate_free(
-    backend: LLMBackend, items: list[_Item], jobs: list[_Job], params: GenerationParams
+    backend: LLMBackend,
+    items: list[_Item],
+    jobs: list[_Job],
+    params: GenerationParams,
+    *,
+    sentences: bool = False,
 ) -> list[Generation | None]:
-    """``_generate`` for free text, with one retry of the degenerate replies."""
+    """``_generate`` for free text, with one retry of the unusable replies (see
+    ``_unusable``)."""
     replies = _generate(backend, items, jobs, params)
     if params.repetition_penalty >= RETRY_REPETITION_PENALTY:
         return replies
     again = [
         k
         for k, (reply, (_, conv)) in enumerate(zip(replies, jobs, strict=True))
-        if reply is not None
-        and reply.text.strip()
-        and degenerate(reply.text.strip(), conv[0]["content"]) is not None
+        if reply is not None and _unusable(reply, conv, sentences=sentences)[1] is not None
     ]
     if again:
         stronger = dataclasses.replace(params, repetition_penalty=RETRY_REPETITION_PENALTY)
@@ -977,15 +982,54 @@ def _generate_free(
     return replies
 
 
-def _free_text(state: _Item, conv: list[dict[str, str]], result: Generation | None) -> str | None:
+# The end of a sentence: . ! or ? with any closing quotes or brackets, then a space or the end
+# (so "3.5" and "e.g.x" are not ends).
+_SENTENCE_END = re.compile(r"[.!?][\"'\u201d\u2019)\]]*(?=\s|$)")
+
+
+def whole_sentences(text: str) -> str:
+    """``text`` up to its last finished sentence or line: what is usable of a reply that the
+    token cap cut off mid-sentence ('' when nothing was finished)."""
+    ends = [m.end() for m in _SENTENCE_END.finditer(text)]
+    cut = max(ends[-1] if ends else 0, text.rfind("\n"))
+    return text[:cut].rstrip() if cut > 0 else ""
+
+
+def _unusable(
+    result: Generation, conv: list[dict[str, str]], *, sentences: bool
+) -> tuple[str, str | None]:
+    """The reply's text to keep, and why it is unusable (None when it is usable). With
+    ``sentences`` (summaries), a reply that the token cap cut off is kept up to its last
+    finished sentence: its unfinished tail is where a small model drifts."""
+    text = result.text.strip()
+    if not text:
+        return text, "the model returned an empty reply"
+    problem = degenerate(text, conv[0]["content"])
+    if problem is None and sentences and result.finish_reason == FINISH_LENGTH:
+        text = whole_sentences(text)
+        if not text:
+            problem = (
+                f"the reply reached the token cap ({result.output_tokens} tokens) before it "
+                "finished a sentence"
+            )
+    return text, problem
+
+
+def _free_text(
+    state: _Item,
+    conv: list[dict[str, str]],
+    result: Generation | None,
+    *,
+    sentences: bool = False,
+) -> str | None:
     """A free-text reply fit to keep, or None after recording why it is not."""
     if result is None:
         return None  # the item's error is recorded already
-    text = result.text.strip()
-    problem = "the model returned an empty reply" if not text else None
-    problem = problem or degenerate(text, conv[0]["content"])
+    text, problem = _unusable(result, conv, sentences=sentences)
     if problem is not None:
-        state.fail(ErrorCode.INVALID_OUTPUT, f"{problem}; reply: {text[:_ERROR_SNIPPET]!r}")
+        state.fail(
+            ErrorCode.INVALID_OUTPUT, f"{problem}; reply: {result.text.strip()[:_ERROR_SNIPPET]!r}"
+        )
         return None
     return text
 
