@@ -87,7 +87,8 @@ def check_error_rate(spec: JobSpec, summary: Mapping[str, Any]) -> None:
         f"{failed} of {items} items failed ({failed / items:.1%}), more than the "
         f"{limit:.1%} that max_error_rate allows ({codes}). The rows and the run summary are "
         f"written; see `overnight show {summary.get('output') or 'OUTPUT'} --status error`, "
-        "fix the cause and rerun: finished items are not redone.",
+        "fix the cause and rerun with --retry-errors (`retry_errors` in [job]) to redo the "
+        "failed items; finished items are not redone.",
         dict(summary),
     )
 

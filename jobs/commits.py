@@ -532,6 +532,127 @@ def index_lookup(
     return {i for ids in storage.map_threads(read, segments) for i in ids}
 
 
+def _index_days(dataset: storage.Location, among: set[str]) -> set[date]:
+    """The run dates under which the index holds any of ``among`` (the partitions to read)."""
+    probe = sorted(among)
+
+    def read(path: str) -> list[date]:
+        with dataset.fs.open(path, "rb") as f:
+            pf = pq.ParquetFile(f)
+            groups = _groups_holding(pf.metadata, probe)
+            if not groups:
+                return []
+            table = pf.read_row_groups(groups, columns=["item_id", PARTITION])
+        hit = pc.is_in(table["item_id"], value_set=pa.array(probe, pa.string()))
+        return table[PARTITION].filter(hit).unique().to_pylist()
+
+    if not probe:
+        return set()
+    return {d for days in storage.map_threads(read, index_segments(dataset)) for d in days}
+
+
+# -- retrying error rows ---------------------------------------------------------------------
+# A rerun with ``retry_errors`` redoes the items whose row is an error of the given codes
+# (a PDF's password supplied since, a storage outage, a crashed worker). Their error rows are
+# forgotten before the run subtracts what is done, so they are pending work like any other
+# and publish unchanged. An intent file makes the forgetting crash-safe: rows go first, then
+# the index entries, then the intent; a run killed in between is finished by the next claim.
+# (Index entries first would let a run publish a second row beside the old error row; rows
+# first without an intent would leave an indexed item without a row: done, and lost.)
+
+
+def _retry_intent(dataset: storage.Location) -> storage.Location:
+    """OUTPUT/_claims/<dataset>.retry.json, beside the claim (only its holder writes it)."""
+    claim = claim_file(dataset)
+    return storage.Location(claim.fs, claim.path[: -len(".json")] + ".retry.json", claim.scheme)
+
+
+def error_rows(
+    dataset: storage.Location, among: Iterable[str], codes: Sequence[str] | None
+) -> dict[str, list[str]]:
+    """The published files that hold error rows of ``among`` whose code is one of ``codes``
+    (any code: None), and those rows' item ids. Only the partitions the index names for
+    ``among`` are read, three columns each (and an older output's flat files)."""
+    wanted = set(among)
+    if not wanted:
+        return {}
+    days = _index_days(dataset, wanted)
+    files = [
+        p
+        for p in published_files(dataset, (min(days), max(days)) if days else None)
+        if partition_date(p) is None or partition_date(p) in days
+    ]
+    if not days:
+        files = flat_files(dataset)
+    value_set = pa.array(sorted(wanted), pa.string())
+
+    def read(path: str) -> list[str]:
+        with dataset.fs.open(path, "rb") as f:
+            table = pq.read_table(f, columns=["item_id", "status", "error_code"])
+        hit = pc.and_(
+            pc.is_in(table["item_id"], value_set=value_set), pc.equal(table["status"], "error")
+        )
+        if codes is not None:
+            hit = pc.and_(hit, pc.is_in(table["error_code"], value_set=pa.array(list(codes))))
+        return table["item_id"].filter(hit).to_pylist()
+
+    found = dict(zip(files, storage.map_threads(read, files), strict=True)) if files else {}
+    return {path: ids for path, ids in found.items() if ids}
+
+
+def forget_errors(
+    dataset: storage.Location, among: Iterable[str], codes: Sequence[str] | None
+) -> set[str]:
+    """Remove the error rows of ``among`` (of ``codes``; any: None) and their done-index
+    entries, so that this run does those items again; returns their ids. Only the claim's
+    holder calls it, after ``publish`` has taken every staged file."""
+    found = error_rows(dataset, among, codes)
+    ids = sorted({i for rows in found.values() for i in rows})
+    if ids:
+        body = json.dumps({"ids": ids, "files": sorted(found)})
+        storage.write_bytes_atomic(_retry_intent(dataset), body.encode())
+        finish_forgetting(dataset)
+    return set(ids)
+
+
+def finish_forgetting(dataset: storage.Location) -> None:
+    """Carry out a retry's intent, if one is there (a killed run's too); every step can run
+    again: only error rows of the intent's ids go, and index entries of those ids."""
+    intent = _retry_intent(dataset)
+    if not storage.exists(intent):
+        return
+    plan = json.loads(storage.read_location(intent))
+    ids = pa.array(plan["ids"], pa.string())
+    for path in plan["files"]:
+        loc = storage.Location(dataset.fs, path, dataset.scheme)
+        if not storage.exists(loc):
+            continue
+        table = _read_part(dataset, path)
+        drop = pc.and_(
+            pc.is_in(table["item_id"], value_set=ids), pc.equal(table["status"], "error")
+        )
+        if not pc.any(drop).as_py():
+            continue
+        rest = table.filter(pc.invert(drop))
+        if rest.num_rows:
+            write_parquet(loc, rest)  # the same name, replaced atomically
+        else:
+            storage.delete(loc)
+    for path in index_segments(dataset):
+        loc = storage.Location(dataset.fs, path, dataset.scheme)
+        with dataset.fs.open(path, "rb") as f:
+            table = pq.read_table(f)
+        gone = pc.is_in(table["item_id"], value_set=ids)
+        if not pc.any(gone).as_py():
+            continue
+        rest = table.filter(pc.invert(gone))  # still sorted by item id
+        if rest.num_rows:
+            write_parquet(loc, rest, INDEX_ROW_GROUP)
+        else:
+            storage.delete(loc)
+    storage.delete(intent)
+
+
 def _groups_holding(meta: pq.FileMetaData, probe: list[str]) -> list[int]:
     column = meta.schema.names.index("item_id")
     groups = []

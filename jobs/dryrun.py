@@ -90,7 +90,14 @@ def dry_run(spec: JobSpec) -> dict[str, Any]:
     stages = []
     for plan in _plans(spec):
         ids = (r["item_id"] for r in plan.records)
-        done = commits.committed_ids(output.join(plan.dataset), among=ids)
+        dataset = output.join(plan.dataset)
+        done = commits.committed_ids(dataset, among=ids)
+        retry = spec.job.retry_errors
+        redo: set[str] = set()
+        if retry:
+            found = commits.error_rows(dataset, done, None if retry == ["all"] else retry)
+            redo = {i for rows in found.values() for i in rows}
+            done -= redo
         todo = [r for r in plan.records if r["item_id"] not in done]
         limit = spec.job.max_items
         pending = todo[:limit] if limit is not None else todo
@@ -100,6 +107,7 @@ def dry_run(spec: JobSpec) -> dict[str, Any]:
             "items_listed": len(plan.records),
             "items_already_done": len(plan.records) - len(todo),
             "items_pending": len(pending),
+            "errors_to_redo": len(redo),
             "pending_bytes": sum(r.get("size") or 0 for r in pending),
         }
         unit_cost, runs = _past_unit_cost(output, plan.kind)
@@ -133,6 +141,11 @@ def render(report: dict[str, Any]) -> str:
         lines.append(
             f"  {s['kind']:<10} {s['items_listed']} listed, {s['items_already_done']} already "
             f"done, {s['items_pending']} to do ({s['pending_bytes'] / 1e6:.1f} MB)"
+            + (
+                f", {s['errors_to_redo']} of them error rows to redo"
+                if s.get("errors_to_redo")
+                else ""
+            )
         )
         if s.get("pending_audio_hours_estimate") is not None:
             lines.append(

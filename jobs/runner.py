@@ -96,6 +96,7 @@ class Claimed:
     leftover: commits.Published  # a killed run's staged rows, published now
     todo: list[dict[str, Any]]  # listed items not committed yet
     pending: list[dict[str, Any]]  # those this run does (max_items)
+    retried: int = 0  # error rows forgotten for ``retry_errors``: their items are in todo
 
 
 def claim_and_subtract(plan: JobPlan) -> Claimed:
@@ -112,11 +113,22 @@ def claim_and_subtract(plan: JobPlan) -> Claimed:
     leftover = commits.publish(
         dataset, plan.schema, plan.run_id, functools.partial(_price, output, plan)
     )
+    commits.finish_forgetting(dataset)  # a killed run's retry of error rows
     done = commits.committed_ids(dataset, among=(r["item_id"] for r in plan.records))
+    retried: set[str] = set()
+    if job.retry_errors:
+        codes = None if job.retry_errors == ["all"] else job.retry_errors
+        failed = {i for ids in commits.error_rows(dataset, done, codes).values() for i in ids}
+        redo = [r["item_id"] for r in plan.records if r["item_id"] in failed]
+        if job.max_items is not None:  # forget only rows this run will replace
+            waiting = sum(1 for r in plan.records if r["item_id"] not in done)
+            redo = redo[: max(0, job.max_items - waiting)]
+        retried = commits.forget_errors(dataset, redo, codes)
+        done -= retried
     todo = [r for r in plan.records if r["item_id"] not in done]
     pending = todo[: job.max_items] if job.max_items is not None else todo
     run_date = job.run_date or datetime.now(UTC).date()
-    return Claimed(dataset, run_date, token, leftover, todo, pending)
+    return Claimed(dataset, run_date, token, leftover, todo, pending, len(retried))
 
 
 def run(plan: JobPlan) -> dict[str, Any]:
@@ -204,6 +216,7 @@ def run(plan: JobPlan) -> dict[str, Any]:
             "output": storage.redact(job.output),
             "device": device,
             "duplicates_removed": repaired,
+            "errors_retried": claimed.retried,
             "startup": startup.report(outcome),
             "options": build.options,
             plan.dataset: dataset.url(),

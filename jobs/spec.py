@@ -18,6 +18,7 @@ from pydantic import ConfigDict, Field, ValidationError, field_validator, model_
 
 from overnight.jobs.config_model import ConfigModel, config_error
 from overnight.jobs.errors import ConfigError
+from overnight.schemas.errors import ERROR_CODES
 from overnight.workers.llm.engine_options import EngineOptions
 from overnight.workers.whisper_options import DecodingOptions
 
@@ -369,6 +370,14 @@ class RunOptions(_Model):
         description="fail the run (exit 12) when more than this share of its items ended as "
         "error rows; the rows and the summary are written first. Default: never",
     )
+    retry_errors: list[str] | None = Field(
+        None,
+        description="redo the listed items whose committed row is an error with one of these "
+        "codes (['all']: any code), e.g. ['encrypted'] once the PDF password is set, or "
+        "['fetch_failed', 'worker_crashed'] after an outage; their error rows and done-index "
+        "entries go, the new rows replace them (the cost rows of the failed tries stay: that "
+        "work was done). Default: error rows count as done",
+    )
     progress: bool = Field(True, description="print progress lines while running")
     verbose: bool = Field(
         False,
@@ -390,6 +399,19 @@ class RunOptions(_Model):
         description="read no local file whose real path, checked on the opened file, lies "
         "outside these folders (tenant submissions set their tenant's); others: fetch_failed",
     )
+
+    @field_validator("retry_errors")
+    @classmethod
+    def _known_codes(cls, codes: list[str] | None) -> list[str] | None:
+        if codes is None:
+            return None
+        codes = [c.strip() for c in codes if c.strip()]
+        unknown = [c for c in codes if c != "all" and c not in ERROR_CODES]
+        if unknown or not codes:
+            raise ValueError(
+                f"unknown error code(s) {unknown}; use 'all' or codes of: {', '.join(ERROR_CODES)}"
+            )
+        return ["all"] if "all" in codes else codes
 
 
 class JobSpec(_Model):

@@ -86,6 +86,15 @@ def _scheduler_flags(p: argparse.ArgumentParser) -> None:
         help="exit 12 when more than this share (0-1) of the run's items failed",
     )
     p.add_argument(
+        "--retry-errors",
+        nargs="?",
+        const="all",
+        metavar="CODES",
+        help="redo the items whose row is an error with one of these codes (comma-separated; "
+        "without CODES: any code), e.g. encrypted once the PDF password is set; default: "
+        "error rows count as done",
+    )
+    p.add_argument(
         "--dry-run",
         action="store_true",
         help="list and check the input, count what is pending against what is done, estimate "
@@ -197,6 +206,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             "progress": False if args.quiet else None,
             "verbose": True if args.verbose else None,
             "max_error_rate": args.max_error_rate,
+            "retry_errors": _codes(args.retry_errors),
         }
     }
     return _run_or_dry(build_spec(file_data, over), args.dry_run)
@@ -228,6 +238,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _codes(flag: str | None) -> list[str] | None:
+    return None if flag is None else flag.split(",")
+
+
 def _overrides(args: argparse.Namespace, kind: str) -> dict[str, Any]:
     job = {
         "kind": kind,
@@ -237,6 +251,7 @@ def _overrides(args: argparse.Namespace, kind: str) -> dict[str, Any]:
         "run_id": getattr(args, "run_id", None),
         "max_items": getattr(args, "max_items", None),
         "max_error_rate": getattr(args, "max_error_rate", None),
+        "retry_errors": _codes(getattr(args, "retry_errors", None)),
         "progress": False if getattr(args, "quiet", False) else None,
         "verbose": True if getattr(args, "verbose", False) else None,
         "include": getattr(args, "include", None),
@@ -328,7 +343,14 @@ def print_summary(summary: dict[str, Any], out=None) -> None:
     lines = [
         f"run {summary['run_id']} ({summary['kind']})",
         f"  items        {summary['items']} processed, {summary['succeeded']} ok, {summary['failed']} failed"
-        f" ({summary['items_already_done']} already done of {summary['items_listed']} listed)",
+        f" ({summary['items_already_done']} already done of {summary['items_listed']} listed"
+        + (
+            f"; {summary['errors_retried']} error row"
+            f"{'s' if summary['errors_retried'] != 1 else ''} redone"
+            if summary.get("errors_retried")
+            else ""
+        )
+        + ")",
     ]
     if summary.get("errors_by_code"):
         lines.append(

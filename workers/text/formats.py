@@ -139,7 +139,8 @@ def _pdf(data: bytes, options: TextOptions) -> tuple[str, int | None]:
         if options.pdf_password is None:
             raise Failure(
                 ErrorCode.ENCRYPTED,
-                f"the PDF is encrypted; put its password in {source} and rerun to open it",
+                f"the PDF is encrypted; put its password in {source} and rerun with "
+                "--retry-errors encrypted to open it",
             )
         raise Failure(
             ErrorCode.ENCRYPTED,

@@ -1,0 +1,158 @@
+"""``retry_errors``: a rerun redoes the items whose row is an error of the given codes, and
+every item still ends as exactly one row."""
+
+from __future__ import annotations
+
+import os
+from datetime import date
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pytest
+
+from overnight.jobs import commits, storage
+from overnight.jobs.errors import ConfigError
+from overnight.jobs.spec import build_spec
+from overnight.jobs.transcribe import run_transcribe
+
+SCHEMA = pa.schema(
+    [("item_id", pa.string()), ("run_id", pa.string()), ("status", pa.string()),
+     ("error_code", pa.string())]
+)  # fmt: skip
+
+
+def _publish(dataset: storage.Location, day: date, run: str, rows: list[tuple[str, str | None]]):
+    staged = commits.staging_dir(dataset, day, run)
+    table = pa.table(
+        {
+            "item_id": [i for i, _ in rows],
+            "run_id": [run] * len(rows),
+            "status": ["ok" if code is None else "error" for _, code in rows],
+            "error_code": [code for _, code in rows],
+        },
+        schema=SCHEMA,
+    )
+    commits.write_table(staged, table)
+    commits.publish(dataset, SCHEMA, run)
+
+
+def _rows(root: Path) -> list[tuple[str, str, str | None]]:
+    table = pads.dataset(str(root), format="parquet", partitioning="hive").to_table()
+    columns = (table[c].to_pylist() for c in ("item_id", "status", "error_code"))
+    return sorted(zip(*columns, strict=True))
+
+
+@pytest.fixture
+def two_nights_with_errors(tmp_path):
+    dataset = storage.resolve(str(tmp_path / "out" / "results"))
+    _publish(dataset, date(2026, 11, 1), "night-1", [("a", None), ("b", "fetch_failed")])
+    _publish(dataset, date(2026, 11, 2), "night-2", [("c", "encrypted"), ("d", "fetch_failed")])
+    return dataset, tmp_path / "out" / "results"
+
+
+def test_forgetting_takes_only_the_error_rows_of_the_codes_asked_out_of_rows_and_index(
+    two_nights_with_errors,
+):
+    dataset, root = two_nights_with_errors
+    listed = {"a", "b", "c", "d"}
+    assert commits.committed_ids(dataset, among=listed) == listed
+    # Only items of this input are looked at: "d" is not listed this time.
+    assert commits.forget_errors(dataset, {"a", "b", "c"}, ["fetch_failed"]) == {"b"}
+    assert commits.committed_ids(dataset, among=listed) == {"a", "c", "d"}
+    assert _rows(root) == [("a", "ok", None), ("c", "error", "encrypted"), ("d", "error", "fetch_failed")]  # fmt: skip
+    # Any code; an ok row is never forgotten.
+    assert commits.forget_errors(dataset, listed, None) == {"c", "d"}
+    assert _rows(root) == [("a", "ok", None)]
+    assert commits.committed_ids(dataset, among=listed) == {"a"}
+    assert not storage.exists(commits._retry_intent(dataset))
+
+
+def test_a_retry_killed_between_its_steps_is_finished_by_the_next_claim(
+    two_nights_with_errors, monkeypatch
+):
+    dataset, root = two_nights_with_errors
+    real_finish = commits.finish_forgetting
+    # Killed right after the intent was written: nothing changed yet, all four stay done.
+    monkeypatch.setattr(commits, "finish_forgetting", lambda dataset: None)
+    assert commits.forget_errors(dataset, {"b", "d"}, None) == {"b", "d"}
+    assert commits.committed_ids(dataset, among={"a", "b", "c", "d"}) == {"a", "b", "c", "d"}
+    # Killed after the rows went, before the index entries: the items have no row but are
+    # still indexed, so no run can do them a second time before the intent is finished.
+    monkeypatch.setattr(commits, "index_segments", lambda dataset: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        real_finish(dataset)
+    assert _rows(root) == [("a", "ok", None), ("c", "error", "encrypted")]
+    monkeypatch.undo()
+    assert commits.committed_ids(dataset, among={"b", "d"}) == {"b", "d"}
+    commits.finish_forgetting(dataset)  # what the next claim does first
+    assert commits.committed_ids(dataset, among={"a", "b", "c", "d"}) == {"a", "c"}
+    assert not storage.exists(commits._retry_intent(dataset))
+
+
+def test_unknown_error_codes_are_refused_with_the_list_of_known_ones() -> None:
+    job = {"input": "in", "output": "out"}
+    with pytest.raises(ConfigError, match=r"fetch_faild.*fetch_failed"):
+        build_spec(overrides={"job": {**job, "retry_errors": ["fetch_faild"]}})
+    spec = build_spec(overrides={"job": {**job, "retry_errors": ["all", "encrypted"]}})
+    assert spec.job.retry_errors == ["all"]
+
+
+def _transcribe(input_: Path, output: Path, allowed: list[Path], retry: list[str] | None):
+    spec = build_spec(
+        overrides={
+            "job": {
+                "input": str(input_),
+                "output": str(output),
+                "progress": False,
+                "allowed_input_prefixes": [str(p) for p in allowed],
+                "retry_errors": retry,
+            }
+        }
+    )
+    return run_transcribe(spec)
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_a_rerun_with_retry_errors_redoes_the_failed_recordings_and_leaves_one_row_each(
+    synth_calls, tmp_path
+):
+    folder, refs = synth_calls
+    calls, elsewhere, out = tmp_path / "calls", tmp_path / "elsewhere", tmp_path / "out"
+    calls.mkdir()
+    elsewhere.mkdir()
+    first, second, third = sorted(refs)[:3]
+    os.link(folder / first, calls / first)
+    os.link(folder / second, calls / second)
+    os.link(folder / third, elsewhere / third)
+    # A link out of the tenant's folder: refused (fetch_failed) until that folder is allowed.
+    (calls / third).symlink_to(elsewhere / third)
+
+    one = _transcribe(calls, out, [calls], None)
+    assert (one["succeeded"], one["errors_by_code"]) == (2, {"fetch_failed": 1})
+    # Error rows count as done; a retry of other codes redoes nothing.
+    assert _transcribe(calls, out, [calls, elsewhere], None)["items"] == 0
+    assert _transcribe(calls, out, [calls, elsewhere], ["not_audio"])["items"] == 0
+
+    three = _transcribe(calls, out, [calls, elsewhere], ["fetch_failed"])
+    assert (three["items"], three["succeeded"], three["errors_retried"]) == (1, 1, 1)
+    table = pads.dataset(str(out / "transcripts"), partitioning="hive").to_table()
+    rows = dict(zip(table["source_uri"].to_pylist(), table.to_pylist(), strict=True))
+    assert len(rows) == table.num_rows == 3  # one row per recording
+    assert {Path(uri).name: row["status"] for uri, row in rows.items()} == {
+        first: "ok",
+        second: "ok",
+        third: "ok",
+    }
+    assert rows[str(calls / third)]["run_id"] == three["run_id"]
+    said = set((rows[str(calls / third)]["text"] or "").lower().split())
+    assert said & set(refs[third].lower().split())  # the real recording, transcribed
+    # The failed try's cost row stays beside the new one: that work was done and paid for.
+    costs = pads.dataset(str(out / "costs"), partitioning="hive").to_table().to_pylist()
+    retried = rows[str(calls / third)]["item_id"]
+    assert {c["run_id"] for c in costs if c["item_id"] == retried} == {
+        one["run_id"],
+        three["run_id"],
+    }
+    # Nothing left to redo.
+    assert _transcribe(calls, out, [calls, elsewhere], ["fetch_failed"])["items"] == 0
