@@ -329,7 +329,8 @@ def _crashed_rows(batch: pa.Table, deaths: int) -> pa.Table:
     message = (
         f"the model's process died {deaths} times while this call of {n} items was in "
         "flight (killed, out of memory, or crashed), so its items were not run again; one of "
-        "them is likely the cause"
+        "them is likely the cause (if not, a rerun with --retry-errors worker_crashed redoes "
+        "them)"
     )
     for i in range(n):
         if status[i] != "error":
