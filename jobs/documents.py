@@ -65,7 +65,7 @@ def transcript_records(dataset: storage.Location, task: str) -> list[dict[str, A
     for row in table.to_pylist() if table is not None else []:
         text, status, code, message = row["text"], "ok", None, None
         if row["status"] != "ok":
-            status, code = "error", ErrorCode.INVALID_INPUT.value
+            status, code = "error", ErrorCode.TRANSCRIPT_FAILED.value
             message = f"the transcription of this recording failed ({row['error_code']})"
         elif not (text or "").strip():
             status, code, message = (

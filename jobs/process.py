@@ -31,6 +31,7 @@ from overnight.jobs.manifest import Listing, Selection, select_items
 from overnight.jobs.spec import JobSpec, ProcessOptions
 from overnight.jobs.stage import Stage
 from overnight.schemas import DOCUMENT_RESULTS
+from overnight.schemas.errors import ErrorCode
 from overnight.schemas.stages import DOC_INPUT, LLM_OUTPUT
 from overnight.workers.llm.adapter import EngineUnavailable
 from overnight.workers.llm.tasks import TaskParams, TaskSpec, TaskSpecError, build_task
@@ -246,6 +247,7 @@ def process_plan(
         run_id=spec.run_id if single else f"{spec.run_id}-{task_name}",
         dataset="results",
         schema=DOCUMENT_RESULTS,
+        upstream_codes=(ErrorCode.TRANSCRIPT_FAILED.value,) if transcripts else (),
         slim=_SLIM,
         records=records,
         manifest_schema=DOC_INPUT,

@@ -84,6 +84,9 @@ class JobPlan:
     summary: Callable[[list[dict[str, Any]]], dict[str, Any]] = field(default=lambda rows: {})
     # Other datasets the stages commit to (OUTPUT/<name>/, schema), repaired like the result.
     side_datasets: Sequence[tuple[str, pa.Schema]] = ()
+    # Error codes that record an upstream failure: a row of one of them is redone by any run
+    # whose listing has the item fine now (a chained task once its transcript is there).
+    upstream_codes: tuple[str, ...] = ()
 
 
 @dataclass
@@ -115,20 +118,34 @@ def claim_and_subtract(plan: JobPlan) -> Claimed:
     )
     commits.finish_forgetting(dataset)  # a killed run's retry of error rows
     done = commits.committed_ids(dataset, among=(r["item_id"] for r in plan.records))
-    retried: set[str] = set()
-    if job.retry_errors:
-        codes = None if job.retry_errors == ["all"] else job.retry_errors
-        failed = {i for ids in commits.error_rows(dataset, done, codes).values() for i in ids}
-        redo = [r["item_id"] for r in plan.records if r["item_id"] in failed]
-        if job.max_items is not None:  # forget only rows this run will replace
-            waiting = sum(1 for r in plan.records if r["item_id"] not in done)
-            redo = redo[: max(0, job.max_items - waiting)]
-        retried = commits.forget_errors(dataset, redo, codes)
-        done -= retried
+    retried = _forget_failures(plan, dataset, done)
+    done -= retried
     todo = [r for r in plan.records if r["item_id"] not in done]
     pending = todo[: job.max_items] if job.max_items is not None else todo
     run_date = job.run_date or datetime.now(UTC).date()
     return Claimed(dataset, run_date, token, leftover, todo, pending, len(retried))
+
+
+def _forget_failures(plan: JobPlan, dataset: storage.Location, done: set[str]) -> set[str]:
+    """The done items whose error rows this run replaces, forgotten (``commits.forget_errors``)
+    so that they are pending: rows of ``retry_errors``' codes, and rows of an upstream failure
+    (``plan.upstream_codes``) whose item the listing has fine now. With ``max_items``, only as
+    many as this run will do: a forgotten row is always replaced by the run that forgot it."""
+    job = plan.spec.job
+    found: set[str] = set()
+    if plan.upstream_codes:
+        fine = {r["item_id"] for r in plan.records if r.get("status") != "error"}
+        rows = commits.error_rows(dataset, done & fine, plan.upstream_codes)
+        found |= {i for ids in rows.values() for i in ids}
+    if job.retry_errors:
+        codes = None if job.retry_errors == ["all"] else job.retry_errors
+        rows = commits.error_rows(dataset, done, codes)
+        found |= {i for ids in rows.values() for i in ids}
+    redo = [r["item_id"] for r in plan.records if r["item_id"] in found]
+    if job.max_items is not None:
+        waiting = sum(1 for r in plan.records if r["item_id"] not in done)
+        redo = redo[: max(0, job.max_items - waiting)]
+    return commits.forget_errors(dataset, redo, None) if redo else set()
 
 
 def run(plan: JobPlan) -> dict[str, Any]:

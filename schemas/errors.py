@@ -32,6 +32,9 @@ class ErrorCode(StrEnum):
     CONTEXT_EXCEEDED = "context_exceeded"  # too long for the model even after chunking limits
     INVALID_OUTPUT = "invalid_output"  # the model's output failed validation after a retry
     INVALID_INPUT = "invalid_input"  # the input row itself is unusable (e.g. bad metadata)
+    # a chained task's recording has no transcript: its transcription failed; redone by the
+    # next run once the transcript is there (a rerun of the transcription with retry_errors)
+    TRANSCRIPT_FAILED = "transcript_failed"
     # Inference
     MODEL_ERROR = "model_error"  # the model raised on this item alone; other items went on
     # the model's process died twice with this item's call in flight; not run again

@@ -189,7 +189,7 @@ def _check_chain(out_rows: list[dict], transcripts: list[dict]) -> None:
             else:
                 assert r["output_text"].strip()
         else:
-            assert r["status"] == "error" and r["error_code"] in {"invalid_input", "no_text"}
+            assert r["status"] == "error" and r["error_code"] in {"transcript_failed", "no_text"}
 
 
 def test_chained_job_turns_recordings_into_transcripts_summaries_and_dispositions(

@@ -13,6 +13,7 @@ import pytest
 
 from overnight.jobs import commits, storage
 from overnight.jobs.errors import ConfigError
+from overnight.jobs.process import run_process
 from overnight.jobs.spec import build_spec
 from overnight.jobs.transcribe import run_transcribe
 
@@ -113,6 +114,17 @@ def _transcribe(input_: Path, output: Path, allowed: list[Path], retry: list[str
     return run_transcribe(spec)
 
 
+def _summarize_calls(output: Path) -> dict:
+    spec = build_spec(
+        overrides={
+            "job": {"kind": "process", "input": str(output), "output": str(output)}
+            | {"progress": False},
+            "process": {"task": "call_summary", "backend": "ctranslate2", "max_new_tokens": 48},
+        }
+    )
+    return run_process(spec)
+
+
 @pytest.mark.usefixtures("ray_local")
 def test_a_rerun_with_retry_errors_redoes_the_failed_recordings_and_leaves_one_row_each(
     synth_calls, tmp_path
@@ -130,6 +142,11 @@ def test_a_rerun_with_retry_errors_redoes_the_failed_recordings_and_leaves_one_r
 
     one = _transcribe(calls, out, [calls], None)
     assert (one["succeeded"], one["errors_by_code"]) == (2, {"fetch_failed": 1})
+    # A chained task over the transcripts: the failed recording is a transcript_failed row,
+    # and stays one while its transcript is missing.
+    summaries = _summarize_calls(out)
+    assert (summaries["succeeded"], summaries["errors_by_code"]) == (2, {"transcript_failed": 1})
+    assert _summarize_calls(out)["items"] == 0
     # Error rows count as done; a retry of other codes redoes nothing.
     assert _transcribe(calls, out, [calls, elsewhere], None)["items"] == 0
     assert _transcribe(calls, out, [calls, elsewhere], ["not_audio"])["items"] == 0
@@ -156,3 +173,11 @@ def test_a_rerun_with_retry_errors_redoes_the_failed_recordings_and_leaves_one_r
     }
     # Nothing left to redo.
     assert _transcribe(calls, out, [calls, elsewhere], ["fetch_failed"])["items"] == 0
+    # The chained task redoes its transcript_failed row by itself now that the transcript is
+    # there, and leaves one summary per call.
+    again = _summarize_calls(out)
+    assert (again["items"], again["succeeded"], again["errors_retried"]) == (1, 1, 1)
+    summaries = pads.dataset(str(out / "results"), partitioning="hive").to_table().to_pylist()
+    assert len({r["item_id"] for r in summaries}) == len(summaries) == 3
+    assert {r["source_item_id"]: r["status"] for r in summaries}[retried] == "ok"
+    assert _summarize_calls(out)["items"] == 0
