@@ -38,33 +38,42 @@ def _publish(dataset: storage.Location, day: date, run: str, rows: list[tuple[st
     commits.publish(dataset, SCHEMA, run)
 
 
-def _rows(root: Path) -> list[tuple[str, str, str | None]]:
-    table = pads.dataset(str(root), format="parquet", partitioning="hive").to_table()
+def _rows(dataset: storage.Location) -> list[tuple[str, str, str | None]]:
+    files = commits.published_files(dataset)
+    table = pa.concat_tables([commits._read_part(dataset, p) for p in files])
     columns = (table[c].to_pylist() for c in ("item_id", "status", "error_code"))
     return sorted(zip(*columns, strict=True))
 
 
-@pytest.fixture
-def two_nights_with_errors(tmp_path):
-    dataset = storage.resolve(str(tmp_path / "out" / "results"))
+@pytest.fixture(params=["local", "s3"])
+def two_nights_with_errors(request, tmp_path):
+    """Two nights of published rows, on a local disk and on moto's S3 endpoint."""
+    if request.param == "s3":
+        client = request.getfixturevalue("s3")
+        bucket = f"retry-{tmp_path.name.lower().replace('_', '-')[-40:]}"
+        client.create_bucket(Bucket=bucket)
+        url = f"s3://{bucket}/out/results"
+    else:
+        url = str(tmp_path / "out" / "results")
+    dataset = storage.resolve(url)
     _publish(dataset, date(2026, 11, 1), "night-1", [("a", None), ("b", "fetch_failed")])
     _publish(dataset, date(2026, 11, 2), "night-2", [("c", "encrypted"), ("d", "fetch_failed")])
-    return dataset, tmp_path / "out" / "results"
+    return dataset
 
 
 def test_forgetting_takes_only_the_error_rows_of_the_codes_asked_out_of_rows_and_index(
     two_nights_with_errors,
 ):
-    dataset, root = two_nights_with_errors
+    dataset = two_nights_with_errors
     listed = {"a", "b", "c", "d"}
     assert commits.committed_ids(dataset, among=listed) == listed
     # Only items of this input are looked at: "d" is not listed this time.
     assert commits.forget_errors(dataset, {"a", "b", "c"}, ["fetch_failed"]) == {"b"}
     assert commits.committed_ids(dataset, among=listed) == {"a", "c", "d"}
-    assert _rows(root) == [("a", "ok", None), ("c", "error", "encrypted"), ("d", "error", "fetch_failed")]  # fmt: skip
+    assert _rows(dataset) == [("a", "ok", None), ("c", "error", "encrypted"), ("d", "error", "fetch_failed")]  # fmt: skip
     # Any code; an ok row is never forgotten.
     assert commits.forget_errors(dataset, listed, None) == {"c", "d"}
-    assert _rows(root) == [("a", "ok", None)]
+    assert _rows(dataset) == [("a", "ok", None)]
     assert commits.committed_ids(dataset, among=listed) == {"a"}
     assert not storage.exists(commits._retry_intent(dataset))
 
@@ -72,7 +81,7 @@ def test_forgetting_takes_only_the_error_rows_of_the_codes_asked_out_of_rows_and
 def test_a_retry_killed_between_its_steps_is_finished_by_the_next_claim(
     two_nights_with_errors, monkeypatch
 ):
-    dataset, root = two_nights_with_errors
+    dataset = two_nights_with_errors
     real_finish = commits.finish_forgetting
     # Killed right after the intent was written: nothing changed yet, all four stay done.
     monkeypatch.setattr(commits, "finish_forgetting", lambda dataset: None)
@@ -83,7 +92,7 @@ def test_a_retry_killed_between_its_steps_is_finished_by_the_next_claim(
     monkeypatch.setattr(commits, "index_segments", lambda dataset: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         real_finish(dataset)
-    assert _rows(root) == [("a", "ok", None), ("c", "error", "encrypted")]
+    assert _rows(dataset) == [("a", "ok", None), ("c", "error", "encrypted")]
     monkeypatch.undo()
     assert commits.committed_ids(dataset, among={"b", "d"}) == {"b", "d"}
     commits.finish_forgetting(dataset)  # what the next claim does first
