@@ -92,12 +92,8 @@ def dry_run(spec: JobSpec) -> dict[str, Any]:
         ids = (r["item_id"] for r in plan.records)
         dataset = output.join(plan.dataset)
         done = commits.committed_ids(dataset, among=ids)
-        retry = spec.job.retry_errors
-        redo: set[str] = set()
-        if retry:
-            found = commits.error_rows(dataset, done, None if retry == ["all"] else retry)
-            redo = {i for rows in found.values() for i in rows}
-            done -= redo
+        redo = set(runner.failures_to_redo(plan, dataset, done))
+        done -= redo
         todo = [r for r in plan.records if r["item_id"] not in done]
         limit = spec.job.max_items
         pending = todo[:limit] if limit is not None else todo

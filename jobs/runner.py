@@ -118,7 +118,8 @@ def claim_and_subtract(plan: JobPlan) -> Claimed:
     )
     commits.finish_forgetting(dataset)  # a killed run's retry of error rows
     done = commits.committed_ids(dataset, among=(r["item_id"] for r in plan.records))
-    retried = _forget_failures(plan, dataset, done)
+    redo = failures_to_redo(plan, dataset, done)
+    retried = commits.forget_errors(dataset, redo, None) if redo else set()
     done -= retried
     todo = [r for r in plan.records if r["item_id"] not in done]
     pending = todo[: job.max_items] if job.max_items is not None else todo
@@ -126,11 +127,11 @@ def claim_and_subtract(plan: JobPlan) -> Claimed:
     return Claimed(dataset, run_date, token, leftover, todo, pending, len(retried))
 
 
-def _forget_failures(plan: JobPlan, dataset: storage.Location, done: set[str]) -> set[str]:
-    """The done items whose error rows this run replaces, forgotten (``commits.forget_errors``)
-    so that they are pending: rows of ``retry_errors``' codes, and rows of an upstream failure
-    (``plan.upstream_codes``) whose item the listing has fine now. With ``max_items``, only as
-    many as this run will do: a forgotten row is always replaced by the run that forgot it."""
+def failures_to_redo(plan: JobPlan, dataset: storage.Location, done: set[str]) -> list[str]:
+    """The done items whose error rows this run replaces: rows of ``retry_errors``' codes,
+    and rows of an upstream failure (``plan.upstream_codes``) whose item the listing has fine
+    now. With ``max_items``, only as many as this run will do, so that a forgotten row is
+    always replaced by the run that forgot it. Reads only (the dry run counts them too)."""
     job = plan.spec.job
     found: set[str] = set()
     if plan.upstream_codes:
@@ -145,7 +146,7 @@ def _forget_failures(plan: JobPlan, dataset: storage.Location, done: set[str]) -
     if job.max_items is not None:
         waiting = sum(1 for r in plan.records if r["item_id"] not in done)
         redo = redo[: max(0, job.max_items - waiting)]
-    return commits.forget_errors(dataset, redo, None) if redo else set()
+    return redo
 
 
 def run(plan: JobPlan) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import pyarrow.dataset as pads
 import pytest
 
 from overnight.jobs import commits, storage
+from overnight.jobs.dryrun import dry_run
 from overnight.jobs.errors import ConfigError
 from overnight.jobs.process import run_process
 from overnight.jobs.spec import build_spec
@@ -109,7 +110,11 @@ def test_unknown_error_codes_are_refused_with_the_list_of_known_ones() -> None:
 
 
 def _transcribe(input_: Path, output: Path, allowed: list[Path], retry: list[str] | None):
-    spec = build_spec(
+    return run_transcribe(_transcribe_spec(input_, output, allowed, retry))
+
+
+def _transcribe_spec(input_: Path, output: Path, allowed: list[Path], retry: list[str] | None):
+    return build_spec(
         overrides={
             "job": {
                 "input": str(input_),
@@ -120,7 +125,6 @@ def _transcribe(input_: Path, output: Path, allowed: list[Path], retry: list[str
             }
         }
     )
-    return run_transcribe(spec)
 
 
 def _summarize_calls(output: Path) -> dict:
@@ -159,6 +163,12 @@ def test_a_rerun_with_retry_errors_redoes_the_failed_recordings_and_leaves_one_r
     # Error rows count as done; a retry of other codes redoes nothing.
     assert _transcribe(calls, out, [calls, elsewhere], None)["items"] == 0
     assert _transcribe(calls, out, [calls, elsewhere], ["not_audio"])["items"] == 0
+
+    # The dry run counts what the retry would redo, and changes nothing.
+    spec = _transcribe_spec(calls, out, [calls, elsewhere], ["fetch_failed"])
+    [stage] = dry_run(spec)["stages"]
+    assert (stage["items_pending"], stage["errors_to_redo"]) == (1, 1)
+    assert dry_run(spec)["stages"][0]["errors_to_redo"] == 1
 
     three = _transcribe(calls, out, [calls, elsewhere], ["fetch_failed"])
     assert (three["items"], three["succeeded"], three["errors_retried"]) == (1, 1, 1)
