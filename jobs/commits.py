@@ -562,10 +562,14 @@ def _index_days(dataset: storage.Location, among: set[str]) -> set[date]:
 # first without an intent would leave an indexed item without a row: done, and lost.)
 
 
+RETRY_INTENT_SUFFIX = ".retry.json"
+
+
 def _retry_intent(dataset: storage.Location) -> storage.Location:
     """OUTPUT/_claims/<dataset>.retry.json, beside the claim (only its holder writes it)."""
     claim = claim_file(dataset)
-    return storage.Location(claim.fs, claim.path[: -len(".json")] + ".retry.json", claim.scheme)
+    path = claim.path[: -len(".json")] + RETRY_INTENT_SUFFIX
+    return storage.Location(claim.fs, path, claim.scheme)
 
 
 def error_rows(

@@ -87,6 +87,8 @@ def vacuum(output_url: str, before: date, dry_run: bool = False) -> Vacuumed:
     for area in ("_manifests", "_claims"):
         loc = output.join(area)
         for path in storage.list_files(loc):
+            if path.endswith(commits.RETRY_INTENT_SUFFIX):
+                continue  # a retry a killed run left half done: the next claim finishes it
             run_id = posixpath.splitext(posixpath.basename(path))[0]
             if run_id in old_runs or _modified(loc, path) < cutoff:
                 done.files.append(path)
