@@ -99,7 +99,7 @@ class Claimed:
     leftover: commits.Published  # a killed run's staged rows, published now
     todo: list[dict[str, Any]]  # listed items not committed yet
     pending: list[dict[str, Any]]  # those this run does (max_items)
-    retried: int = 0  # error rows forgotten for ``retry_errors``: their items are in todo
+    retried: int = 0  # error rows forgotten (``failures_to_redo``): their items are in todo
 
 
 def claim_and_subtract(plan: JobPlan) -> Claimed:
