@@ -409,7 +409,8 @@ class RunOptions(_Model):
         unknown = [c for c in codes if c != "all" and c not in ERROR_CODES]
         if unknown or not codes:
             raise ValueError(
-                f"unknown error code(s) {unknown}; use 'all' or codes of: {', '.join(ERROR_CODES)}"
+                (f"unknown error code(s) {unknown}" if unknown else "no error code given")
+                + f"; use 'all' or codes of: {', '.join(ERROR_CODES)}"
             )
         return ["all"] if "all" in codes else codes
 
