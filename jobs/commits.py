@@ -605,13 +605,11 @@ def error_rows(
     return {path: ids for path, ids in found.items() if ids}
 
 
-def forget_errors(
-    dataset: storage.Location, among: Iterable[str], codes: Sequence[str] | None
-) -> set[str]:
-    """Remove the error rows of ``among`` (of ``codes``; any: None) and their done-index
-    entries, so that this run does those items again; returns their ids. Only the claim's
-    holder calls it, after ``publish`` has taken every staged file."""
-    found = error_rows(dataset, among, codes)
+def forget(dataset: storage.Location, found: dict[str, list[str]]) -> set[str]:
+    """Remove the error rows ``found`` (``error_rows``' answer: files and the item ids of
+    their error rows) and those items' done-index entries, so that this run does them again;
+    returns their ids. Only the claim's holder calls it, after ``publish`` has taken every
+    staged file."""
     ids = sorted({i for rows in found.values() for i in rows})
     if ids:
         body = json.dumps({"ids": ids, "files": sorted(found)})

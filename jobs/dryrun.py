@@ -92,7 +92,8 @@ def dry_run(spec: JobSpec) -> dict[str, Any]:
         ids = (r["item_id"] for r in plan.records)
         dataset = output.join(plan.dataset)
         done = commits.committed_ids(dataset, among=ids)
-        redo = set(runner.failures_to_redo(plan, dataset, done))
+        found = runner.failures_to_redo(plan, dataset, done)
+        redo = {i for rows in found.values() for i in rows}
         done -= redo
         todo = [r for r in plan.records if r["item_id"] not in done]
         limit = spec.job.max_items

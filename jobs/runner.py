@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import sys
 import time
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
@@ -118,8 +119,7 @@ def claim_and_subtract(plan: JobPlan) -> Claimed:
     )
     commits.finish_forgetting(dataset)  # a killed run's retry of error rows
     done = commits.committed_ids(dataset, among=(r["item_id"] for r in plan.records))
-    redo = failures_to_redo(plan, dataset, done)
-    retried = commits.forget_errors(dataset, redo, None) if redo else set()
+    retried = commits.forget(dataset, failures_to_redo(plan, dataset, done))
     done -= retried
     todo = [r for r in plan.records if r["item_id"] not in done]
     pending = todo[: job.max_items] if job.max_items is not None else todo
@@ -127,26 +127,32 @@ def claim_and_subtract(plan: JobPlan) -> Claimed:
     return Claimed(dataset, run_date, token, leftover, todo, pending, len(retried))
 
 
-def failures_to_redo(plan: JobPlan, dataset: storage.Location, done: set[str]) -> list[str]:
-    """The done items whose error rows this run replaces: rows of ``retry_errors``' codes,
-    and rows of an upstream failure (``plan.upstream_codes``) whose item the listing has fine
-    now. With ``max_items``, only as many as this run will do, so that a forgotten row is
-    always replaced by the run that forgot it. Reads only (the dry run counts them too)."""
+def failures_to_redo(
+    plan: JobPlan, dataset: storage.Location, done: set[str]
+) -> dict[str, list[str]]:
+    """The error rows this run replaces, as ``commits.error_rows`` gives them (file -> item
+    ids): rows of ``retry_errors``' codes, and rows of an upstream failure
+    (``plan.upstream_codes``) whose item the listing has fine now. With ``max_items``, only
+    as many as this run will do, so that a forgotten row is always replaced by the run that
+    forgot it. Reads only (the dry run counts them too)."""
     job = plan.spec.job
-    found: set[str] = set()
+    found: dict[str, set[str]] = defaultdict(set)
+    asked: list[tuple[set[str], Sequence[str] | None]] = []
     if plan.upstream_codes:
         fine = {r["item_id"] for r in plan.records if r.get("status") != "error"}
-        rows = commits.error_rows(dataset, done & fine, plan.upstream_codes)
-        found |= {i for ids in rows.values() for i in ids}
+        asked.append((done & fine, plan.upstream_codes))
     if job.retry_errors:
-        codes = None if job.retry_errors == ["all"] else job.retry_errors
-        rows = commits.error_rows(dataset, done, codes)
-        found |= {i for ids in rows.values() for i in ids}
-    redo = [r["item_id"] for r in plan.records if r["item_id"] in found]
+        asked.append((done, None if job.retry_errors == ["all"] else job.retry_errors))
+    for among, codes in asked:
+        for path, rows in commits.error_rows(dataset, among, codes).items():
+            found[path].update(rows)
+    failed = {i for rows in found.values() for i in rows}
+    redo = [r["item_id"] for r in plan.records if r["item_id"] in failed]
     if job.max_items is not None:
         waiting = sum(1 for r in plan.records if r["item_id"] not in done)
-        redo = redo[: max(0, job.max_items - waiting)]
-    return redo
+        keep = set(redo[: max(0, job.max_items - waiting)])
+        found = {p: rows & keep for p, rows in found.items()}
+    return {p: sorted(rows) for p, rows in found.items() if rows}
 
 
 def run(plan: JobPlan) -> dict[str, Any]:

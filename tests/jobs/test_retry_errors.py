@@ -70,11 +70,13 @@ def test_forgetting_takes_only_the_error_rows_of_the_codes_asked_out_of_rows_and
     listed = {"a", "b", "c", "d"}
     assert commits.committed_ids(dataset, among=listed) == listed
     # Only items of this input are looked at: "d" is not listed this time.
-    assert commits.forget_errors(dataset, {"a", "b", "c"}, ["fetch_failed"]) == {"b"}
+    assert commits.forget(
+        dataset, commits.error_rows(dataset, {"a", "b", "c"}, ["fetch_failed"])
+    ) == {"b"}
     assert commits.committed_ids(dataset, among=listed) == {"a", "c", "d"}
     assert _rows(dataset) == [("a", "ok", None), ("c", "error", "encrypted"), ("d", "error", "fetch_failed")]  # fmt: skip
     # Any code; an ok row is never forgotten.
-    assert commits.forget_errors(dataset, listed, None) == {"c", "d"}
+    assert commits.forget(dataset, commits.error_rows(dataset, listed, None)) == {"c", "d"}
     assert _rows(dataset) == [("a", "ok", None)]
     assert commits.committed_ids(dataset, among=listed) == {"a"}
     assert not storage.exists(commits._retry_intent(dataset))
@@ -87,7 +89,7 @@ def test_a_retry_killed_between_its_steps_is_finished_by_the_next_claim(
     real_finish = commits.finish_forgetting
     # Killed right after the intent was written: nothing changed yet, all four stay done.
     monkeypatch.setattr(commits, "finish_forgetting", lambda dataset: None)
-    assert commits.forget_errors(dataset, {"b", "d"}, None) == {"b", "d"}
+    assert commits.forget(dataset, commits.error_rows(dataset, {"b", "d"}, None)) == {"b", "d"}
     assert commits.committed_ids(dataset, among={"a", "b", "c", "d"}) == {"a", "b", "c", "d"}
     # Killed after the rows went, before the index entries: the items have no row but are
     # still indexed, so no run can do them a second time before the intent is finished.
