@@ -582,12 +582,10 @@ def error_rows(
     if not wanted:
         return {}
     days = _index_days(dataset, wanted)
-    files = [
-        p
-        for p in published_files(dataset, (min(days), max(days)) if days else None)
-        if partition_date(p) is None or partition_date(p) in days
-    ]
-    if not days:
+    if days:  # flat files (partition None) and the partitions the index names
+        listed = published_files(dataset, (min(days), max(days)))
+        files = [p for p in listed if partition_date(p) in {None, *days}]
+    else:
         files = flat_files(dataset)
     value_set = pa.array(sorted(wanted), pa.string())
 
