@@ -4,26 +4,34 @@
 (a) a one-document-at-a-time loop: the backend loaded once, ``run_task`` called with one
     document per call (what a plain script would do); CTranslate2 with ``--threads``
     threads (default: every core)
-(b) overnight's document job (``jobs.process.run_process``: Ray Data, text extraction
+(b) vLLM only: the same first-round prompts submitted to the engine at once, as one raw
+    ``llm.generate`` does (the engine's own ceiling), on the engine that (a) used
+(c) overnight's document job (``jobs.process.run_process``: Ray Data, text extraction
     tasks, LLM actors that batch many documents per engine call), end to end: Ray's
     scheduling, actor start and model load included
 
-The loops run first, before Ray starts. Both run the embedded SmolLM2-135M-Instruct
-(CTranslate2, CPU) on synthesized call transcripts and support emails of about 50-300 words,
-summarizing each in at most 30 words with at most 48 new tokens, greedy. For each compute
-type it prints tokens per second (prompt plus generated tokens, the engine's own counts),
-the ratio (b)/(a), the share of outputs identical to (a)'s, CPU seconds and peak memory (RSS
-of the whole process tree, Ray's processes included; read from Linux /proc), with the load
-average next to every figure: on a shared machine wall-clock throughput moves with the load.
+The loops run first, before Ray starts. All run the same model (default: the embedded
+SmolLM2-135M-Instruct; for vLLM in float32, eager mode, on CPU) on synthesized call
+transcripts and support emails of about 50-300 words, plus ``--long-pages`` of one long
+report, summarizing each in at most 30 words with at most 48 new tokens, greedy. For each
+compute type it prints tokens per second (prompt and generated tokens, the engine's own
+counts), the ratios (c)/(a) and (c)/(b) (for (c) also from its engine's ready time, since
+(a) and (b) are timed on an engine already started), time to first result, the ok rows
+(in (a) and (c) a summary passes overnight's checks to be ok: one that loops, echoes the
+prompt or never finishes a sentence is an error; (b)'s raw texts are not checked), the share
+of outputs identical to (a)'s, CPU seconds and peak memory (RSS of the whole process tree,
+Ray's processes included; read from Linux /proc), with the load average next to every
+figure: on a shared machine wall-clock throughput moves with the load.
 
-    python scripts/bench_process.py --json bench-process.json            # CPU, ~8 minutes
+    python scripts/bench_process.py --json bench-process.json           # CTranslate2, CPU
+    python scripts/bench_process.py --backend vllm --docs 48 --long-pages 55   # vLLM, CPU
     python scripts/bench_process.py --backend vllm --model PATH --docs 256  # GPU (gpu_check.sh)
 
 ``--pipelines`` are the pipeline variants, ACTORSxTHREADS[/ITEMS_PER_CALL[/MAX_BATCH]]
 (default ``2x1``: two actors of one CTranslate2 thread, each given half the documents in one
 call; for vLLM one actor, its model on every core, as ``overnight process``'s sizing gives it
-on a CPU node: ``1x2`` on 2 cores; on a GPU the threads do not matter). ``--quality`` also extracts promised amounts
-(the promise_to_pay task) and counts exact matches per compute type.
+on a CPU node: ``1x2`` on 2 cores; on a GPU the threads do not matter). ``--quality`` also
+extracts promised amounts (the promise_to_pay task) and counts exact matches per compute type.
 """
 
 from __future__ import annotations
@@ -329,7 +337,7 @@ def run_overnight(
     compute_type: str,
     variant: dict,
 ) -> dict[str, dict]:
-    """(b): the document job on the folder, with this variant's actors and batching."""
+    """(c): the document job on the folder, with this variant's actors and batching."""
     import pyarrow.dataset as pads
 
     from overnight.jobs.process import run_process
@@ -496,9 +504,7 @@ def main() -> int:
     )
     ap.add_argument("--docs", type=int, default=48)
     ap.add_argument("--backend", choices=("ctranslate2", "vllm"), default="ctranslate2")
-    ap.add_argument(
-        "--model", default=None, help="default: the embedded SmolLM2 (ctranslate2); vllm needs one"
-    )
+    ap.add_argument("--model", default=None, help="default: the embedded SmolLM2-135M-Instruct")
     ap.add_argument(
         "--compute-types", default=None, help="default: float32,int8 (ctranslate2), auto (vllm)"
     )
