@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 
@@ -45,16 +46,20 @@ def _cmd_add(args: argparse.Namespace) -> int:
 
 
 def _cmd_process(args: argparse.Namespace) -> int:
+    from overnight.jobs.console import quiet_native_stderr
     from overnight.jobs.submissions import FAILED, load_config, process
 
     config = load_config(args.config)
-    records = process(
-        config,
-        tenants=args.tenant,
-        ray_address=args.address,
-        progress=not args.quiet,
-        echo=lambda line: print(line, file=sys.stderr, flush=True),
-    )
+    # The same terminal as `overnight transcribe`: Ray's C++ notices filtered unless verbose.
+    with contextlib.nullcontext() if args.verbose else quiet_native_stderr():
+        records = process(
+            config,
+            tenants=args.tenant,
+            ray_address=args.address,
+            progress=not args.quiet,
+            verbose=args.verbose,
+            echo=lambda line: print(line, file=sys.stderr, flush=True),
+        )
     for r in records:
         print(json.dumps({k: r.get(k) for k in (*_COLUMNS, "reason", "output")}, sort_keys=True))
     failed = [r for r in records if r["status"] == FAILED]
@@ -97,6 +102,7 @@ def add_parser(subparsers) -> None:
         "--address", help="Ray cluster address (default: [submissions] ray_address, else local)"
     )
     r.add_argument("--quiet", action="store_true", help="no progress lines")
+    r.add_argument("--verbose", action="store_true", help="also show Ray's own log lines")
     r.set_defaults(handler=_cmd_process)
 
     ls = sub.add_parser("list", help="status and totals of every submission")

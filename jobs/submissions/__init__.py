@@ -18,7 +18,8 @@ the hash of its content, so the same manifest dropped twice is one submission.
    object per submission under ``<state>/<tenant>/<submission id>.json``, each written
    atomically. Done and rejected submissions are never processed again; one that was running
    when the process died, or that failed (storage down, engine died), is resumed by the next
-   run, up to ``max_attempts``.
+   run, up to ``max_attempts``. A speech model that cannot be found or loaded stops the whole
+   step (checked once before any submission starts) and costs no submission an attempt.
 
 Credentials come from the environment only (see ``jobs.storage``); a manifest column that
 looks like a credential rejects the submission rather than being copied into results.

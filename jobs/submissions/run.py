@@ -15,6 +15,7 @@ from overnight.jobs.errors import (
     AccessDenied,
     ConfigError,
     InputNotFound,
+    ModelNotFound,
     OvernightError,
     StorageUnavailable,
 )
@@ -83,6 +84,7 @@ def _run(
     run_id: str,
     ray_address: str | None,
     progress: bool,
+    verbose: bool = False,
 ) -> dict:
     from overnight.jobs.spec import build_spec
     from overnight.jobs.transcribe import run_transcribe
@@ -94,6 +96,7 @@ def _run(
             "run_id": run_id,
             "ray_address": ray_address,
             "progress": progress,
+            "verbose": verbose,
             # Checked again on each opened file: the URIs were checked long before.
             "allowed_input_prefixes": list(tenant.allowed_input_prefixes),
         },
@@ -117,6 +120,7 @@ def process_one(
     *,
     ray_address: str | None = None,
     progress: bool = True,
+    verbose: bool = False,
     echo: Callable[[str], None] = _silent,
 ) -> dict | None:
     """Handle one manifest of the inbox; returns its submission record, or None if nothing to do.
@@ -179,12 +183,32 @@ def process_one(
     say(f"{name}/{sid}: {len(rows)} recordings, attempt {attempt} -> {shown(out.url(), 300)}")
     try:
         manifest_url = _write_trusted_manifest(out, rows)
-        summary = _run(config, tenant, manifest_url, out, f"{sid}-{attempt}", ray_address, progress)
+        summary = _run(
+            config, tenant, manifest_url, out, f"{sid}-{attempt}", ray_address, progress, verbose
+        )
         totals = _totals(out)
     except StorageUnavailable:
         # Recording the failure needs the storage that just failed: leave the record at
         # "running" and stop; the next run resumes this submission.
         raise
+    except ModelNotFound as exc:
+        # The model is every submission's: the next one would fail the same way, and each
+        # failure would spend one of its attempts on an outage that is not its own. Record
+        # the cause without counting the attempt, and stop the step.
+        say(f"{name}/{sid}: stopped: the model cannot be loaded (not counted as an attempt)")
+        store.put(
+            {
+                **record,
+                "status": FAILED,
+                "attempts": attempt - 1,
+                "reason": storage.redact(f"not run: {exc}")[:2000],
+            }
+        )
+        raise ModelNotFound(
+            f"{exc} The submissions step stopped at {name}/{sid}, which runs again at the "
+            "next `overnight submissions process`, with the submissions not reached yet; "
+            "this stop did not count against their attempts."
+        ) from None
     except Exception as exc:
         # Whatever one submission raises is its own failure, recorded with its cause; the
         # other tenants' submissions still run. Only storage that is down stops them all.
@@ -208,6 +232,7 @@ def process(
     tenants: list[str] | None = None,
     ray_address: str | None = None,
     progress: bool = True,
+    verbose: bool = False,
     echo: Callable[[str], None] = _silent,
 ) -> list[dict]:
     """Every new (or unfinished) submission of every tenant; returns the records written."""
@@ -216,7 +241,7 @@ def process(
         raise ConfigError(f"unknown tenant(s) {unknown}; the config has {sorted(config.tenants)}")
     store = SubmissionStore(config.submissions.state)
     address = ray_address or config.submissions.ray_address
-    touched = []
+    pending: list[tuple[str, storage.ObjectInfo]] = []
     for name in sorted(tenants or config.tenants):
         inbox = _inbox(config.tenants[name])
         if not inbox:
@@ -224,15 +249,41 @@ def process(
         finished = {
             r.get("manifest_key") for r in store.all(name) if r["status"] in (DONE, REJECTED)
         }
-        for obj in inbox:
-            if _manifest_key(obj) in finished:
-                continue
-            record = process_one(
-                config, store, name, obj, ray_address=address, progress=progress, echo=echo
-            )
-            if record is not None:
-                touched.append(record)
+        pending += [(name, obj) for obj in inbox if _manifest_key(obj) not in finished]
+    if pending:
+        _check_model(config, address, progress)
+    touched = []
+    for name, obj in pending:
+        record = process_one(
+            config,
+            store,
+            name,
+            obj,
+            ray_address=address,
+            progress=progress,
+            verbose=verbose,
+            echo=echo,
+        )
+        if record is not None:
+            touched.append(record)
     return touched
+
+
+def _check_model(config: TenantsConfig, address: str | None, progress: bool) -> None:
+    """The speech model, once, before any submission starts: a missing model is every
+    submission's failure, and would otherwise spend an attempt of each."""
+    from overnight.jobs import preflight
+
+    try:
+        preflight.whisper_model(
+            config.transcribe.model, download=preflight.local_run(address), progress=progress
+        )
+    except ModelNotFound as exc:
+        raise ModelNotFound(
+            f"{exc} No submission was started: they all run at the next `overnight "
+            "submissions process` once the model can be loaded (the [transcribe] section's "
+            "model in the tenants config)."
+        ) from None
 
 
 def add(config: TenantsConfig, tenant: str, manifest: str) -> dict:

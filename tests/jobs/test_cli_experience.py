@@ -241,6 +241,33 @@ def test_a_folder_with_no_recording_left_is_exit_4_saying_what_was_skipped(tmp_p
     assert "--include GLOB" in done.stderr
 
 
+def test_submissions_process_prints_no_ray_notices_either(tmp_path):
+    from overnight.jobs.demo import noise
+
+    (tmp_path / "calls").mkdir()
+    (tmp_path / "inbox").mkdir()
+    write_wav(tmp_path / "calls" / "a.wav", noise(1.0))
+    (tmp_path / "inbox" / "night.csv").write_text(f"uri\n{tmp_path}/calls/a.wav\n")
+    config = tmp_path / "tenants.toml"
+    config.write_text(
+        f"""[submissions]
+state = "{tmp_path}/state"
+
+[tenants.acme]
+allowed_input_prefixes = ["{tmp_path}/calls/"]
+inbox = "{tmp_path}/inbox/"
+output = "{tmp_path}/out/"
+"""
+    )
+    done = overnight("submissions", "process", "--config", str(config))
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    for noise_line in RAY_NOISE:
+        assert noise_line.lower() not in done.stderr.lower(), done.stderr
+    assert '"status": "done"' in done.stdout
+    assert "1 submission(s) handled, 0 failed" in done.stderr
+
+
 @needs_espeak
 def test_the_demo_keeps_its_calls_under_its_output_and_shows_every_turn_beside_its_script(
     tmp_path,

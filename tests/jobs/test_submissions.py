@@ -584,6 +584,71 @@ def test_a_bad_tenant_row_or_a_failing_submission_never_stops_another_tenants(tm
     assert failed.startswith(("NotADirectoryError", "FileExistsError")), failed
 
 
+def _two_tenants(tmp_path: Path, model: str) -> Path:
+    """acme and globex, one one-recording submission each in their inbox."""
+    from overnight.jobs.demo import noise, write_wav
+
+    for tenant in ("acme", "globex"):
+        (tmp_path / "calls" / tenant).mkdir(parents=True, exist_ok=True)
+        write_wav(tmp_path / "calls" / tenant / "a.wav", noise(1.0))
+        (tmp_path / "inbox" / tenant).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "inbox" / tenant / "night.csv").write_text(
+            f"uri\n{tmp_path}/calls/{tenant}/a.wav\n"
+        )
+    config = tmp_path / "tenants.toml"
+    config.write_text(
+        tomli_w.dumps(
+            {
+                "submissions": {"state": str(tmp_path / "state"), "max_attempts": 1},
+                "transcribe": {"model": model, "cpus_per_actor": 1},
+                "tenants": {
+                    name: {
+                        "allowed_input_prefixes": [f"file://{tmp_path}/calls/{name}/"],
+                        "inbox": str(tmp_path / "inbox" / name),
+                        "output": str(tmp_path / "out" / name),
+                    }
+                    for name in ("acme", "globex")
+                },
+            }
+        )
+    )
+    return config
+
+
+def test_a_missing_model_stops_the_step_before_any_submission_starts(tmp_path, capsys):
+    config = _two_tenants(tmp_path, str(tmp_path / "no-such-model"))
+    assert main(["submissions", "process", "--config", str(config), "--quiet"]) == 5
+    err = capsys.readouterr().err
+    assert "no-such-model" in err and "No submission was started" in err
+    assert "Traceback" not in err
+    assert ledger(config, capsys) == []  # no record written, no attempt spent
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_a_model_that_fails_to_load_stops_the_step_without_spending_an_attempt(tmp_path, capsys):
+    # It passes the driver's check (a folder with a model.bin) and fails in the actor's load:
+    # every submission would fail the same way, and with max_attempts = 1 each would be lost.
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    (broken / "model.bin").write_bytes(b"not a CTranslate2 model")
+    config = _two_tenants(tmp_path, str(broken))
+    assert main(["submissions", "process", "--config", str(config), "--quiet"]) == 5
+    err = capsys.readouterr().err
+    assert "cannot load Whisper model" in err and "did not count against" in err
+    [stopped] = ledger(config, capsys)  # acme's ran into it; globex's was not reached
+    assert (stopped["tenant"], stopped["status"], stopped["attempts"]) == ("acme", "failed", 0)
+    assert stopped["reason"].startswith("not run: cannot load Whisper model")
+
+    # The model fixed (the bundled default): both run, each on its first counted attempt.
+    config = _two_tenants(tmp_path, "bundled:tiny.en")
+    assert main(["submissions", "process", "--config", str(config), "--quiet"]) == 0
+    records = ledger(config, capsys)
+    assert [(r["tenant"], r["status"], r["attempts"], r["recordings"]) for r in records] == [
+        ("acme", "done", 1, 1),
+        ("globex", "done", 1, 1),
+    ]
+
+
 @pytest.mark.usefixtures("ray_local")
 def test_a_folder_swapped_for_a_link_after_the_check_does_not_lead_to_another_tenants_file(
     tmp_path, capsys, monkeypatch
