@@ -20,7 +20,9 @@ runner knows nothing about audio, documents or models.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 import sys
 import time
 from collections import defaultdict
@@ -175,6 +177,12 @@ def run(plan: JobPlan) -> dict[str, Any]:
     else:  # nothing to do: no Ray at all (it would take most of a no-op rerun's time)
         device, nodes = resolve_device(plan.device, lambda: False), []
     pool = plan.size(device, nodes)
+    if "actors" in pool.auto and 0 < len(pending) < pool.actors:
+        # An actor beyond the pending items would get no work and still be started (a model
+        # load, a GPU held and priced as reserved), and Ray Data warns about the pool.
+        pool = dataclasses.replace(
+            pool, actors=len(pending), basis=f"{pool.basis}, one per pending item"
+        )
     if job.progress and pending and plan.describe is not None:
         print(f"[overnight] {plan.describe(pool)}", file=sys.stderr, flush=True)
     build = plan.build(Placement(device, pool, len(pending)))
@@ -185,7 +193,10 @@ def run(plan: JobPlan) -> dict[str, Any]:
     )
     if pending:
         table = pa.Table.from_pylist(pending, schema=plan.manifest_schema)
-        ds = pipeline.manifest_dataset(output, run_id, table, plan.rows_per_block)
+        # At least one block per actor where the items allow it: 7 items in one block of 8
+        # left the second actor of a pool idle (and Ray Data warned about it).
+        per_block = max(1, min(plan.rows_per_block, math.ceil(len(pending) / pool.actors)))
+        ds = pipeline.manifest_dataset(output, run_id, table, per_block)
         ds = _chain(
             ds,
             build.stages,

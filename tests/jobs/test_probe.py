@@ -108,3 +108,22 @@ def test_a_probe_reads_no_file_outside_the_folders_the_job_may_read(tmp_path: Pa
     assert rows["link.wav"]["status"] == "error"
     assert rows["link.wav"]["error_code"] == "fetch_failed"
     assert "elsewhere" not in rows["link.wav"]["error_message"]  # the real path is not shown
+
+
+def test_a_short_listing_gives_each_actor_a_block_and_starts_no_actor_without_an_item(
+    tmp_path: Path,
+):
+    import warnings
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for n in range(5):
+        write_wav(folder / f"call{n}.wav", noise(0.5, seed=n))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        five = run_probe(spec(str(folder), str(tmp_path / "five"), "probe"))
+        one = run_probe(spec(str(folder / "call0.wav"), str(tmp_path / "one"), "probe"))
+    # Ray Data warns when a pool has more actors than the inputs it received.
+    assert not [w for w in caught if "concurrent actors" in str(w.message)]
+    assert (five["succeeded"], five["options"]["actors"]) == (5, 2)  # 2 cores: 2 actors
+    assert (one["succeeded"], one["options"]["actors"]) == (1, 1)
