@@ -55,6 +55,9 @@ from overnight.jobs.ledger import price as price_of
 
 PROFILE_VERSION = 1
 UNITS = ("audio_s", "documents")
+# Utilization measured over less reserved time than this is mostly a run's start-up (Ray,
+# actor start, model load, the first decode): the plan says so beside the figure it uses.
+SHORT_MEASUREMENT_S = 600.0
 # A ratio like 30.000000000004 from float division must not become 31 workers.
 _CEIL_SLACK = 1e-9
 
@@ -100,6 +103,8 @@ class WorkerProfile:
     throughput: float  # units of work per busy second of one worker
     price_per_unit_hour_usd: float
     utilization: float | None = None  # measured busy / reserved; None: not measured
+    # The reserved seconds that utilization was measured over (past runs, pooled).
+    measured_reserved_s: float | None = None
     other_cost_per_unit_usd: float = 0.0  # CPU stages (fetch, decode, extract) per unit of work
     hardware: str = ""
     source: str = ""
@@ -193,6 +198,14 @@ def _work(backlog: float, unit: str) -> str:
     return f"{_n(backlog)} documents"
 
 
+def _short_measurement(p: WorkerProfile) -> bool:
+    return (
+        p.utilization is not None
+        and p.measured_reserved_s is not None
+        and p.measured_reserved_s < SHORT_MEASUREMENT_S
+    )
+
+
 def size_option(
     profile: WorkerProfile,
     backlog: float,
@@ -224,6 +237,15 @@ def size_option(
         f"          x utilization {u:g}"
         + (" (assumed: not measured on a long run)" if assumed else "")
         + f" = {p.throughput * u:,.6g} {per}/s per worker",
+        *(
+            [
+                f"          (measured over {p.measured_reserved_s or 0:,.0f} s of reserved "
+                "time: a short run, in which start-up weighs more than in a full night; state "
+                "a night's utilization with --utilization)"
+            ]
+            if utilization is None and _short_measurement(p)
+            else []
+        ),
         f"window    {deadline_s:,.0f} s deadline x (1 - {headroom:g} headroom) - {startup_s:,.0f} s start-up"
         f" = {deadline_s * (1 - headroom) - startup_s:,.0f} s",
     ]
@@ -460,6 +482,7 @@ def profiles_from_runs(
                 throughput=work / busy,
                 price_per_unit_hour_usd=hourly,
                 utilization=min(1.0, busy / reserved) if reserved else None,
+                measured_reserved_s=round(reserved, 3) if reserved else None,
                 other_cost_per_unit_usd=other,
                 hardware=f"{resource} ({device})",
                 source=f"{source}: {len(runs)} run(s), {', '.join(sorted(r['run_id'] for r in runs)[:5])}",

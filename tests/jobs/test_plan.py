@@ -141,6 +141,31 @@ def test_profiles_from_past_runs_pool_throughput_and_measure_utilization():
     assert p.price_per_unit_hour_usd == 2.69 and p.resource == "h100"
     assert p.other_cost_per_unit_usd == pytest.approx(0.90 / 1080000)
     assert "n1" in p.source and "n2" in p.source and "empty" not in p.source
+    assert p.measured_reserved_s == pytest.approx(1600.0)
+    # 1,600 s of reserved time is long enough to plan on as measured.
+    assert not any("short run" in line for line in size_option(p, 3.6e6, 6 * 3600).arithmetic)
+
+
+def test_a_plan_from_a_short_run_says_its_measured_utilization_is_a_short_runs():
+    run = {
+        "kind": "transcribe",
+        "run_id": "toy",
+        "model": "bundled:tiny.en",
+        "accelerator": "cpu",
+        "device": "cpu",
+        "options": {"cpus_per_actor": 1.5},
+        "audio_seconds": 17.6,
+        "accelerator_seconds": 0.33,
+        "accelerator_reserved_seconds": 2.49,
+    }
+    [p] = profiles_from_runs([run])
+    measured = size_option(p, 7.2e6, 6 * 3600)
+    [note] = [line for line in measured.arithmetic if "short run" in line]
+    assert "measured over 2 s of reserved time" in note and "--utilization" in note
+    # A stated utilization replaces the measured one, and the note with it.
+    stated = size_option(p, 7.2e6, 6 * 3600, utilization=0.9)
+    assert not any("short run" in line for line in stated.arithmetic)
+    assert stated.workers < measured.workers
 
 
 def test_plan_command_shows_its_arithmetic_and_the_cheapest_option(tmp_path, capsys):
