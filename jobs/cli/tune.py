@@ -47,24 +47,28 @@ def handle(args: argparse.Namespace) -> int:
     import sys
     from datetime import UTC, datetime
 
+    from overnight.jobs.console import quiet_native_stderr
     from overnight.jobs.plan import parse_duration
     from overnight.jobs.spec import read_job_file
     from overnight.jobs.tune import parse_sla, read_grid, render, tune
 
     sla = parse_sla(args.sla, args.task)
     out = args.out or f"tune-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
-    result = tune(
-        args.sample,
-        sla,
-        task=args.task,
-        grid=read_grid(args.grid) if args.grid else None,
-        budget_s=parse_duration(args.budget, "--budget"),
-        out=out,
-        base=read_job_file(args.config) if args.config else None,
-        references=args.references,
-        max_items=args.max_items,
-        address=args.address,
-        echo=lambda line: print(line, file=sys.stderr, flush=True),
-    )
+    # Each measurement is a job: the same terminal as `overnight transcribe` (Ray's C++
+    # notices stay in its session logs).
+    with quiet_native_stderr():
+        result = tune(
+            args.sample,
+            sla,
+            task=args.task,
+            grid=read_grid(args.grid) if args.grid else None,
+            budget_s=parse_duration(args.budget, "--budget"),
+            out=out,
+            base=read_job_file(args.config) if args.config else None,
+            references=args.references,
+            max_items=args.max_items,
+            address=args.address,
+            echo=lambda line: print(line, file=sys.stderr, flush=True),
+        )
     print(render(result))
     return 0 if result.decision.chosen is not None else 1

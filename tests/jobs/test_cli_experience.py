@@ -269,6 +269,27 @@ output = "{tmp_path}/out/"
 
 
 @needs_espeak
+def test_tune_prints_no_ray_notices_either(tmp_path):
+    write_wav(tmp_path / "a.wav", speak("Please call me back tomorrow morning."))
+    (tmp_path / "grid.toml").write_text('[[configs]]\nname = "greedy"\nbeam_size = 1\n')
+    done = overnight(
+        "tune",
+        str(tmp_path / "a.wav"),
+        "--sla",
+        "deadline=6h,backlog_hours=10",
+        "--grid",
+        str(tmp_path / "grid.toml"),
+        "--out",
+        str(tmp_path / "tune"),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    for noise_line in RAY_NOISE:
+        assert noise_line.lower() not in done.stderr.lower(), done.stderr
+    assert "[tune] greedy: ok" in done.stderr, done.stderr
+
+
+@needs_espeak
 def test_the_demo_keeps_its_calls_under_its_output_and_shows_every_turn_beside_its_script(
     tmp_path,
 ):
