@@ -540,23 +540,8 @@ def test_a_bad_tenant_row_or_a_failing_submission_never_stops_another_tenants(tm
 
     for tenant in ("acme", "globex"):
         write_wav(folder("calls", tenant) / "a.wav", noise(1.0))
-    config = tmp_path / "tenants.toml"
-    config.write_text(
-        tomli_w.dumps(
-            {
-                "submissions": {"state": str(folder("state"))},
-                "transcribe": {"cpus_per_actor": 1},
-                "tenants": {
-                    name: {
-                        "allowed_input_prefixes": [f"file://{tmp_path}/calls/{name}/"],
-                        "inbox": str(folder("inbox", name)),
-                        "output": str(tmp_path / "out" / name),
-                    }
-                    for name in ("acme", "globex")
-                },
-            }
-        )
-    )
+        folder("inbox", tenant)
+    config = local_tenants(tmp_path)
     acme_wav = tmp_path / "calls" / "acme" / "a.wav"
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"uri": str(acme_wav), "channel_labels": 5}) + "\n")
@@ -595,12 +580,17 @@ def _two_tenants(tmp_path: Path, model: str) -> Path:
         (tmp_path / "inbox" / tenant / "night.csv").write_text(
             f"uri\n{tmp_path}/calls/{tenant}/a.wav\n"
         )
+    return local_tenants(tmp_path, {"max_attempts": 1}, {"model": model})
+
+
+def local_tenants(tmp_path: Path, submissions: dict | None = None, transcribe: dict | None = None):
+    """acme and globex on local folders: each may read tmp_path/calls/<name>/ only."""
     config = tmp_path / "tenants.toml"
     config.write_text(
         tomli_w.dumps(
             {
-                "submissions": {"state": str(tmp_path / "state"), "max_attempts": 1},
-                "transcribe": {"model": model, "cpus_per_actor": 1},
+                "submissions": {"state": str(tmp_path / "state"), **(submissions or {})},
+                "transcribe": {"cpus_per_actor": 1, **(transcribe or {})},
                 "tenants": {
                     name: {
                         "allowed_input_prefixes": [f"file://{tmp_path}/calls/{name}/"],
@@ -660,23 +650,7 @@ def test_a_folder_swapped_for_a_link_after_the_check_does_not_lead_to_another_te
         (tmp_path / "calls" / tenant / "batch").mkdir(parents=True)
         write_wav(tmp_path / "calls" / tenant / "batch" / "a.wav", noise(seconds))
         (tmp_path / "inbox" / tenant).mkdir(parents=True)
-    config = tmp_path / "tenants.toml"
-    config.write_text(
-        tomli_w.dumps(
-            {
-                "submissions": {"state": str(tmp_path / "state")},
-                "transcribe": {"cpus_per_actor": 1},
-                "tenants": {
-                    name: {
-                        "allowed_input_prefixes": [f"file://{tmp_path}/calls/{name}/"],
-                        "inbox": str(tmp_path / "inbox" / name),
-                        "output": str(tmp_path / "out" / name),
-                    }
-                    for name in ("acme", "globex")
-                },
-            }
-        )
-    )
+    config = local_tenants(tmp_path)
     checked = tmp_path / "calls" / "acme" / "batch"
     (tmp_path / "inbox" / "acme" / "m.csv").write_text(f"uri\n{checked}/a.wav\n")
     write_trusted = submissions._write_trusted_manifest
