@@ -55,8 +55,9 @@ from overnight.jobs.ledger import price as price_of
 
 PROFILE_VERSION = 1
 UNITS = ("audio_s", "documents")
-# Utilization measured over less reserved time than this is mostly a run's start-up (Ray,
-# actor start, model load, the first decode): the plan says so beside the figure it uses.
+# Utilization measured over less reserved time than this carries a run's start-up (actor
+# start, model load, the first decode) at a weight a night does not: the plan says so under
+# the figure it uses.
 SHORT_MEASUREMENT_S = 600.0
 # A ratio like 30.000000000004 from float division must not become 31 workers.
 _CEIL_SLACK = 1e-9
