@@ -491,8 +491,27 @@ def published_files(
 
 
 def staged_files(dataset: storage.Location) -> dict[str, list[str]]:
-    """Every run's staged, not yet published files and their item ids."""
-    return _ids_of(dataset, storage.list_files(staging_root(dataset), ".parquet"))
+    """Every run's staged, not yet published files and their item ids: exactly the files
+    ``publish`` takes, ``<run_date>/<run_id>/part-*.parquet`` under the staging root. A file
+    anywhere else there (a run id with a '/' or an empty one staged into other folders,
+    before run ids were checked) is never published, so it must not count as done either:
+    its items are done again."""
+    root = staging_root(dataset)
+    prefix = root.path.rstrip("/") + "/"
+
+    def publishable(path: str) -> bool:
+        parts = path[len(prefix) :].split("/") if path.startswith(prefix) else []
+        return len(parts) == 3 and _is_date(parts[0])
+
+    return _ids_of(dataset, [p for p in storage.list_files(root, ".parquet") if publishable(p)])
+
+
+def _is_date(text: str) -> bool:
+    try:
+        date.fromisoformat(text)
+    except ValueError:
+        return False
+    return True
 
 
 def index_segments(dataset: storage.Location) -> list[str]:
@@ -788,7 +807,7 @@ def _publish_run(
     if storage.exists(intent):
         plan = json.loads(storage.read_location(intent))
     else:
-        staged = storage.list_files(run_loc, ".parquet")
+        staged = storage.list_top_files(run_loc, ".parquet")  # what staged_files counts
         if not staged:
             return
         names = [posixpath.basename(p) for p in staged]

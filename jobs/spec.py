@@ -8,6 +8,7 @@ Validation happens once, here, and its messages name the field, the value and th
 from __future__ import annotations
 
 import copy
+import re
 import secrets
 import tomllib
 from datetime import UTC, date, datetime
@@ -38,6 +39,8 @@ DEFAULT_PRICES: dict[str, float] = {
 
 
 _Model = ConfigModel
+
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 class TranscribeOptions(DecodingOptions):
@@ -349,7 +352,8 @@ class RunOptions(_Model):
     output: str = Field(..., description="folder or URL prefix for transcripts/, costs/, runs/")
     run_id: str | None = Field(
         None,
-        description="default: <kind>-<UTC time>-<random>; set it for deterministic scheduled runs",
+        description="default: <kind>-<UTC time>-<random>; set it for deterministic scheduled "
+        "runs: 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit",
     )
     run_date: date | None = Field(
         None,
@@ -399,6 +403,21 @@ class RunOptions(_Model):
         description="read no local file whose real path, checked on the opened file, lies "
         "outside these folders (tenant submissions set their tenant's); others: fetch_failed",
     )
+
+    @field_validator("run_id")
+    @classmethod
+    def _safe_run_id(cls, run_id: str | None) -> str | None:
+        # The run id names files and folders (runs/<id>.json, _manifests/, the run's staging
+        # folder): a '/' made a nested staging folder that publish never read, '' staged
+        # into the date's folder itself, and '../x' wrote outside OUTPUT.
+        if run_id is not None and not _RUN_ID.fullmatch(run_id):
+            raise ValueError(
+                "a run id names the run's files under OUTPUT, so it must be 1-128 letters, "
+                "digits, '.', '_' or '-', starting with a letter or digit (no '/', no spaces, "
+                "not empty: an unset template variable gives an empty one); e.g. "
+                "nightly-2026-12-06"
+            )
+        return run_id
 
     @field_validator("retry_errors")
     @classmethod

@@ -1,0 +1,57 @@
+"""The defects a hostile probe found (issue #35): run ids used as paths, a restored object
+that got a second row, retention that could not finish after a crash or kept redacted
+audio, manifests that copied transcript text, tenants whose paths overlap, and a span too
+long for a date. Each test states what must hold."""
+
+from __future__ import annotations
+
+from datetime import date
+
+import pyarrow as pa
+import pytest
+
+from overnight.jobs import commits, storage
+from overnight.jobs.cli import main
+from overnight.jobs.errors import ConfigError
+from overnight.jobs.spec import build_spec
+
+SCHEMA = pa.schema([("item_id", pa.string()), ("run_id", pa.string())])
+
+
+@pytest.mark.parametrize("run_id", ["nightly/2026-12-06", "", "../../x", "a b", "x" * 129])
+def test_a_run_id_that_is_no_safe_file_name_is_refused_with_exit_2(run_id, tmp_path, capsys):
+    out = tmp_path / "out"
+    code = main(["transcribe", str(tmp_path), str(out), "--run-id", run_id, "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "job.run_id" in err and "letters, digits" in err and "Traceback" not in err
+    assert not out.exists()  # nothing written, least of all outside OUTPUT
+    # The spec model refuses it, so job files and the Python API do too.
+    with pytest.raises(ConfigError, match="run_id"):
+        build_spec(overrides={"job": {"input": "in", "output": "out", "run_id": run_id}})
+
+
+def test_a_run_id_of_letters_digits_dots_dashes_and_underscores_is_taken():
+    spec = build_spec(
+        overrides={"job": {"input": "i", "output": "o", "run_id": "Nightly_2026.12-06"}}
+    )
+    assert spec.run_id == "Nightly_2026.12-06"
+
+
+def test_a_staged_file_that_publish_cannot_reach_is_not_done(tmp_path):
+    """Staged under a run id with a '/' (a nested folder) or an empty one (the date's own
+    folder), as runs did before run ids were checked: publish never takes such a file, so its
+    items must be pending work, not done without a row."""
+    dataset = storage.resolve(str(tmp_path / "out" / "transcripts"))
+    day = date(2026, 12, 6)
+    for run, item in (("nightly/2026-12-06", "nested"), ("", "flat")):
+        table = pa.table({"item_id": [item], "run_id": [run]}, schema=SCHEMA)
+        commits.write_table(commits.staging_dir(dataset, day, run), table)
+    commits.write_table(
+        commits.staging_dir(dataset, day, "good"),
+        pa.table({"item_id": ["good"], "run_id": ["good"]}, schema=SCHEMA),
+    )
+    among = {"nested", "flat", "good"}
+    assert commits.committed_ids(dataset, among=among) == {"good"}
+    assert commits.publish(dataset, SCHEMA, "next").rows == 1
+    assert commits.committed_ids(dataset, among=among) == {"good"}
