@@ -46,6 +46,7 @@ import math
 import re
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from overnight.jobs import storage
@@ -82,6 +83,18 @@ def parse_duration(text: str, what: str = "duration") -> float:
     if total <= 0:
         raise ConfigError(f"{what} {text!r} must be longer than zero")
     return total
+
+
+def span_back(text: str, what: str, now: datetime | None = None) -> datetime:
+    """The time ``text`` (a duration, as ``parse_duration`` reads it) before ``now`` (UTC)."""
+    now = now or datetime.now(UTC)
+    try:
+        return now - timedelta(seconds=parse_duration(text, what))
+    except OverflowError:  # before the year 1: no date can hold it
+        days = (now - datetime.min.replace(tzinfo=UTC)).days
+        raise ConfigError(
+            f"{what} {text!r} reaches back before the year 1; give at most {days}d"
+        ) from None
 
 
 def fmt_duration(seconds: float) -> str:

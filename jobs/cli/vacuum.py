@@ -22,13 +22,11 @@ def add_parser(subparsers) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     import sys
-    from datetime import UTC, datetime, timedelta
 
-    from overnight.jobs.plan import parse_duration
+    from overnight.jobs.plan import span_back
     from overnight.jobs.vacuum import vacuum
 
-    span = timedelta(seconds=parse_duration(args.older_than, "--older-than"))
-    before = (datetime.now(UTC) - span).date()
+    before = span_back(args.older_than, "--older-than").date()
     done = vacuum(args.output, before, dry_run=args.dry_run)
     for partition in done.partitions:
         print(partition)

@@ -137,9 +137,9 @@ def parse_since(text: str | None, now: datetime | None = None) -> datetime | Non
     if text is None:
         return None
     if re.fullmatch(r"\s*\d+(\.\d+)?\s*[dhm]\s*", text):
-        from overnight.jobs.plan import parse_duration
+        from overnight.jobs.plan import span_back
 
-        return (now or datetime.now(UTC)) - timedelta(seconds=parse_duration(text, "--since"))
+        return span_back(text, "--since", now)
     try:
         parsed = datetime.fromisoformat(text.strip())
     except ValueError:

@@ -55,3 +55,13 @@ def test_a_staged_file_that_publish_cannot_reach_is_not_done(tmp_path):
     assert commits.committed_ids(dataset, among=among) == {"good"}
     assert commits.publish(dataset, SCHEMA, "next").rows == 1
     assert commits.committed_ids(dataset, among=among) == {"good"}
+
+
+@pytest.mark.parametrize(("command", "flag"), [("vacuum", "--older-than"), ("report", "--since")])
+def test_a_span_back_before_the_year_1_is_refused_in_one_line_with_exit_2(
+    command, flag, tmp_path, capsys
+):
+    code = main([command, str(tmp_path), flag, "3000000d"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and "before the year 1" in err and "Traceback" not in err
