@@ -35,13 +35,17 @@ HUB_TIMEOUT_S = 10.0
 
 # -- output ---------------------------------------------------------------------------------
 
+# What the output probe writes: one file-system block.
+_PROBE_BYTES = 4096
 
-def check_output(url: str) -> None:
+
+def check_output(url: str, what: str = "the output") -> None:
     """Raise ``OutputNotWritable`` unless a local output folder can be created and written.
 
     Writes nothing that stays: the probe is a temporary file in the deepest folder that
     exists (the output itself once it exists). Object stores are checked by their first write
-    (``StorageUnavailable`` after retries), not here.
+    (``StorageUnavailable`` after retries), not here. ``what`` names the folder in messages
+    (``export`` checks its destination).
     """
     loc = storage.resolve(url)
     if loc.scheme != "file":
@@ -54,19 +58,26 @@ def check_output(url: str) -> None:
     if not existing.is_dir():
         where = "it is" if existing == path else f"{existing} is"
         raise OutputNotWritable(
-            f"cannot write the output {shown}: {where} a file, not a folder; choose another "
-            "output folder."
+            f"cannot write {what} {shown}: {where} a file, not a folder; choose another folder."
         )
+    fd, probe = None, None
     try:
         fd, probe = tempfile.mkstemp(prefix=".overnight-probe-", dir=existing)
+        # A full disk still creates an empty file: only a block written and synced shows
+        # that it takes data (else the run's first write fails, after its claim).
+        os.write(fd, bytes(_PROBE_BYTES))
+        os.fsync(fd)
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         raise OutputNotWritable(
-            f"cannot write the output {shown}: {existing} does not take new files ({reason}); "
-            "choose a folder you can write to."
+            f"cannot write {what} {shown}: {existing} does not take new files ({reason}); "
+            "free space there or choose a folder you can write to."
         ) from None
-    os.close(fd)
-    os.unlink(probe)
+    finally:
+        if fd is not None:
+            os.close(fd)
+        if probe is not None:
+            os.unlink(probe)
 
 
 # -- models ---------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from typing import IO, Any, TypeVar
 
 import fsspec
 
-from overnight.jobs.errors import InputNotFound, StorageUnavailable
+from overnight.jobs.errors import InputNotFound, OutputNotWritable, StorageUnavailable
 from overnight.schemas import ErrorCode
 
 T = TypeVar("T")
@@ -454,6 +454,30 @@ def open_object(
         yield f
 
 
+# Bytes in one file name: ext4, XFS, Btrfs and APFS refuse longer ones (ENAMETOOLONG). Object
+# keys may be longer, but a name derived from a recording's must also fit a local folder.
+NAME_MAX = 255
+
+
+def _cut(text: str, max_bytes: int) -> str:
+    """``text`` cut to at most ``max_bytes`` of UTF-8, at a character boundary."""
+    return text.encode("utf-8")[: max(0, max_bytes)].decode("utf-8", "ignore")
+
+
+def fitted_name(stem: str, suffix: str, tag: str = "") -> str:
+    """``stem + suffix`` as a file name of at most ``NAME_MAX`` bytes. A stem too long is cut
+    and followed by ``tag`` (an item id), so that two names cut to the same start stay apart."""
+    name = stem + suffix
+    if len(name.encode("utf-8")) <= NAME_MAX:
+        return name
+    return _cut(stem, NAME_MAX - len((tag + suffix).encode("utf-8"))) + tag + suffix
+
+
+# A local write failing with one of these is the output's, not the file's: every other
+# write would fail the same way, so the job stops (exit 11) instead of failing item by item.
+_UNWRITABLE = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
 def write_bytes_atomic(loc: Location, data: bytes) -> None:
     """Make ``loc`` appear whole or not at all.
 
@@ -461,17 +485,36 @@ def write_bytes_atomic(loc: Location, data: bytes) -> None:
     rename it, which is atomic on POSIX. The sibling's name starts with "." and does not end
     in ".parquet": stock readers (pyarrow datasets, DuckDB and Polars globs) skip it, where a
     finished one named "part-x.parquet.tmp-..." was read beside the file it was replacing,
-    every row twice, until the rename.
+    every row twice, until the rename. It is cut to fit ``NAME_MAX`` (any name that fits
+    can be written), and removed when the write fails: a full disk leaves nothing behind.
+    A full, read-only or forbidden disk raises ``OutputNotWritable``.
     """
     if loc.scheme == "file":
         folder, name = os.path.split(loc.path)
-        os.makedirs(folder, exist_ok=True)
-        tmp = os.path.join(folder, f".{name}.tmp-{os.getpid()}-{random.getrandbits(32):08x}")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, loc.path)
+        suffix = f".tmp-{os.getpid()}-{random.getrandbits(32):08x}"
+        tmp = os.path.join(folder, "." + _cut(name, NAME_MAX - 1 - len(suffix)) + suffix)
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise OutputNotWritable(
+                f"cannot write {loc.path}: a file is in the way of the folder {folder}; move "
+                "it or choose another output."
+            ) from None
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, loc.path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            if exc.errno in _UNWRITABLE:
+                raise OutputNotWritable(
+                    f"cannot write {loc.path}: {exc.strerror}; free space or choose an output "
+                    "you can write to, then rerun: finished items are kept."
+                ) from None
+            raise
         return
     with_retries(f"write {loc.url()}", lambda: loc.fs.pipe_file(loc.path, data))
 
