@@ -135,16 +135,51 @@ def render(row: Mapping[str, Any], fmt: str) -> str:
 
 
 def file_names(rows: list[Mapping[str, Any]], fmt: str) -> list[str]:
-    """``<source stem>.<fmt>``; recordings whose stems collide keep them apart with their
-    item id's first characters."""
+    """``<source stem>.<fmt>``; recordings whose names collide keep them apart with their
+    item id's first characters, and so does a stem cut to fit ``storage.NAME_MAX``."""
     stems = [PurePosixPath(str(r["source_uri"]).rstrip("/")).stem or "recording" for r in rows]
+    tags = [f"-{str(r['item_id'])[:12]}" for r in rows]
+    names = [storage.fitted_name(s, f".{fmt}", t) for s, t in zip(stems, tags, strict=True)]
     seen: dict[str, int] = {}
-    for s in stems:
-        seen[s] = seen.get(s, 0) + 1
+    for n in names:
+        seen[n] = seen.get(n, 0) + 1
     return [
-        f"{s}.{fmt}" if seen[s] == 1 else f"{s}-{str(r['item_id'])[:12]}.{fmt}"
-        for s, r in zip(stems, rows, strict=True)
+        n if seen[n] == 1 else storage.fitted_name(s, f"{t}.{fmt}")
+        for n, s, t in zip(names, stems, tags, strict=True)
     ]
+
+
+# What overnight writes under OUTPUT (README, Output contract). Files exported into one of
+# them break its readers (pyarrow, pandas, DuckDB and Polars read every file of a dataset's
+# folder; ``runs/`` is read as run summaries).
+_OUTPUT_FOLDERS = (
+    "transcripts",
+    "results",
+    "probes",
+    "costs",
+    "run_table",
+    "runs",
+    "transcripts_unredacted",
+    "redacted_audio",
+)
+
+
+def _check_destination(output: str, dest: str, config: storage.StorageConfig | None) -> None:
+    """``ConfigError`` for a DEST inside OUTPUT's datasets or bookkeeping (``_claims/``, ...);
+    ``OutputNotWritable`` for a local DEST that cannot take files (a file in the way)."""
+    from overnight.jobs import preflight
+
+    out, to = storage.resolve(output, config), storage.resolve(dest, config)
+    top = out.path.rstrip("/") + "/"
+    if out.scheme == to.scheme and to.path.startswith(top):
+        folder = to.path[len(top) :].split("/", 1)[0]
+        if folder in _OUTPUT_FOLDERS or folder.startswith(("_", ".")):
+            raise ConfigError(
+                f"DEST {storage.redact(dest)!r} is inside {folder}/ of OUTPUT, which overnight "
+                "owns: files there break the readers of its datasets. Choose a folder outside "
+                "them (e.g. OUTPUT/subtitles); nothing was written."
+            )
+    preflight.check_output(dest, "the destination")
 
 
 def latest_ok(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -198,6 +233,7 @@ def export(
             f"{storage.redact(output)!r} holds no transcripts/ dataset: is it the OUTPUT of "
             "an `overnight transcribe` run?"
         )
+    _check_destination(output, dest, config)
     table = commits.read_results(transcripts, COLUMNS)
     all_rows = table.to_pylist() if table is not None else []
     rows = latest_ok(all_rows)

@@ -18,22 +18,37 @@ from overnight.schemas.tables import TRANSCRIPTS
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 SEGMENTS = [
-    {"start": 0.0, "end": 2.5, "text": " Thank you for calling, how can I help?", "channel": 0,
-     "speaker": "agent"},
-    {"start": 2.8, "end": 5.25, "text": " I'd like to check my order status please.",
-     "channel": 1, "speaker": "customer"},
+    {
+        "start": 0.0,
+        "end": 2.5,
+        "text": " Thank you for calling, how can I help?",
+        "channel": 0,
+        "speaker": "agent",
+    },
+    {
+        "start": 2.8,
+        "end": 5.25,
+        "text": " I'd like to check my order status please.",
+        "channel": 1,
+        "speaker": "customer",
+    },
     {"start": 3605.5, "end": 3607.0, "text": " Of course.", "channel": 0, "speaker": "agent"},
 ]
 
 
 def _row(item: str, uri: str, status: str = "ok", when: int = 0, **kw) -> dict:
     return {
-        "item_id": item, "source_uri": uri, "status": status, "run_id": f"r{when}",
+        "item_id": item,
+        "source_uri": uri,
+        "status": status,
+        "run_id": f"r{when}",
         "processed_at": T0 + timedelta(minutes=when),
         "text": " ".join(s["text"].strip() for s in SEGMENTS) if status == "ok" else None,
         "segments": SEGMENTS if status == "ok" else None,
-        "duration_s": 3607.0, "channel_labels": ["agent", "customer"],
-        "error_code": None if status == "ok" else "decode_failed", **kw,
+        "duration_s": 3607.0,
+        "channel_labels": ["agent", "customer"],
+        "error_code": None if status == "ok" else "decode_failed",
+        **kw,
     }
 
 
@@ -48,8 +63,10 @@ def output(tmp_path: Path) -> Path:
         _row("c3", "s3://calls/other/call-3.flac", when=5),  # a rerun's newer ok row
     ]
     for n, row in enumerate(rows):  # one commit file a row, as actor calls write them
-        pq.write_table(pa.Table.from_pylist([row], schema=TRANSCRIPTS),
-                       out / "transcripts" / f"part-{n}.parquet")
+        pq.write_table(
+            pa.Table.from_pylist([row], schema=TRANSCRIPTS),
+            out / "transcripts" / f"part-{n}.parquet",
+        )
     return out
 
 
@@ -116,16 +133,98 @@ def test_the_export_command_writes_the_files_and_says_what_it_left_out(output: P
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-m", "overnight.jobs.cli", "export", str(output), str(tmp_path / "d"),
-         "--format", "vtt"],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "overnight.jobs.cli",
+            "export",
+            str(output),
+            str(tmp_path / "d"),
+            "--format",
+            "vtt",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    assert "wrote 2 vtt file(s)" in done.stdout and "1 recording(s) have only error rows" in done.stdout
+    assert (
+        "wrote 2 vtt file(s)" in done.stdout
+        and "1 recording(s) have only error rows" in done.stdout
+    )
     assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["call-1.vtt", "call-3.vtt"]
     missing = subprocess.run(
-        [sys.executable, "-m", "overnight.jobs.cli", "export", str(tmp_path / "nothing"), str(tmp_path / "e")],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "overnight.jobs.cli",
+            "export",
+            str(tmp_path / "nothing"),
+            str(tmp_path / "e"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert missing.returncode == 4 and "Traceback" not in missing.stderr
     assert "no transcripts/ dataset" in missing.stderr
+
+
+def _output_of(tmp_path: Path, rows: list[dict]) -> Path:
+    out = tmp_path / "named"
+    (out / "transcripts").mkdir(parents=True)
+    pq.write_table(
+        pa.Table.from_pylist(rows, schema=TRANSCRIPTS), out / "transcripts" / "part-0.parquet"
+    )
+    return out
+
+
+def test_export_to_an_existing_file_is_exit_11_in_one_line_without_a_traceback(
+    output: Path, tmp_path: Path, capsys
+):
+    from overnight.jobs.cli import main
+
+    (tmp_path / "taken").write_text("a file where the folder would go")
+    assert main(["export", str(output), str(tmp_path / "taken")]) == 11
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "it is a file, not a folder" in err
+    assert (tmp_path / "taken").read_text() == "a file where the folder would go"
+
+
+@pytest.mark.parametrize(
+    "inside", ["transcripts", "transcripts/run_date=2026-12-01", "costs", "runs", "_claims"]
+)
+def test_export_into_the_outputs_own_datasets_is_exit_2_and_writes_nothing(
+    output: Path, inside: str, capsys
+):
+    from overnight.jobs.cli import main
+
+    before = sorted(output.rglob("*"))
+    assert main(["export", str(output), str(output / inside), "--format", "json"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert sorted(output.rglob("*")) == before
+    pq.read_table(output / "transcripts")  # the dataset still reads as one table
+
+
+def test_export_beside_the_datasets_inside_output_is_allowed(output: Path):
+    assert export(str(output), str(output / "subtitles"), "srt")["files"] == 2
+
+
+def test_export_of_251_character_names_writes_names_that_fit_and_stay_apart(tmp_path: Path):
+    long = "x" * 200 + "é" * 25 + "y"  # 251 characters, 276 bytes of UTF-8
+    rows = [
+        _row("a" * 16, f"s3://calls/{long}a.wav"),
+        _row("b" * 16, f"s3://calls/{long}b.wav"),
+        _row("c" * 16, f"/calls/{'z' * 251}.wav"),
+    ]
+    out = _output_of(tmp_path, rows)
+    for fmt in ("srt", "json"):
+        assert export(str(out), str(tmp_path / fmt), fmt)["files"] == 3
+        names = sorted(p.name for p in (tmp_path / fmt).iterdir())
+        assert len(names) == 3 and all(len(n.encode()) <= 255 for n in names), names
+        # Cut names carry their item id: the two that share 250 characters stay apart.
+        assert any(n.endswith(f"-{'a' * 12}.{fmt}") for n in names)
+        assert any(n.endswith(f"-{'b' * 12}.{fmt}") for n in names)
+        assert not list((tmp_path / fmt).glob(".*"))  # no temporary file left
