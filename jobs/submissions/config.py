@@ -74,38 +74,46 @@ class TenantsConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _isolated(self) -> TenantsConfig:
-        """No tenant's inbox or output may lie inside another's: their prefixes would mix."""
-        places = []
-        for name, t in self.tenants.items():
-            for what in ("inbox", "output"):
-                url = getattr(t, what)
-                try:
-                    places.append((name, what, normalize(url)))
-                except UriRejected as exc:
-                    raise ValueError(
-                        f"tenants.{name}.{what} {shown(url)!r} is not usable: {exc}"
-                    ) from None
-        for i, (n1, w1, u1) in enumerate(places):
-            for n2, w2, u2 in places[i + 1 :]:
+        """No place a tenant's results, manifests or the submissions state live may lie
+        inside another: their prefixes would mix. Nor inside any other tenant's input
+        prefixes (the state: anyone's): that tenant could submit them as its own recordings
+        and read another's results (redacted audio included) or every tenant's records."""
+        places = [
+            (f"tenants.{name}.{what}", name, _usable(f"tenants.{name}.{what}", getattr(t, what)))
+            for name, t in self.tenants.items()
+            for what in ("inbox", "output")
+        ]
+        places.append(
+            ("submissions.state", None, _usable("submissions.state", self.submissions.state))
+        )
+        for i, (w1, _, u1) in enumerate(places):
+            for w2, _, u2 in places[i + 1 :]:
                 if _overlap(u1, u2) is not None:
+                    raise ValueError(f"{w1} and {w2} overlap: give each its own prefix")
+        inputs = [
+            (name, p, normalize(p))
+            for name, t in self.tenants.items()
+            for p in t.allowed_input_prefixes
+        ]
+        for where, owner, url in places:
+            for name, p, prefix in inputs:
+                if name != owner and _overlap(url, prefix) is not None:
                     raise ValueError(
-                        f"tenants.{n1}.{w1} and tenants.{n2}.{w2} overlap: give each its own prefix"
+                        f"{where} and tenants.{name}.allowed_input_prefixes {shown(p)!r} "
+                        f"overlap: {name} could submit what is there as its own recordings. "
+                        "Keep results, inboxes and the state outside every other tenant's "
+                        "input prefixes"
                     )
-        self._inputs_isolated()
+        self._inputs_isolated(inputs)
         return self
 
-    def _inputs_isolated(self) -> None:
+    def _inputs_isolated(self, inputs: list[tuple[str, str, ObjectURL]]) -> None:
         """One tenant may not read another's recordings: input prefixes of two tenants must
         not overlap, except inside a prefix the config declares shared."""
         try:
             shared = [normalize(p) for p in self.submissions.shared_input_prefixes]
         except UriRejected as exc:
             raise ValueError(f"submissions.shared_input_prefixes: {exc}") from None
-        inputs = [
-            (name, p, normalize(p))
-            for name, t in self.tenants.items()
-            for p in t.allowed_input_prefixes
-        ]
         for i, (n1, p1, u1) in enumerate(inputs):
             for n2, p2, u2 in inputs[i + 1 :]:
                 common = _overlap(u1, u2) if n1 != n2 else None
@@ -117,6 +125,13 @@ class TenantsConfig(ConfigModel):
                     "read the other's recordings. Give each its own prefix, or list the common "
                     "one in submissions.shared_input_prefixes if both may read it."
                 )
+
+
+def _usable(where: str, url: str) -> ObjectURL:
+    try:
+        return normalize(url)
+    except UriRejected as exc:
+        raise ValueError(f"{where} {shown(url)!r} is not usable: {exc}") from None
 
 
 def _under(url: ObjectURL, prefix: ObjectURL) -> bool:

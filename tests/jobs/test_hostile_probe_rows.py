@@ -6,9 +6,11 @@ long for a date. Each test states what must hold."""
 from __future__ import annotations
 
 from datetime import date
+from typing import Any
 
 import pyarrow as pa
 import pytest
+import tomli_w
 
 from overnight.jobs import commits, storage
 from overnight.jobs.cli import main
@@ -65,3 +67,57 @@ def test_a_span_back_before_the_year_1_is_refused_in_one_line_with_exit_2(
     err = capsys.readouterr().err
     assert code == 2, err
     assert err.count("\n") == 1 and "before the year 1" in err and "Traceback" not in err
+
+
+def _tenants(**changes: Any) -> dict:
+    """acme and globex apart; ``changes`` ("tenant.key" or "state") move one place."""
+    data: dict = {
+        "submissions": {"state": "s3://state/subs"},
+        "tenants": {
+            name: {
+                "allowed_input_prefixes": [f"s3://{name}-calls/rec/"],
+                "inbox": f"s3://inbox/{name}/",
+                "output": f"s3://{name}-out/overnight/",
+            }
+            for name in ("acme", "globex")
+        },
+    }
+    for where, url in changes.items():
+        if where == "state":
+            data["submissions"]["state"] = url
+        else:
+            tenant, key = where.split("__")
+            data["tenants"][tenant][key] = url
+    return data
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        # acme's results under globex's inputs (spelt otherwise: normalized as URIs are)
+        {"acme__output": "s3://GLOBEX-calls/rec/acme/"},
+        # globex may read all of acme's results
+        {"globex__allowed_input_prefixes": ["s3://globex-calls/rec/", "s3://acme-out/"]},
+        {"acme__inbox": "s3://globex-calls/rec/./inbox/"},
+        {"state": "s3://globex-calls/rec/state"},
+        {"state": "s3://acme-out/overnight/state/"},
+        {"state": "s3://acme-calls/"},
+    ],
+    ids=["output", "output-below", "inbox", "state-in-input", "state-in-output", "state-above"],
+)
+def test_a_tenant_config_whose_places_lie_in_another_tenants_inputs_is_refused_with_exit_2(
+    changes, tmp_path, capsys
+):
+    path = tmp_path / "tenants.toml"
+    path.write_text(tomli_w.dumps(_tenants(**changes)))
+    code = main(["submissions", "list", "--config", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "overlap" in err and "Traceback" not in err
+
+
+def test_a_tenants_results_under_its_own_input_prefix_are_its_own_to_read(tmp_path):
+    from overnight.jobs.submissions.config import TenantsConfig
+
+    data = _tenants(acme__output="s3://acme-calls/rec/results/")
+    assert sorted(TenantsConfig.model_validate(data).tenants) == ["acme", "globex"]
