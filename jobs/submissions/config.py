@@ -78,7 +78,7 @@ class TenantsConfig(ConfigModel):
         inside another: their prefixes would mix. Nor inside any other tenant's input
         prefixes (the state: anyone's): that tenant could submit them as its own recordings
         and read another's results (redacted audio included) or every tenant's records."""
-        places = [
+        places: list[tuple[str, str | None, ObjectURL]] = [
             (f"tenants.{name}.{what}", name, _usable(f"tenants.{name}.{what}", getattr(t, what)))
             for name, t in self.tenants.items()
             for what in ("inbox", "output")
