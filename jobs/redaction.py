@@ -8,8 +8,9 @@ to ``entities``, the time spent to ``redact_s`` (a ledger stage of its own). Wit
 ``keep_unredacted`` the original text and segments are committed to
 ``OUTPUT/transcripts_unredacted/`` first (same commit protocol), and nowhere else. With
 ``redact_audio`` each recording is fetched again and written as
-``OUTPUT/redacted_audio/<stem>-<item id, 12 chars>.flac`` with the time of every tag word
-silenced (``workers.redact.audio``), before the row is committed.
+``OUTPUT/redacted_audio/<stem>-<item id, 12 chars>.flac`` (a stem cut to fit 255 bytes) with
+the time of every tag word silenced (``workers.redact.audio``), before the row is committed; a
+recording whose redacted audio cannot be made or written becomes a ``redaction_failed`` row.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from typing import Any
 import pyarrow as pa
 
 from overnight.jobs import commits, storage
-from overnight.schemas import TRANSCRIPTS, TRANSCRIPTS_UNREDACTED
+from overnight.jobs.errors import OvernightError
+from overnight.schemas import TRANSCRIPTS, TRANSCRIPTS_UNREDACTED, ErrorCode
 from overnight.workers.redact import Redactor
 from overnight.workers.redact.audio import silence
 
@@ -76,6 +78,17 @@ def redact_batch(
                         error_message=f"redacted audio: the recording could not be read "
                         f"again ({exc})",
                     )
+                except OvernightError:  # storage down, an output that takes no files: the job's
+                    raise
+                except Exception as exc:  # this recording's alone: the other rows still commit
+                    row.update(
+                        status="error",
+                        error_code=ErrorCode.REDACTION_FAILED.value,
+                        error_message=storage.redact(
+                            f"redacted audio could not be made or written: "
+                            f"{type(exc).__name__}: {exc}"
+                        ),
+                    )
         else:
             row["entities"] = None
         row["redact_s"] = time.perf_counter() - t0
@@ -106,8 +119,9 @@ def tag_ranges(row: dict[str, Any]) -> list[tuple[float, float]]:
 
 
 def audio_name(row: dict[str, Any]) -> str:
+    """``<stem>-<item id, 12 chars>.flac``, the stem cut to fit ``storage.NAME_MAX``."""
     stem = posixpath.splitext(posixpath.basename(str(row["source_uri"]).rstrip("/")))[0]
-    return f"{stem or 'recording'}-{str(row['item_id'])[:12]}.flac"
+    return storage.fitted_name(stem or "recording", f"-{str(row['item_id'])[:12]}.flac")
 
 
 def write_redacted_audio(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from overnight.jobs.cli import main
-from overnight.jobs.demo import noise, write_wav
+from overnight.jobs.demo import espeak_available, noise, stereo_dialogue, write_wav
 from tests.jobs.test_cli_messages import assert_one_clean_paragraph
 
 
@@ -50,3 +50,45 @@ def test_an_output_on_a_full_disk_is_exit_11_in_one_line_and_leaves_nothing(
     assert_one_clean_paragraph(captured.out + captured.err)
     assert "No space left on device" in captured.err
     assert list(full_disk.rglob("*")) == [out]  # no claim, no temporary file, no manifest
+
+
+@pytest.mark.skipif(not espeak_available(), reason="espeak-ng not installed")
+@pytest.mark.usefixtures("ray_local")
+def test_a_251_character_name_with_redacted_audio_is_an_ok_row_and_a_bad_item_an_error_row(
+    tmp_path,
+):
+    """A legal long name once failed its whole batch (exit 6, no rows); a recording whose
+    redacted audio cannot be written (here a folder in the way) is that item's error row."""
+    from overnight.jobs import storage
+    from overnight.jobs.manifest import item_id
+    from overnight.jobs.redaction import audio_name
+    from tests.jobs.test_redaction_job import TURNS
+    from tests.jobs.test_transcribe import by_name, rows
+
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    long_name = "c" * 247 + ".wav"  # 251 characters
+    audio = stereo_dialogue(TURNS[:2], gap_s=0.4)[0]
+    for name in (long_name, "blocked.wav", "plain.wav"):
+        write_wav(calls / name, audio)
+    out = tmp_path / "out"
+    (blocked,) = [o for o in storage.list_objects(str(calls)) if o.uri.endswith("blocked.wav")]
+    in_the_way = (
+        out
+        / "redacted_audio"
+        / audio_name(
+            {"source_uri": blocked.uri, "item_id": item_id(blocked.uri, blocked.size, blocked.etag)}
+        )
+    )
+    in_the_way.mkdir(parents=True)
+    labels = ["--channel-labels", "agent,customer"]
+    redact = ["--redact", "pci", "--redact-audio"]
+    assert main(["transcribe", str(calls), str(out), *labels, *redact, "--quiet"]) == 0
+    got = by_name(rows(out))
+    assert got[long_name]["status"] == got["plain.wav"]["status"] == "ok", got[long_name]
+    assert got["blocked.wav"]["error_code"] == "redaction_failed"
+    assert "IsADirectoryError" in got["blocked.wav"]["error_message"]
+    flacs = sorted(p.name for p in (out / "redacted_audio").iterdir() if p.is_file())
+    assert len(flacs) == 2 and all(len(n.encode()) <= 255 for n in flacs), flacs
+    assert any(n.startswith("c" * 200) for n in flacs)
+    assert not list((out / "redacted_audio").glob(".*"))  # no temporary file left
