@@ -249,9 +249,12 @@ def manifest_table(records: Iterable[dict[str, Any]]) -> pa.Table:
 
 
 def write_manifest(output: storage.Location, run_id: str, table: pa.Table) -> str:
-    """OUTPUT/_manifests/<run_id>.parquet: what this run set out to do."""
+    """OUTPUT/_manifests/<run_id>.parquet: what this run set out to do, the items in the
+    ``schemas.MANIFEST`` columns. A stage's payload in the rows (the transcript text a
+    process job over transcripts carries) is no part of it: a manifest holds no text, so a
+    redacted output keeps no copy of its transcripts outside their dataset."""
     loc = output.join("_manifests", f"{run_id}.parquet")
     buf = io.BytesIO()
-    pq.write_table(table, buf)
+    pq.write_table(table.select(MANIFEST.names).cast(MANIFEST), buf)
     storage.write_bytes_atomic(loc, buf.getvalue())
     return loc.url()

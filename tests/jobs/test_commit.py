@@ -15,6 +15,7 @@ import pytest
 from overnight.jobs import commits, pipeline, storage
 from overnight.jobs.commits import committed_files
 from overnight.jobs.errors import StorageUnavailable, Superseded
+from overnight.jobs.manifest import manifest_table
 from tests.conftest import secrets_in
 
 SCHEMA = pa.schema(
@@ -262,13 +263,15 @@ def test_the_manifest_is_recorded_and_handed_to_ray_data_in_blocks_without_a_ray
 
     monkeypatch.setattr(read_api, "cached_remote_fn", no_remote_task)
 
-    table = pa.table({"item_id": [f"i{n:02d}" for n in range(20)], "status": ["ok"] * 20})
+    records = [{"item_id": f"i{n:02d}", "uri": f"/in/{n}.wav"} for n in range(20)]
+    table = manifest_table(records).append_column("status", pa.array(["ok"] * 20))
     output = storage.resolve(str(tmp_path / "out"))
     ds = pipeline.manifest_dataset(output, "run-1", table, rows_per_block=8)
     blocks = ray.get(ds.to_arrow_refs())
     assert [b.num_rows for b in blocks] == [8, 8, 4]
     assert pa.concat_tables(blocks).equals(table)
-    assert pq.read_table(tmp_path / "out" / "_manifests" / "run-1.parquet").equals(table)
+    recorded = pq.read_table(tmp_path / "out" / "_manifests" / "run-1.parquet")
+    assert recorded.equals(manifest_table(records))  # the items, not the stage's columns
 
     empty = pipeline.manifest_dataset(output, "run-2", table.schema.empty_table())
     assert [b.schema for b in ray.get(empty.to_arrow_refs())] == [table.schema]

@@ -5,10 +5,12 @@ long for a date. Each test states what must hold."""
 
 from __future__ import annotations
 
+import json
 from datetime import date
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import tomli_w
 
@@ -121,3 +123,34 @@ def test_a_tenants_results_under_its_own_input_prefix_are_its_own_to_read(tmp_pa
 
     data = _tenants(acme__output="s3://acme-calls/rec/results/")
     assert sorted(TenantsConfig.model_validate(data).tenants) == ["acme", "globex"]
+
+
+SECRET_TEXT = "the customer's card is four five three nine and the meeting is on Thursday"
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_a_process_job_over_transcripts_records_a_manifest_without_their_text(tmp_path):
+    from overnight.jobs.process import run_process
+    from overnight.schemas import TRANSCRIPTS
+
+    out = tmp_path / "out"
+    transcripts = storage.resolve(str(out / "transcripts"))
+    row = {"item_id": "call-1", "source_uri": "/calls/1.wav", "status": "ok", "text": SECRET_TEXT}
+    commits.write_table(
+        commits.staging_dir(transcripts, date(2026, 12, 6), "night"),
+        pa.Table.from_pylist([{**row, "run_id": "night"}], schema=TRANSCRIPTS),
+    )
+    commits.publish(transcripts, TRANSCRIPTS, "night")
+    spec = build_spec(
+        overrides={
+            "job": {"kind": "process", "input": str(out), "output": str(out), "progress": False},
+            "process": {"task": "classify", "labels": ["schedule", "billing"]}
+            | {"backend": "ctranslate2", "max_new_tokens": 8},
+        }
+    )
+    summary = run_process(spec)
+    assert summary["succeeded"] == 1  # the model read the transcript's text
+    [manifest] = (out / "_manifests").iterdir()
+    assert "text" not in pq.read_schema(manifest).names
+    assert b"Thursday" not in manifest.read_bytes()
+    assert "Thursday" not in json.dumps(pq.read_table(manifest).to_pylist())
