@@ -1,4 +1,9 @@
-"""What of Ray's native output reaches the terminal during a run.
+"""What reaches the terminal: names made printable, and Ray's native output during a run.
+
+``printable`` escapes the characters of a name (a file, a tenant, an id) that would move the
+terminal's cursor or start a line of their own: every place that prints such names to a
+person (``show``, ``report``, the run's summary and progress, error messages) passes them
+through it. JSON output needs no such help (``json.dumps`` escapes them).
 
 Ray's C++ core writes its error-level log lines straight to the driver's file descriptor 2,
 out of reach of Python's logging. Most of them matter (a lost connection to the cluster) and
@@ -21,6 +26,19 @@ import termios
 import threading
 import time
 from collections.abc import Iterator, Sequence
+
+# Controls (C0, DEL, C1), line and paragraph separators, and the bidirectional overrides
+# that make a name read differently from its bytes ("Trojan Source", CVE-2021-42574).
+_UNPRINTABLE = re.compile(
+    r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]"
+)
+
+
+def printable(text: str) -> str:
+    """``text`` with each control character written as its escape (``\\n``, ``\\x1b``): a
+    newline in a file name cannot print a line of its own (a forged ``[overnight]`` line)."""
+    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
 
 NOISE: tuple[re.Pattern[bytes], ...] = (
     # Ray Data hands every actor of a pool its DataContext and map function as object refs,

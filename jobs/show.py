@@ -10,6 +10,7 @@ reads like a folder.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 import json
 import shutil
@@ -20,6 +21,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from overnight.jobs import ledger, storage
+from overnight.jobs.console import printable
 from overnight.jobs.errors import InputNotFound
 
 # The datasets a run writes under OUTPUT, in the order they are shown.
@@ -153,6 +155,8 @@ class Selection:
     item: str | None = None
     status: str | None = None
     task: str | None = None
+    # ``source`` as a glob; off when it is some source's own name (``read``).
+    glob: bool = True
 
     def describe(self) -> str:
         parts = [
@@ -176,23 +180,46 @@ class Selection:
             (row.get(k) or "").startswith(self.item) for k in ("item_id", "source_item_id")
         ):
             return False
-        return not self.source or _source_matches(row, self.source)
+        return not self.source or _source_matches(row, self.source, self.glob)
 
 
-def _source_matches(row: dict[str, Any], name: str) -> bool:
+def _is_glob(name: str) -> bool:
+    return any(ch in name for ch in "*?[")
+
+
+def _named(row: dict[str, Any], name: str) -> bool:
+    """``name`` is the row's source URI, file name (with or without extension) or external id."""
     uri = row["source_uri"] or ""
     base = uri.rsplit("/", 1)[-1]
-    if any(ch in name for ch in "*?["):
-        return fnmatch.fnmatchcase(base, name) or fnmatch.fnmatchcase(uri, name)
     return name in (uri, base, base.rsplit(".", 1)[0], row.get("external_id"))
+
+
+def _source_matches(row: dict[str, Any], name: str, glob: bool = True) -> bool:
+    if _named(row, name):
+        return True
+    uri = row["source_uri"] or ""
+    base = uri.rsplit("/", 1)[-1]
+    return (
+        glob
+        and _is_glob(name)
+        and (fnmatch.fnmatchcase(base, name) or fnmatch.fnmatchcase(uri, name))
+    )
 
 
 def read(output: str, selection: Selection) -> dict[str, tuple[list[dict[str, Any]], int]]:
     """Matching rows per dataset, in source order, and how many rows each dataset holds."""
     out: dict[str, tuple[list[dict[str, Any]], int]] = {}
+    every: dict[str, list[dict[str, Any]]] = {}
     for name, loc in locate(output):
         table = ledger.read_results(loc, COLUMNS[name])
-        rows = table.to_pylist() if table is not None else []
+        every[name] = table.to_pylist() if table is not None else []
+    source = selection.source
+    if source and _is_glob(source):
+        # A source's own name selects it, glob characters and all (`glob[*]?.wav`), and
+        # only it: such a name read as a glob may match others, or not even itself.
+        named = any(_named(r, source) for rows in every.values() for r in rows)
+        selection = dataclasses.replace(selection, glob=not named)
+    for name, rows in every.items():
         picked = [r for r in rows if selection.matches(r)]
         picked.sort(
             key=lambda r: (r["source_uri"] or "", r.get("task") or "", str(r["processed_at"]))
@@ -286,5 +313,5 @@ def render(found: dict[str, tuple[list[dict[str, Any]], int]], limit: int, cols:
             head += f", the first {len(shown)} shown (--limit 0 shows all)"
         blocks.append(head)
         render_row = render_transcript if name == "transcripts" else render_result
-        blocks += ["\n".join(render_row(row, cols)) for row in shown]
+        blocks += ["\n".join(printable(line) for line in render_row(row, cols)) for row in shown]
     return "\n\n".join(blocks)

@@ -174,9 +174,11 @@ def _main(argv: list[str] | None) -> int:
     try:
         return int(args.handler(args))
     except OvernightError as exc:
+        from overnight.jobs.console import printable
         from overnight.jobs.storage import redact
 
-        print(f"overnight: error: {redact(str(exc))}", file=sys.stderr)
+        # One line, whatever names the message quotes (a file name may hold a newline).
+        print(f"overnight: error: {printable(redact(str(exc)))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(

@@ -310,6 +310,8 @@ def run_spec(spec: JobSpec) -> dict[str, Any]:
 
 def print_probe_summary(summary: dict[str, Any], out=None) -> None:
     """A probe's run: how many items, and the audio hours that ``overnight plan`` sizes."""
+    from overnight.jobs.console import printable
+
     out = out or sys.stdout
     hours = summary.get("audio_hours")
     if hours is None and summary.get("audio_seconds") is not None:
@@ -328,10 +330,12 @@ def print_probe_summary(summary: dict[str, Any], out=None) -> None:
     for key in ("probes", "summary_path"):
         if key in summary:
             lines.append(f"  {key:<12} {summary[key]}")
-    print("\n".join(lines), file=out)
+    print("\n".join(printable(line) for line in lines), file=out)
 
 
 def print_summary(summary: dict[str, Any], out=None) -> None:
+    from overnight.jobs.console import printable
+
     out = out or sys.stdout
     for stage in summary.get("stages", []):
         print_summary(stage, out)
@@ -404,7 +408,7 @@ def print_summary(summary: dict[str, Any], out=None) -> None:
     for key in ("transcripts", "results", "costs", "summary_path"):
         if key in summary:
             lines.append(f"  {key:<12} {summary[key]}")
-    print("\n".join(lines), file=out)
+    print("\n".join(printable(line) for line in lines), file=out)
 
 
 def _demo(args: argparse.Namespace) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from overnight.jobs.console import printable
 from overnight.jobs.money import money
 from overnight.jobs.report.aggregate import Report
 
@@ -36,6 +37,7 @@ _SHOWN: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
 
 
 def _text_grid(headers: list[str], rows: list[list[str]]) -> str:
+    rows = [[printable(c) for c in r] for r in rows]  # tenants, submissions: anyone's names
     widths = [
         max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
     ]
@@ -118,6 +120,6 @@ def _scope_line(report: Report) -> str:
     since = f", since {report.since:%Y-%m-%d %H:%M} UTC" if report.since else ""
     until = f", before {report.until:%Y-%m-%d %H:%M} UTC" if report.until else ""
     tenant = f", tenant {report.tenant}" if report.tenant else ""
-    return (
+    return printable(
         f"cost report by {report.by} over {', '.join(report.outputs)}{span}{since}{until}{tenant}"
     )

@@ -92,3 +92,14 @@ def test_a_251_character_name_with_redacted_audio_is_an_ok_row_and_a_bad_item_an
     assert len(flacs) == 2 and all(len(n.encode()) <= 255 for n in flacs), flacs
     assert any(n.startswith("c" * 200) for n in flacs)
     assert not list((out / "redacted_audio").glob(".*"))  # no temporary file left
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_a_skipped_file_named_with_a_newline_prints_escaped_in_the_summary(recording, capsys):
+    forged = "notes\n[overnight] 0 items failed.txt"
+    (recording.parent / forged).write_text("not a recording")
+    out = recording.parent.parent / "out"
+    assert main(["transcribe", str(recording.parent), str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert not [line for line in printed.splitlines() if line.startswith("[overnight]")]
+    assert "notes\\n[overnight] 0 items failed.txt" in printed

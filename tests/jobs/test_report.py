@@ -500,3 +500,15 @@ def test_a_tenant_report_is_that_tenants_row_of_the_report_by_tenant(outputs, ca
     assert main(["report", str(nightly), "--tenant", "globex", "--by", "day"]) == 0
     printed = capsys.readouterr().out
     assert "tenant globex" in printed
+
+
+def test_a_tenant_name_with_control_characters_prints_escaped_in_the_table(tmp_path):
+    from overnight.jobs.report import render_table
+
+    rows = _speech_rows("night-x", 3, 0, DAY1, "h100")
+    for row in rows:
+        row["tenant"] = "acme\n[overnight] forged\x1b[2K"
+    _write_run(tmp_path / "out", "night-x", "transcribe", rows, DAY1, 5.0)
+    text = render_table(build_report(load([str(tmp_path / "out")]), by="tenant"))
+    assert not [line for line in text.splitlines() if line.startswith("[overnight]")], text
+    assert "acme\\n[overnight] forged\\x1b[2K" in text and "\x1b" not in text

@@ -224,3 +224,48 @@ def test_show_reads_an_output_on_s3(s3, tmp_path):
     done = show("s3://acme-out/nightly", "--source", "call_stereo", env=dict(os.environ))
     assert done.returncode == 0, done.stderr
     assert "customer  I was charged twice" in done.stdout
+
+
+FORGED = "\n[overnight] all 3 items ok, nothing failed"
+
+
+def _named_output(folder: Path, uris: list[str], **extra) -> Path:
+    rows = [
+        {**transcript_rows()[1], "item_id": f"{n:032d}", "source_uri": uri, **extra}
+        for n, uri in enumerate(uris)
+    ]
+    ledger.write_table(
+        storage.resolve(str(folder)).join("transcripts"),
+        pa.Table.from_pylist(rows, schema=TRANSCRIPTS),
+    )
+    return folder
+
+
+def test_names_with_control_characters_print_escaped_and_forge_no_line(tmp_path, capsys):
+    from overnight.jobs.cli import main
+
+    out = _named_output(
+        tmp_path / "out", [f"/calls/evil{FORGED}\x1b[2K.wav"], tenant=f"acme{FORGED}"
+    )
+    assert main(["show", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert not [line for line in printed.splitlines() if line.startswith("[overnight]")]
+    assert "evil\\n[overnight] all 3 items ok, nothing failed\\x1b[2K.wav  ok" in printed
+    assert "tenant acme\\n[overnight]" in printed and "\x1b" not in printed
+    # The one-line error names the selection as given: escaped too.
+    assert main(["show", str(out), "--source", f"nothing{FORGED}"]) == 4
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nothing\\n[overnight]" in err, err
+
+
+def test_a_name_with_glob_characters_is_selected_by_its_own_name_or_uri(tmp_path, capsys):
+    from overnight.jobs.cli import main
+
+    out = _named_output(tmp_path / "out", ["/calls/glob[*]?.wav", "/calls/glob*x.wav"])
+    for name in ("glob[*]?.wav", "glob[*]?", "/calls/glob[*]?.wav"):
+        assert main(["show", str(out), "--source", name, "--json"]) == 0, name
+        got = [r["source_uri"] for r in json.loads(capsys.readouterr().out)]
+        assert got == ["/calls/glob[*]?.wav"], name
+    # A pattern that is no source's name is still a glob.
+    assert main(["show", str(out), "--source", "glob*", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 2
