@@ -107,6 +107,7 @@ def document_records(listing: Listing, task: str) -> list[dict[str, Any]]:
                 **r,
                 "source_item_id": r["item_id"],
                 "item_id": result_id(r["item_id"], task),
+                "missing_id": result_id(r["missing_id"], task),
                 "text": None,
                 "status": None,
                 "error_code": None,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from overnight.jobs import commits, runner, storage
+from overnight.jobs import runner, storage
 from overnight.jobs.spec import JobSpec
 
 # Recordings whose headers are read to turn pending bytes into audio minutes.
@@ -89,13 +89,8 @@ def dry_run(spec: JobSpec) -> dict[str, Any]:
     output = storage.resolve(spec.job.output)
     stages = []
     for plan in _plans(spec):
-        ids = (r["item_id"] for r in plan.records)
-        dataset = output.join(plan.dataset)
-        done = commits.committed_ids(dataset, among=ids)
-        found = runner.failures_to_redo(plan, dataset, done)
+        todo, found = runner.left_to_do(plan, output.join(plan.dataset))
         redo = {i for rows in found.values() for i in rows}
-        done -= redo
-        todo = [r for r in plan.records if r["item_id"] not in done]
         limit = spec.job.max_items
         pending = todo[:limit] if limit is not None else todo
         stage: dict[str, Any] = {

@@ -2,6 +2,10 @@
 
 An item is one input object as listed: its id hashes the URI, the size and the ETag (or mtime)
 plus the submission/external ids, so a rerun recognises it and a replaced object is new work.
+An object that is missing when listed has no size or ETag: its record also carries that
+"missing" id (``missing_id``), under which a row recorded while it was missing stands for the
+same manifest row once the object is back (done; ``--retry-errors`` redoes it), so that a
+restored object is not a second item beside its ``fetch_failed`` row.
 """
 
 from __future__ import annotations
@@ -126,7 +130,9 @@ def _record(row: dict[str, Any], uri: str, size: int | None, etag: str | None) -
         "channel_labels": _labels(row.get("channel_labels")),
         **{key: text(key) for key in PROMPT_COLUMNS},
     }
-    record["item_id"] = item_id(uri, size, etag, text("submission_id"), text("external_id"))
+    ids = (text("submission_id"), text("external_id"))
+    record["item_id"] = item_id(uri, size, etag, *ids)
+    record["missing_id"] = item_id(uri, None, None, *ids)  # see the module docstring
     return record
 
 

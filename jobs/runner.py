@@ -120,13 +120,28 @@ def claim_and_subtract(plan: JobPlan) -> Claimed:
         dataset, plan.schema, plan.run_id, functools.partial(_price, output, plan)
     )
     commits.finish_forgetting(dataset)  # a killed run's retry of error rows
-    done = commits.committed_ids(dataset, among=(r["item_id"] for r in plan.records))
-    retried = commits.forget(dataset, failures_to_redo(plan, dataset, done))
-    done -= retried
-    todo = [r for r in plan.records if r["item_id"] not in done]
+    todo, redo = left_to_do(plan, dataset)
+    retried = commits.forget(dataset, redo)
     pending = todo[: job.max_items] if job.max_items is not None else todo
     run_date = job.run_date or datetime.now(UTC).date()
     return Claimed(dataset, run_date, token, leftover, todo, pending, len(retried))
+
+
+def record_ids(record: dict[str, Any]) -> set[str]:
+    """The ids under which a listed record's row may be committed: its own, and the id it
+    had while its object was missing (``jobs.manifest``): a row recorded then is its row."""
+    return {record["item_id"], record.get("missing_id") or record["item_id"]}
+
+
+def left_to_do(
+    plan: JobPlan, dataset: storage.Location
+) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
+    """The listed records with no committed row once the error rows this run redoes are
+    forgotten, and those rows (``failures_to_redo``). Reads only (the dry run asks too)."""
+    done = commits.committed_ids(dataset, among={i for r in plan.records for i in record_ids(r)})
+    redo = failures_to_redo(plan, dataset, done)
+    done -= {i for rows in redo.values() for i in rows}
+    return [r for r in plan.records if not record_ids(r) & done], redo
 
 
 def failures_to_redo(
@@ -141,7 +156,7 @@ def failures_to_redo(
     found: dict[str, set[str]] = defaultdict(set)
     asked: list[tuple[set[str], Sequence[str] | None]] = []
     if plan.upstream_codes:
-        fine = {r["item_id"] for r in plan.records if r.get("status") != "error"}
+        fine = {i for r in plan.records if r.get("status") != "error" for i in record_ids(r)}
         asked.append((done & fine, plan.upstream_codes))
     if job.retry_errors:
         asked.append((done, None if job.retry_errors == ["all"] else job.retry_errors))
@@ -149,10 +164,10 @@ def failures_to_redo(
         for path, rows in commits.error_rows(dataset, among, codes).items():
             found[path].update(rows)
     failed = {i for rows in found.values() for i in rows}
-    redo = [r["item_id"] for r in plan.records if r["item_id"] in failed]
     if job.max_items is not None:
-        waiting = sum(1 for r in plan.records if r["item_id"] not in done)
-        keep = set(redo[: max(0, job.max_items - waiting)])
+        redo = [record_ids(r) & failed for r in plan.records if record_ids(r) & failed]
+        waiting = sum(1 for r in plan.records if not record_ids(r) & done)
+        keep = set().union(*redo[: max(0, job.max_items - waiting)])
         found = {p: rows & keep for p, rows in found.items()}
     return {p: sorted(rows) for p, rows in found.items() if rows}
 

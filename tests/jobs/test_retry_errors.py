@@ -208,3 +208,33 @@ def test_a_rerun_with_retry_errors_redoes_the_failed_recordings_and_leaves_one_r
     assert len({r["item_id"] for r in summaries}) == len(summaries) == 3
     assert {r["source_item_id"]: r["status"] for r in summaries}[retried] == "ok"
     assert _summarize_calls(out)["items"] == 0
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_a_manifest_row_whose_object_was_missing_then_restored_ends_as_one_row(
+    synth_calls, tmp_path
+):
+    """A missing object is listed without a size or ETag, so its item id differed from the
+    restored object's: the retry added an ok row beside the fetch_failed one."""
+    folder, refs = synth_calls
+    audio, out = tmp_path / "audio", tmp_path / "out"
+    audio.mkdir()
+    first, late = sorted(refs)[:2]
+    os.link(folder / first, audio / first)
+    manifest = tmp_path / "night.csv"
+    manifest.write_text(f"uri\naudio/{first}\naudio/late.wav\n")
+    one = _transcribe(manifest, out, [tmp_path], None)
+    assert (one["succeeded"], one["errors_by_code"]) == (1, {"fetch_failed": 1})
+
+    os.link(folder / late, audio / "late.wav")  # restored
+    # The row recorded while it was missing is still its row: error rows count as done.
+    assert _transcribe(manifest, out, [tmp_path], None)["items"] == 0
+    spec = _transcribe_spec(manifest, out, [tmp_path], ["fetch_failed"])
+    [stage] = dry_run(spec)["stages"]
+    assert (stage["items_pending"], stage["errors_to_redo"]) == (1, 1)
+    again = run_transcribe(spec)
+    assert (again["items"], again["succeeded"], again["errors_retried"]) == (1, 1, 1)
+    table = pads.dataset(str(out / "transcripts"), partitioning="hive").to_table()
+    status = {Path(r["source_uri"]).name: r["status"] for r in table.to_pylist()}
+    assert table.num_rows == 2 and status == {first: "ok", "late.wav": "ok"}
+    assert _transcribe(manifest, out, [tmp_path], ["fetch_failed"])["items"] == 0
