@@ -33,8 +33,10 @@ Definitions (each figure is computed per group and once more for the totals):
   killed before its summary has priced rows but no reserved time).
 * rtfx = audio seconds / pipeline wall seconds (of transcription runs); busy_rtfx = audio seconds / speech-model busy
   seconds (what one worker does while busy: the number ``plan`` sizes with).
-* day: the UTC date the ledger row was recorded (the end of its run); result rows take their
-  item's ledger day, else their ``processed_at``.
+* day: a row's run date (its ``run_date=`` partition: the night it belongs to, which a
+  backfill sets); in the flat files of older outputs, the UTC date the ledger row was
+  recorded (the end of its run), and result rows take their item's ledger day, else their
+  ``processed_at``. ``--since``/``--until`` count rows of those days the same way.
 
 Sums use ``math.fsum``, which is exact up to the final rounding and independent of order, so
 a group's figure equals any independent ``fsum`` of the same ledger rows bit for bit.

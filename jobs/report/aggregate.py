@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 
 from overnight.jobs import storage
 from overnight.jobs.choices import REPORT_GROUPS as GROUPS
-from overnight.jobs.commits import read_results
+from overnight.jobs.commits import PARTITION, read_results
 from overnight.jobs.errors import ConfigError, InputNotFound
 from overnight.jobs.report.analytics import analytics_table
 
@@ -32,6 +32,7 @@ _RESULT_COLUMNS = [
     "model",
     "processed_at",
     "analytics",  # transcripts of split-channel calls (schema 3); absent elsewhere
+    PARTITION,  # the run's date, from the path; null in flat files
 ]
 NONE_LABEL = "(none)"
 
@@ -62,12 +63,13 @@ def load(
     """Read the ledgers, result rows and run summaries under each OUTPUT.
 
     With ``since``/``until``, the ``run_date=`` partitions of run dates outside them are not
-    opened: the report then counts rows recorded in the window *by runs dated in it* (a
-    backfill of an older night stays in that night). Flat files of older outputs are always
-    read. A tenant is not a partition (see README, Layout at scale): ``--tenant`` filters rows.
+    opened: a row of a partition counts on its run's date (a backfill of an older night stays
+    in that night, see ``Scope``). Flat files of older outputs are always read. A tenant is
+    not a partition (see README, Layout at scale): ``--tenant`` filters rows.
     """
     dates = Scope(since, until).dates()
     from overnight.jobs.plan import read_summaries
+    from overnight.schemas import COSTS
 
     if not outputs:
         raise ConfigError("give at least one OUTPUT folder or prefix to report on")
@@ -79,7 +81,7 @@ def load(
             continue
         seen.add(loc.url())
         shown.append(storage.redact(url))
-        costs = read_results(loc.join("costs"), dates=dates)
+        costs = read_results(loc.join("costs"), [*COSTS.names, PARTITION], dates=dates)
         found = costs is not None
         if costs is not None and costs.num_rows:
             ledgers.append(costs)
@@ -198,7 +200,9 @@ def _prepare(sources: Sources) -> _Prepared:
     ledger = sources.ledger
     col = ledger.to_pydict()
     n = ledger.num_rows
-    day = pc.strftime(ledger["recorded_at"], "%Y-%m-%d").to_pylist() if n else []
+    recorded = pc.strftime(ledger["recorded_at"], "%Y-%m-%d").to_pylist() if n else []
+    nights = col.get(PARTITION) or [None] * n
+    day = [r if d is None else d.isoformat() for r, d in zip(recorded, nights, strict=True)]
     keys = list(zip(col["run_id"], col["item_id"], strict=True))
     audio_item: dict[tuple[str, str], float] = {}
     from_model_row: set[tuple[str, str]] = set()
@@ -260,6 +264,8 @@ def _result_key(by: str, p: _Prepared, row: dict[str, Any]) -> str:
     if by == "all":
         return "all"
     if by == "day":
+        if row.get(PARTITION) is not None:
+            return row[PARTITION].isoformat()
         when = p.item_time.get((row["run_id"], row["item_id"])) or row.get("processed_at")
         return when.astimezone(UTC).strftime("%Y-%m-%d") if when else NONE_LABEL
     if by == "tenant":
@@ -273,17 +279,24 @@ def _result_key(by: str, p: _Prepared, row: dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Scope:
-    """What a report counts: rows recorded in [since, until) of one tenant, each open."""
+    """What a report counts: rows of [since, until) of one tenant, each open.
+
+    A row of a ``run_date=`` partition is of its run's date (the night it belongs to, which
+    a backfill sets: its rows are recorded today), and counts when that date is in the
+    window's dates; a row of an older output's flat files, of the time it was recorded."""
 
     since: datetime | None = None
     until: datetime | None = None  # exclusive
     tenant: str | None = None
 
-    def keeps(self, when: datetime | None, tenant: str | None) -> bool:
+    def keeps(self, when: datetime | None, tenant: str | None, night: date | None = None) -> bool:
         if self.tenant is not None and tenant != self.tenant:
             return False
         if self.since is None and self.until is None:
             return True
+        if night is not None:
+            first, last = self.dates() or (None, None)
+            return (first is None or night >= first) and (last is None or night <= last)
         if when is None:
             return False
         return (self.since is None or when >= self.since) and (
@@ -301,8 +314,9 @@ class Scope:
 def _aggregate(p: _Prepared, by: str, scope: Scope) -> dict[str, _Group]:
     groups: dict[str, _Group] = defaultdict(_Group)
     c = p.col
+    nights = c.get(PARTITION) or [None] * p.n
     for i in range(p.n):
-        if not scope.keeps(c["recorded_at"][i], c["tenant"][i]):
+        if not scope.keeps(c["recorded_at"][i], c["tenant"][i], nights[i]):
             continue
         run, item, stage, cost = (
             c["run_id"][i],
@@ -331,7 +345,8 @@ def _aggregate(p: _Prepared, by: str, scope: Scope) -> dict[str, _Group]:
             cell.audio_by_item[item] = audio
     for row in p.results:
         key = (row["run_id"], row["item_id"])
-        if not scope.keeps(p.item_time.get(key) or row.get("processed_at"), row.get("tenant")):
+        when = p.item_time.get(key) or row.get("processed_at")
+        if not scope.keeps(when, row.get("tenant"), row.get(PARTITION)):
             continue
         g = groups[_result_key(by, p, row)]
         if key in g.result_items:
@@ -506,7 +521,7 @@ def call_analytics(p: _Prepared, by: str, scope: Scope, costs: pa.Table) -> pa.T
 
     def in_scope(row: dict[str, Any]) -> bool:
         when = p.item_time.get((row["run_id"], row["item_id"])) or row.get("processed_at")
-        return scope.keeps(when, row.get("tenant"))
+        return scope.keeps(when, row.get("tenant"), row.get(PARTITION))
 
     audio_cost = {r[by]: r["audio_cost_usd"] for r in costs.to_pylist()}
     table = analytics_table(
@@ -546,10 +561,13 @@ def build_report(
     if totals.num_rows == 0:
         totals = _table([_row("all", _Group(), p)], "group")
     tables["totals"] = totals
+    nights = p.col.get(PARTITION) or [None] * p.n
     times = [
         t
-        for t, who in zip(p.col.get("recorded_at", []), p.col.get("tenant", []), strict=True)
-        if t is not None and scope.keeps(t, who)
+        for t, who, night in zip(
+            p.col.get("recorded_at", []), p.col.get("tenant", []), nights, strict=True
+        )
+        if t is not None and scope.keeps(t, who, night)
     ]
     notes = []
     if sources.duplicate_ledger_rows:

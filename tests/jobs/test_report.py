@@ -512,3 +512,32 @@ def test_a_tenant_name_with_control_characters_prints_escaped_in_the_table(tmp_p
     text = render_table(build_report(load([str(tmp_path / "out")]), by="tenant"))
     assert not [line for line in text.splitlines() if line.startswith("[overnight]")], text
     assert "acme\\n[overnight] forged\\x1b[2K" in text and "\x1b" not in text
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_report_over_a_backfilled_nights_date_counts_its_items_and_cost(tmp_path, capsys):
+    """A backfill runs today for an older night (``[job] run_date``): its rows are recorded
+    today and still belong to that night, in the report as in the partitions."""
+    from overnight.jobs.demo import noise, write_wav
+    from tests.jobs.test_layout import transcribe
+
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    for n in range(2):
+        write_wav(calls / f"call-{n}.wav", noise(1.0, seed=n))
+    summary = transcribe(str(calls), str(tmp_path / "out"), "2026-11-05")
+    argv = ["report", str(tmp_path / "out"), "--since", "2026-11-05", "--until", "2026-11-05"]
+    assert main([*argv, "--by", "day", "--json"]) == 0
+    printed = capsys.readouterr().out
+    totals = json.loads(printed[printed.index("\n{") :])
+    costs = pads.dataset(str(tmp_path / "out" / "costs"), partitioning="hive").to_table()
+    assert set(costs["run_date"].to_pylist()) == {"2026-11-05"}  # filed under the night
+    assert totals["items"] == summary["items"] == 2
+    assert totals["cost_usd"] == math.fsum(costs["cost_usd"].to_pylist()) > 0
+    assert totals["accelerator_reserved_hours"] > 0  # the run's summary is in scope too
+    assert "\n2026-11-05 " in printed
+    # The day the backfill ran holds none of it.
+    today = datetime.now(UTC).date().isoformat()
+    assert main(["report", str(tmp_path / "out"), "--since", today, "--json"]) == 0
+    printed = capsys.readouterr().out
+    assert json.loads(printed[printed.index("\n{") :])["items"] == 0
