@@ -43,18 +43,20 @@ def check_output(url: str, what: str = "the output") -> None:
     """Raise ``OutputNotWritable`` unless a local output folder can be created and written.
 
     Writes nothing that stays: the probe is a temporary file in the deepest folder that
-    exists (the output itself once it exists). Object stores are checked by their first write
-    (``StorageUnavailable`` after retries), not here. ``what`` names the folder in messages
-    (``export`` checks its destination).
+    exists (the output itself once it exists). In an object store the bucket must exist (a
+    storage that cannot be reached is ``StorageUnavailable`` after retries); whether it
+    takes writes shows at the first one. ``what`` names the folder in messages (``export``
+    checks its destination).
     """
     loc = storage.resolve(url)
+    shown = storage.redact(url)
     if loc.scheme != "file":
+        _check_bucket(loc, what, shown)
         return
     path = Path(loc.path)
     existing = path
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
-    shown = storage.redact(url)
     if not existing.is_dir():
         where = "it is" if existing == path else f"{existing} is"
         raise OutputNotWritable(
@@ -78,6 +80,33 @@ def check_output(url: str, what: str = "the output") -> None:
             os.close(fd)
         if probe is not None:
             os.unlink(probe)
+
+
+_MAKE_BUCKET = {"s3": "`aws s3 mb {}`", "gs": "`gcloud storage buckets create {}`"}
+
+
+def _check_bucket(loc: storage.Location, what: str, shown: str) -> None:
+    """The output's bucket exists and these credentials may see it. A job never creates a
+    bucket (its region, access and retention are its owner's to choose); without this, the
+    first write (the claim) failed with the store's own traceback, and a dry run said all
+    was well."""
+    bucket = loc.path.split("/", 1)[0]
+    where = storage.Location(loc.fs, bucket, loc.scheme)
+    try:
+        storage.with_retries(f"check the bucket {where.url()}", lambda: loc.fs.info(bucket))
+    except FileNotFoundError:
+        make = _MAKE_BUCKET.get(loc.scheme, "your storage's console")
+        raise OutputNotWritable(
+            f"cannot write {what} {shown}: the bucket {where.url()} does not exist. Create it "
+            f"({make.format(where.url())}), or fix the name or the endpoint "
+            "(AWS_ENDPOINT_URL), then rerun; nothing was written."
+        ) from None
+    except PermissionError:
+        raise OutputNotWritable(
+            f"cannot write {what} {shown}: access to the bucket {where.url()} is denied to "
+            "these credentials. Grant them access to it (AWS_* / GOOGLE_* environment), or "
+            "choose a bucket they may write, then rerun; nothing was written."
+        ) from None
 
 
 # -- models ---------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import pytest
 
 from overnight.jobs.cli import main
 from overnight.jobs.demo import espeak_available, noise, stereo_dialogue, write_wav
+from tests.conftest import upload_folder
 from tests.jobs.test_cli_messages import assert_one_clean_paragraph
 
 
@@ -103,3 +104,17 @@ def test_a_skipped_file_named_with_a_newline_prints_escaped_in_the_summary(recor
     printed = capsys.readouterr().out
     assert not [line for line in printed.splitlines() if line.startswith("[overnight]")]
     assert "notes\\n[overnight] 0 items failed.txt" in printed
+
+
+def test_an_output_bucket_that_does_not_exist_is_exit_11_in_one_paragraph_also_when_dry(
+    s3, recording, capsys
+):
+    upload_folder(s3, "calls-in", recording.parent, "in")
+    for dry in (["--dry-run"], []):
+        status = main(["transcribe", "s3://calls-in/in", "s3://no-such-bucket/out", *dry])
+        captured = capsys.readouterr()
+        assert status == 11, captured.err
+        assert_one_clean_paragraph(captured.out + captured.err)
+        assert "the bucket s3://no-such-bucket does not exist" in captured.err
+        assert "aws s3 mb s3://no-such-bucket" in captured.err
+    assert "no-such-bucket" not in {b["Name"] for b in s3.list_buckets()["Buckets"]}
