@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -121,3 +124,40 @@ def clean_env(monkeypatch):
     for key in [k for k in os.environ if k.startswith("AWS_")]:
         monkeypatch.delenv(key)
     return monkeypatch
+
+
+class Killed(BaseException):
+    """The process died at a write. A BaseException, as a kill is: no ``except Exception``
+    in the code under test may carry on after it."""
+
+
+class WritePoint:
+    """Which write a ``killed_at_write`` block died at; ``None``: it ran to its end."""
+
+    name: str | None = None
+
+
+@contextlib.contextmanager
+def killed_at_write(n: int) -> Iterator[WritePoint]:
+    """The ``n``-th write to storage in the block (0 first; a file written whole or deleted:
+    every change a job or vacuum makes to an output goes through the two) never happens,
+    nor anything after it: the output is left as a kill between writes ``n - 1`` and ``n``
+    leaves it. Loop ``n`` up from 0 until the block ends without dying to try every point."""
+    from overnight.jobs import storage
+
+    point, count = WritePoint(), itertools.count()
+
+    def fault(real):
+        def write(loc, *args, **kwargs):
+            if next(count) == n:
+                point.name = f"{real.__name__} {loc.path}"
+                raise Killed(point.name)
+            return real(loc, *args, **kwargs)
+
+        return write
+
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("write_bytes_atomic", "delete"):
+            patch.setattr(storage, name, fault(getattr(storage, name)))
+        with contextlib.suppress(Killed):
+            yield point

@@ -5,8 +5,11 @@ long for a date. Each test states what must hold."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import shutil
 from datetime import date
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -154,3 +157,113 @@ def test_a_process_job_over_transcripts_records_a_manifest_without_their_text(tm
     assert "text" not in pq.read_schema(manifest).names
     assert b"Thursday" not in manifest.read_bytes()
     assert "Thursday" not in json.dumps(pq.read_table(manifest).to_pylist())
+
+
+NIGHT_ONE, NIGHT_TWO = "2026-11-01", "2026-11-02"
+
+
+@pytest.fixture(scope="module")
+def two_redacted_nights(tmp_path_factory, ray_local):
+    """A card-number call transcribed on night one and a second recording on night two,
+    redacted with the originals kept and redacted audio written: every kind of file a
+    night leaves under OUTPUT."""
+    from overnight.jobs.demo import espeak_available, stereo_dialogue, write_wav
+    from overnight.jobs.transcribe import run_transcribe
+    from tests.jobs.test_redaction_job import TURNS
+
+    if not espeak_available():
+        pytest.skip("espeak-ng is not installed")
+    root = tmp_path_factory.mktemp("redacted-nights")
+    calls, out = root / "calls", root / "out"
+    calls.mkdir()
+    write_wav(calls / "card.wav", stereo_dialogue(TURNS, gap_s=0.4)[0])
+    runs = []
+    for night in (NIGHT_ONE, NIGHT_TWO):
+        if night == NIGHT_TWO:
+            shutil.copy(calls / "card.wav", calls / "later.wav")
+        spec = build_spec(
+            overrides={
+                "job": {"input": str(calls), "output": str(out)}
+                | {"run_date": night, "progress": False},
+                "transcribe": {"channel_labels": ["agent", "customer"], "redact": ["pci"]}
+                | {"keep_unredacted": True, "redact_audio": True},
+            }
+        )
+        runs.append(run_transcribe(spec))
+    assert [r["succeeded"] for r in runs] == [1, 1]
+    return out, runs
+
+
+def _tree(root: Path) -> dict[str, str]:
+    """Every file under ``root`` by its path there, Parquet files as their rows."""
+    from tests.jobs.test_redaction_job import every_file
+
+    return {str(Path(p).relative_to(root)): text for p, text in every_file(root).items()}
+
+
+def _night_rows(root: Path, dataset: str) -> list[dict]:
+    files = sorted((root / dataset).rglob("*.parquet"))
+    return [r for f in files for r in pq.read_table(f).to_pylist()]
+
+
+def test_vacuum_removes_a_nights_redacted_audio_and_originals_and_keeps_the_other_nights(
+    two_redacted_nights, tmp_path
+):
+    from overnight.jobs.vacuum import vacuum
+
+    built, (one, two) = two_redacted_nights
+    out = tmp_path / "out"
+    shutil.copytree(built, out)
+    before = _tree(out)
+    ids = {r["run_id"]: r["item_id"] for r in _night_rows(out, "transcripts")}
+    flacs = {f"card-{ids[one['run_id']][:12]}.flac", f"later-{ids[two['run_id']][:12]}.flac"}
+    assert {p.name for p in (out / "redacted_audio").iterdir()} == flacs
+    vacuum(str(out), date.fromisoformat(NIGHT_TWO))
+    after = _tree(out)
+    gone = set(before) - set(after)
+    assert [p.name for p in (out / "redacted_audio").iterdir()] == [
+        f"later-{ids[two['run_id']][:12]}.flac"
+    ]
+    assert f"redacted_audio/card-{ids[one['run_id']][:12]}.flac" in gone
+    assert [r["item_id"] for r in _night_rows(out, "transcripts_unredacted")] == [
+        ids[two["run_id"]]
+    ]
+    assert {f"runs/{one['run_id']}.json", f"_manifests/{one['run_id']}.parquet"} <= gone
+    assert not [p for p in after if NIGHT_ONE in p]
+    assert not (out / "_vacuum.json").exists()
+    # What the kept night wrote is there as it was.
+    kept = [p for p in before if NIGHT_TWO in p or two["run_id"] in p or "later-" in p]
+    assert kept and {p: after.get(p) for p in kept} == {p: before[p] for p in kept}
+
+
+def test_a_vacuum_killed_at_any_write_is_finished_by_the_next_vacuum(two_redacted_nights, tmp_path):
+    """Vacuum learned which runs a night held from run_table/ and deleted that first: killed
+    after it, the night's originals and summaries stayed forever, and a rerun found nothing
+    to do. Killed at each of its writes in turn, a rerun ends as one uninterrupted vacuum."""
+    from overnight.jobs.vacuum import vacuum
+    from tests.conftest import killed_at_write
+
+    built, _ = two_redacted_nights
+    cutoff = date.fromisoformat(NIGHT_TWO)
+    whole = tmp_path / "whole"
+    shutil.copytree(built, whole)
+    vacuum(str(whole), cutoff)
+    expected = _tree(whole)
+    points = []
+    for n in itertools.count():
+        out = tmp_path / f"killed-{n}"
+        shutil.copytree(built, out)
+        with killed_at_write(n) as point:
+            vacuum(str(out), cutoff)
+        if point.name is None:
+            break
+        points.append(point.name)
+        vacuum(str(out), cutoff)
+        assert _tree(out) == expected, f"killed at write {n}: {point.name}"
+        shutil.rmtree(out)
+    # The intent, the original, the night's audio, summary and manifest, the partitions,
+    # the index and run_table/: every one was a point a kill came at.
+    places = ("_vacuum.json", "transcripts_unredacted", "redacted_audio", "runs/", "_manifests")
+    places += (f"transcripts/run_date={NIGHT_ONE}", "_index/", f"run_table/run_date={NIGHT_ONE}")
+    for where in places:
+        assert any(where in p for p in points), (where, points)
