@@ -3,21 +3,26 @@ every item still ends as exactly one row."""
 
 from __future__ import annotations
 
+import functools
+import itertools
 import os
 from datetime import date
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.dataset as pads
+import pyarrow.parquet as pq
 import pytest
 
-from overnight.jobs import commits, storage
+from overnight.jobs import commits, runner, storage
 from overnight.jobs.dryrun import dry_run
 from overnight.jobs.errors import ConfigError
 from overnight.jobs.process import run_process
 from overnight.jobs.spec import build_spec
 from overnight.jobs.transcribe import run_transcribe
 from overnight.jobs.vacuum import vacuum
+from overnight.schemas import MANIFEST
+from tests.conftest import killed_at_write
 
 SCHEMA = pa.schema(
     [("item_id", pa.string()), ("run_id", pa.string()), ("status", pa.string()),
@@ -238,3 +243,65 @@ def test_a_manifest_row_whose_object_was_missing_then_restored_ends_as_one_row(
     status = {Path(r["source_uri"]).name: r["status"] for r in table.to_pylist()}
     assert table.num_rows == 2 and status == {first: "ok", "late.wav": "ok"}
     assert _transcribe(manifest, out, [tmp_path], ["fetch_failed"])["items"] == 0
+
+
+COSTED = SCHEMA.append(pa.field("asr_s", pa.float64()))  # priced into costs/ at publish
+
+
+def _retry_run(output: Path, run_id: str, records: list[dict]) -> None:
+    """A rerun with ``--retry-errors fetch_failed``, as ``runner.run`` does it, whose model
+    makes every pending item an ok row: claim, finish what a killed run left, forget the
+    error rows, stage the new rows, publish them with their cost rows."""
+    spec = build_spec(
+        overrides={
+            "job": {"input": "listed", "output": str(output), "run_id": run_id}
+            | {"run_date": "2026-11-03", "retry_errors": ["fetch_failed"]}
+        }
+    )
+    plan = runner.JobPlan(
+        spec, "transcribe", run_id, "results", COSTED, ["item_id"], records, MANIFEST, "cpu",
+        size=lambda device, nodes: None, build=lambda at: None,
+    )  # fmt: skip
+    claimed = runner.claim_and_subtract(plan)
+    rows = [
+        {"item_id": r["item_id"], "run_id": run_id, "status": "ok", "asr_s": 1.0}
+        for r in claimed.pending
+    ]
+    staged = commits.staging_dir(claimed.dataset, claimed.run_date, run_id)
+    if rows:
+        commits.write_table(staged, pa.Table.from_pylist(rows, schema=COSTED))
+    price = functools.partial(runner._price, storage.resolve(str(output)), plan)
+    commits.publish(claimed.dataset, COSTED, run_id, price)
+
+
+def test_a_retry_killed_at_any_write_is_finished_by_its_rerun_with_one_row_per_item(tmp_path):
+    """Killed at each write of a retry in turn (forgetting the error rows, staging, and the
+    publish of the retried items with their cost rows), the rerun of the same command ends
+    with one row per listed item and one set of cost rows per retried item. ``e`` is a
+    recording that was missing when its fetch_failed row was written, under its missing id."""
+    records = [{"item_id": i} for i in "abc"] + [{"item_id": "e", "missing_id": "e-missing"}]
+    expected = [("a", "ok", None), ("b", "ok", None), ("c", "error", "encrypted"), ("e", "ok", None)]  # fmt: skip
+    points = []
+    for n in itertools.count():
+        output = tmp_path / f"killed-{n}"
+        dataset = storage.resolve(str(output / "results"))
+        _publish(dataset, date(2026, 11, 1), "night-1", [("a", None), ("b", "fetch_failed")])
+        _publish(dataset, date(2026, 11, 2), "night-2", [("c", "encrypted"), ("e-missing", "fetch_failed")])  # fmt: skip
+        with killed_at_write(n) as point:
+            _retry_run(output, "retry-1", records)
+        points.append(point.name)
+        if point.name is not None:
+            _retry_run(output, "retry-2", records)  # the same command again
+        table = commits.read_results(dataset, ["item_id", "status", "error_code"])
+        assert table is not None
+        rows = sorted(zip(*(table[c].to_pylist() for c in table.column_names), strict=True))
+        assert rows == expected, f"killed at write {n}: {point.name}"
+        index = [i for p in commits.index_segments(dataset) for i in pq.read_table(p)["item_id"].to_pylist()]  # fmt: skip
+        assert sorted(index) == ["a", "b", "c", "e"], point.name
+        costs = commits.read_results(storage.resolve(str(output / "costs")), ["item_id"])
+        assert costs is not None and sorted(costs["item_id"].to_pylist()) == ["b", "e"], point.name
+        assert not list(output.glob("_staging/**/*.*")), point.name
+        assert not list(output.glob("_claims/*.retry.json")), point.name
+        if point.name is None:
+            break
+    assert any("retry.json" in p for p in points[:-1]) and any("costs" in p for p in points[:-1])
