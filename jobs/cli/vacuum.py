@@ -11,8 +11,9 @@ def add_parser(subparsers) -> None:
         help="remove run dates older than a span: partitions, index entries, runs, manifests",
         description="Remove every run date older than --older-than from OUTPUT: its "
         "partitions of transcripts/, results/, probes/, costs/ and run_table/, its done-index "
-        "entries, its runs' summaries and manifests, and staged leftovers. Not while a job "
-        "writes to OUTPUT.",
+        "entries, its runs' summaries and manifests, staged leftovers, and its recordings' "
+        "rows in transcripts_unredacted/ and FLACs in redacted_audio/. A vacuum that was "
+        "killed is finished by the next one. Not while a job writes to OUTPUT.",
     )
     p.add_argument("output", metavar="OUTPUT", help="output folder or prefix")
     p.add_argument("--older-than", required=True, help="a span back from today (UTC): 90d")
