@@ -52,6 +52,7 @@ _SLIM = [
     "asr_units",
     "source_uri",
     "language_mismatch",
+    "degenerate",
     "entities",  # types, offsets and times only: never text
 ]
 
@@ -293,6 +294,9 @@ def transcribe_plan(spec: JobSpec) -> runner.JobPlan:
             "skipped": listing.skipped,
             "skipped_examples": listing.skipped_examples,
             "language_mismatch": sum(1 for r in rows if r.get("language_mismatch")),
+            # Transcripts with a segment the decoder looped on at every temperature: stored
+            # with the repetition cut and marked (`degenerate`), not clean text.
+            "degenerate": sum(1 for r in rows if r.get("degenerate")),
             # Items decoded with their manifest's initial_prompt/hotwords (each row's
             # `options` holds the values); the job's own are in `options`.
             "items_with_own_prompt": own_prompts,

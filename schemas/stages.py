@@ -92,6 +92,7 @@ WHISPER_OUTPUT = pa.schema(
             "duration_s",
             "speech_s",
             "segments",
+            "degenerate",
             "num_chunks",
             "analytics",
             "model",

@@ -8,7 +8,8 @@ import pyarrow as pa
 #    transcripts.segments.words and transcripts.analytics (null in older files); the runs table.
 # 4: transcripts.entities, redact_s, redact_units (null in older files and when a job does not
 #    redact); the transcripts_unredacted table.
-SCHEMA_VERSION = "4"
+# 5: transcripts.degenerate and transcripts.segments.degenerate (null in older files).
+SCHEMA_VERSION = "5"
 
 _VERSION_KEY = b"overnight.schema_version"
 
@@ -71,6 +72,10 @@ SEGMENT = pa.struct(
         pa.field("speaker", pa.string()),
         pa.field("avg_logprob", pa.float32()),
         pa.field("no_speech_prob", pa.float32()),
+        # True: the decoder looped here on every attempt (workers.whisper_guard); the text is
+        # its best attempt with the repetition cut, not what was said. Null in files before
+        # schema version 5.
+        pa.field("degenerate", pa.bool_()),
         # Per-word timings (recording time, the segment's channel) when the job asked for
         # word_timestamps; null otherwise.
         pa.field("words", pa.list_(WORD)),
@@ -166,6 +171,9 @@ TRANSCRIPTS = with_version(
             # Seconds the VAD kept (summed over channels when split).
             pa.field("speech_s", pa.float64()),
             pa.field("segments", pa.list_(SEGMENT)),
+            # True: some segment is degenerate (see SEGMENT); null on error rows and in files
+            # before schema version 5.
+            pa.field("degenerate", pa.bool_()),
             pa.field("num_chunks", pa.int32()),
             # Split-channel calls: talk, silence, overtalk, interruptions (null otherwise).
             pa.field("analytics", CALL_ANALYTICS),

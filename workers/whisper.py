@@ -36,6 +36,7 @@ from overnight.schemas.stages import WHISPER_OUTPUT
 from overnight.workers.analytics import call_analytics
 from overnight.workers.audio import FRAMES_PER_SECOND, to_original_time
 from overnight.workers.devices import detect_gpu_kind, resolve_device, worker_id
+from overnight.workers.whisper_guard import BEST_OF, FALLBACK_TEMPERATURES, check, cut_repetition
 from overnight.workers.whisper_options import BUNDLED_MODEL, WhisperOptions, is_english
 
 # faster-whisper names whose feature extractor uses 128 mel bins (large-v3 family); every
@@ -157,6 +158,31 @@ def repeats_itself(text: str, min_words: int = 3) -> bool:
             if words[i : i + n] == words[i + n : i + 2 * n]:
                 return True
     return False
+
+
+def _degenerate(chunk: _ChunkRef, output: list[dict]) -> str | None:
+    """Why a chunk's decode is degenerate (``workers.whisper_guard.check``), or None."""
+    tokens = sum(len(seg.get("tokens") or []) for seg in output)
+    return check(_text(output), tokens, chunk.duration)
+
+
+def _avg_logprob(output: list[dict]) -> float:
+    return min((seg["avg_logprob"] for seg in output), default=0.0)
+
+
+def _cut(seg: dict) -> dict:
+    """A segment of a decode that stayed degenerate: its repetition said once, its words
+    those of the text that is left, and marked."""
+    text = cut_repetition(seg["text"])
+    words = seg.get("words")
+    if words:
+        import difflib
+
+        said = [w["word"].strip() for w in words]
+        matcher = difflib.SequenceMatcher(None, said, text.split(), autojunk=False)
+        keep = {i for a, _, n in matcher.get_matching_blocks() for i in range(a, a + n)}
+        words = [w for i, w in enumerate(words) if i in keep]
+    return {**seg, "text": text, "words": words, "degenerate": True}
 
 
 def voiced_frames(features: np.ndarray, share: float = 0.3) -> np.ndarray | None:
@@ -427,6 +453,65 @@ class ReusedEncoderModel:
         return ctranslate2.StorageView.from_array(np.ascontiguousarray(np.stack(rows)))
 
 
+class SamplingModel:
+    """The model as faster-whisper's batched pass sees it, except that its decoder samples
+    at ``temperature`` where the pass would beam-search: the sequential ``transcribe``'s
+    fallback decode. (The batched pass hands its temperature to CTranslate2 with top-k 1, so
+    on its own it never samples.) Of the ``best_of`` samples of a chunk, the pass takes the
+    best by score among those ``accept(position, token_ids)`` accepts, else the best."""
+
+    def __init__(
+        self,
+        model: Any,
+        temperature: float,
+        best_of: int,
+        accept: Callable[[int, list[int]], bool] | None = None,
+    ):
+        self._model = model
+        self.model = _SamplingDecoder(model.model, temperature, best_of, accept)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
+class _SamplingDecoder:
+    def __init__(self, decoder: Any, temperature: float, best_of: int, accept):
+        self._decoder, self._temperature, self._best_of = decoder, temperature, best_of
+        self._accept = accept
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._decoder, name)
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.pop("patience", None)
+        kwargs.update(
+            beam_size=1,
+            num_hypotheses=self._best_of,
+            sampling_topk=0,
+            sampling_temperature=self._temperature,
+            return_scores=True,
+        )
+        results = self._decoder.generate(*args, **kwargs)
+        return [_Ranked(r, k, self._accept) for k, r in enumerate(results)]
+
+
+class _Ranked:
+    """A generation result with its hypotheses reordered: accepted ones first, each group
+    by score (CTranslate2's log-probability, normalized by length)."""
+
+    def __init__(self, result: Any, position: int, accept):
+        order = sorted(
+            range(len(result.sequences_ids)),
+            key=lambda h: (
+                not (accept is None or accept(position, result.sequences_ids[h])),
+                -result.scores[h],
+            ),
+        )
+        self.sequences_ids = [result.sequences_ids[h] for h in order]
+        self.scores = [result.scores[h] for h in order]
+        self.no_speech_prob = result.no_speech_prob
+
+
 def micro_batched_model(model_cls: type, micro: int) -> type:
     """A ``WhisperModel`` class whose ``encode`` runs ``micro`` chunks at a time.
     faster-whisper's batched forward pass calls ``encode`` once per batch, so this is where
@@ -581,8 +666,15 @@ class WhisperWorker:
         tokenizer = self._tokenizer(language)
         # Batch-mates share one prompt (plan_batches groups by it).
         options = self._transcription_options(tokenizer, batch[0].prompt)
+        full = 30 * FRAMES_PER_SECOND
 
-        def forward(chunks: list[_ChunkRef], frames: int) -> list[list[dict]]:
+        def forward(
+            chunks: list[_ChunkRef],
+            frames: int,
+            temperature: float = 0.0,
+            kept: Sequence[np.ndarray | None] | None = None,
+        ) -> list[list[dict]]:
+            """``temperature`` > 0: sampled, the best of ``BEST_OF`` that is not degenerate."""
             # Chunk k sits at minute k + 1 of a made-up timeline, and its times are taken back
             # to the chunk's own below. With word_timestamps the pipeline aligns the words of
             # the whole batch on the encoder output it just computed (``add_word_timestamps``:
@@ -599,10 +691,17 @@ class WhisperWorker:
             feats = self._pad([c.features for c in chunks], frames)
             # Encoder outputs kept by language detection are at the 30 s window: reused
             # only by a pass at that window.
-            kept = [c.encoded if frames == full else None for c in chunks]
-            model = (
+            if kept is None:
+                kept = [c.encoded if frames == full else None for c in chunks]
+            model: Any = (
                 self.model if all(k is None for k in kept) else ReusedEncoderModel(self.model, kept)
             )
+            if temperature > 0:
+
+                def accept(k: int, ids: list[int]) -> bool:
+                    return check(tokenizer.decode(ids), len(ids), chunks[k].duration) is None
+
+                model = SamplingModel(model, temperature, BEST_OF, accept)
             # A pipeline per batch: it keeps that last speech time, and batches run on several
             # threads here.
             outputs = self._pipeline_class(model).forward(feats, tokenizer, meta, options)
@@ -613,7 +712,6 @@ class WhisperWorker:
                         timed["end"] -= m["offset"]
             return outputs
 
-        full = 30 * FRAMES_PER_SECOND
         frames = max(self._window_frames(c.frames) for c in batch)
         outputs = forward(batch, frames)
         if frames < full:
@@ -627,9 +725,56 @@ class WhisperWorker:
                 redone = forward([batch[i] for i in again], full)
                 for i, out in zip(again, redone, strict=True):
                     outputs[i] = out
+        self._fall_back(batch, outputs, forward)
         for c in batch:
             c.encoded = None  # decoded: its encoder output is not needed again
         return outputs
+
+    def _fall_back(
+        self,
+        batch: list[_ChunkRef],
+        outputs: list[list[dict]],
+        forward: Callable[..., list[list[dict]]],
+    ) -> None:
+        """Degenerate decodes (``workers.whisper_guard``) decoded again in place, as
+        faster-whisper's sequential ``transcribe`` does: sampled at each of
+        ``FALLBACK_TEMPERATURES`` in turn (best of ``BEST_OF``), the chunks that still need
+        it batched together, at the full 30 s window, on one encoder pass. A chunk whose every
+        attempt fails keeps its best one (the highest average log-probability, preferring
+        those that do not compress too well, as faster-whisper picks) with the repetition cut,
+        and its segments are marked ``degenerate``."""
+        full = 30 * FRAMES_PER_SECOND
+        failing = [i for i, out in enumerate(outputs) if _degenerate(batch[i], out)]
+        if not failing:
+            return
+        tried: dict[int, list[tuple[list[dict], str]]] = {
+            i: [(outputs[i], _degenerate(batch[i], outputs[i]) or "")] for i in failing
+        }
+        encoded = [c.encoded for c in batch]  # language detection's, when it ran
+        todo = [i for i in failing if encoded[i] is None]
+        if todo:
+            fresh = host_array(self.model.encode(self._pad([batch[i].features for i in todo])))
+            for i, enc in zip(todo, fresh, strict=True):
+                encoded[i] = enc
+        for temperature in FALLBACK_TEMPERATURES:
+            if not failing:
+                break
+            redone = forward(
+                [batch[i] for i in failing], full, temperature, [encoded[i] for i in failing]
+            )
+            still = []
+            for i, out in zip(failing, redone, strict=True):
+                why = _degenerate(batch[i], out)
+                tried[i].append((out, why or ""))
+                if why is None:
+                    outputs[i] = out
+                else:
+                    still.append(i)
+            failing = still
+        for i in failing:
+            clear = [t for t in tried[i] if t[1] != "compression"] or tried[i]
+            best, _ = max(clear, key=lambda t: _avg_logprob(t[0]))
+            outputs[i] = [_cut(seg) for seg in best]
 
     # -- the batch contract ---------------------------------------------------------------
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -802,6 +947,7 @@ class WhisperWorker:
                     "speaker": speaker,
                     "avg_logprob": float(seg["avg_logprob"]),
                     "no_speech_prob": float(seg["no_speech_prob"]),
+                    "degenerate": bool(seg.get("degenerate")),
                     "words": [
                         {
                             "word": w["word"].strip(),
@@ -842,6 +988,7 @@ class WhisperWorker:
             "duration_s": row["duration_s"],
             "speech_s": row["speech_s"],
             "segments": segments if ok else [],
+            "degenerate": any(s["degenerate"] for s in segments) if ok else None,
             "analytics": analytics,
             "num_chunks": len(row["chunks"] or []),
             "model": self.config.whisper.model,

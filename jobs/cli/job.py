@@ -369,6 +369,12 @@ def print_summary(summary: dict[str, Any], out=None) -> None:
             f"{': ' + shown + (', ...' if n > 5 else '') if shown else ''}; "
             "--include/--exclude GLOB choose the files"
         )
+    if summary.get("degenerate"):
+        n = summary["degenerate"]
+        lines.append(
+            f"  degenerate   {n} transcript{'s' if n != 1 else ''} where the model looped on "
+            "every attempt: stored with the repetition cut and marked (column degenerate)"
+        )
     if summary.get("duplicates_removed"):
         lines.append(
             f"  repaired     {summary['duplicates_removed']} late rows of an earlier, killed run "

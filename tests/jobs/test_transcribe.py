@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from overnight.jobs.demo import noise, silence, speak, stereo_dialogue, write_wa
 from overnight.jobs.spec import build_spec
 from overnight.jobs.transcribe import run_transcribe
 from overnight.workers.whisper import repeats_itself
+from overnight.workers.whisper_guard import looks_degenerate
 from tests.conftest import REPO, secrets_in, upload_folder, wer
 
 pytestmark = pytest.mark.usefixtures("ray_local")
@@ -148,6 +150,35 @@ def _low_rate_wav(path: Path, seconds: float) -> None:
             (np.random.default_rng(1).integers(120, 136, int(seconds * 8000)))
             .astype(np.uint8)
             .tobytes()
+        )
+
+
+SSN_CALL = "My social security number is 219 09 9999 and I live at 42 Elm Street, Springfield."
+
+
+def test_a_number_heavy_call_the_batched_decode_loops_on_comes_out_as_numbers_not_a_loop(
+    synth_calls, tmp_path
+):
+    # Issue #34: the job wrote "My social security number is $200,000, $10,000, $10,000, ..."
+    # (40 times) here, alone and among other calls; plain faster-whisper wrote numbers.
+    folder, _ = synth_calls
+    among = tmp_path / "among"
+    among.mkdir()
+    for wav in sorted(folder.glob("call_*.wav")):
+        (among / wav.name).write_bytes(wav.read_bytes())
+    write_wav(among / "ssn.wav", speak(SSN_CALL, voice="en-us", speed=150))
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "ssn.wav").write_bytes((among / "ssn.wav").read_bytes())
+    for name, calls in (("alone", alone), ("among", among)):
+        summary = transcribe(str(calls), str(tmp_path / f"out-{name}"))
+        row = by_name(rows(tmp_path / f"out-{name}"))["ssn.wav"]
+        said = row["text"].lower()
+        assert not looks_degenerate(said, row["speech_s"]), (name, said)
+        number = said.split("security number", 1)[-1]
+        assert re.search(r"\d|zero|one|two|three|four|five|six|seven|eight|nine", number), said
+        assert summary["degenerate"] == sum(
+            bool(r["degenerate"]) for r in rows(tmp_path / f"out-{name}")
         )
 
 

@@ -1,0 +1,56 @@
+"""What counts as a degenerate decode, and how one is cut (workers.whisper_guard). The real
+model's fallback on a looping call is tests/jobs/test_transcribe.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from overnight.workers.whisper_guard import check, cut_repetition, looks_degenerate
+
+# What tiny.en wrote on number-heavy calls (issue #34), each a loop.
+AMOUNT_LOOP = "My social security number is $200,000, " + "$10,000, " * 40
+LOOPS = [
+    (AMOUNT_LOOP, "My social security number is $200,000, $10,000"),
+    ("It is 1-3-3-3-3-3-3-3-3-3-3-3-3-3-3-3-3-3-3-3-3-3-3-3-3.", "It is 1-3."),
+    ("It is time for one free, " + "free, " * 30 + "free.", "It is time for one free."),
+    (
+        "My social security number is 200," + "000," * 30 + "000",
+        "My social security number is 200,000",
+    ),
+    (
+        "I am 99,000, 99,000, 99,000, 99,000, 99,000, 99,000, 42,000, 3D, spring field.",
+        "I am 99,000 42,000, 3D, spring field.",
+    ),
+]
+
+
+@pytest.mark.parametrize(("looped", "cut"), LOOPS)
+def test_a_loop_is_degenerate_and_is_cut_to_one_saying_of_its_unit(looped, cut):
+    assert looks_degenerate(looped, speech_s=8.0)
+    assert cut_repetition(looped) == cut
+    assert not looks_degenerate(cut, speech_s=8.0)
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        "My social security number is two hundred ninety zero nine thousand nine hundred "
+        "ninety nine and I live at forty two elm street",
+        "It is 5413 3333 3333 3333.",
+        "three three three three, three three three three",
+        "no no no no, I said blue, blue, and then red",
+        "Can you call me back? Can you call me back?",
+        "The card number is 4-1-1-1-1-1-1-1-1-1-1-1-1-1-1-1.",
+        "It is time for 1-3-3-3-3-3-3-3-3-3-3-3-3-3-3-3.",  # 15 of one digit: a card's worth
+    ],
+)
+def test_what_speech_says_is_not_degenerate(said):
+    assert check(said, None, speech_s=6.0) is None
+    assert cut_repetition(said) == said
+
+
+def test_more_tokens_than_the_speech_can_hold_is_degenerate():
+    words = "one two three four five six seven eight nine ten"
+    assert check(words, 20, speech_s=3.0) is None
+    assert check(words, 80, speech_s=3.0) == "too_many_tokens"
+    assert check("", 0, speech_s=0.0) is None
