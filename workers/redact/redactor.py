@@ -17,11 +17,12 @@ What changes, and how (one rule for text, segments and words, so they agree):
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from overnight.workers.redact.presidio import presidio_spans
+from overnight.workers.redact.safe import safe_entities
 from overnight.workers.redact.speech import Found, Token, speech_entities
 from overnight.workers.redact.types import resolve_types, tag
 
@@ -140,9 +141,14 @@ class Redactor:
     def __init__(self, types: Iterable[str]):
         self.types = resolve_types(types)
 
-    def find(self, text: str, toks: Sequence[_Tok]) -> list[Found]:
+    def find(
+        self, text: str, toks: Sequence[_Tok], degenerate: Collection[int] = ()
+    ) -> list[Found]:
+        """Entities of the chosen types; ``degenerate``: indices of the segments the worker
+        marked degenerate (``workers.redact.safe``)."""
         tokens = [t.token for t in toks]
         found = [f for f in speech_entities(tokens) if f.type in self.types]
+        found += safe_entities(tokens, self.types, degenerate)
         for kind, start, end, score in presidio_spans(text, self.types):
             covered = tuple(
                 i
@@ -169,7 +175,8 @@ class Redactor:
         text_edits: list[tuple[int, int, str]] = []  # row text: (lo, hi, tag)
         seg_edits: dict[int, list[tuple[int, int, str]]] = {}
         word_edits: dict[int, list[tuple[list[int], str]]] = {}
-        for f in self.find(text, toks):
+        degenerate = {si for si, seg in enumerate(segments) if seg.get("degenerate")}
+        for f in self.find(text, toks, degenerate):
             label = tag(f.type)
             members = [toks[i] for i in f.tokens]
             pieces: dict[int, list[_Tok]] = {}

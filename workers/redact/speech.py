@@ -28,40 +28,8 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-UNITS = {
-    "zero": "0",
-    "one": "1",
-    "two": "2",
-    "three": "3",
-    "four": "4",
-    "five": "5",
-    "six": "6",
-    "seven": "7",
-    "eight": "8",
-    "nine": "9",
-}
-TEENS = {
-    "ten": "10",
-    "eleven": "11",
-    "twelve": "12",
-    "thirteen": "13",
-    "fourteen": "14",
-    "fifteen": "15",
-    "sixteen": "16",
-    "seventeen": "17",
-    "eighteen": "18",
-    "nineteen": "19",
-}
-TENS = {
-    "twenty": "2",
-    "thirty": "3",
-    "forty": "4",
-    "fifty": "5",
-    "sixty": "6",
-    "seventy": "7",
-    "eighty": "8",
-    "ninety": "9",
-}
+from overnight.workers.redact.numbers import TEENS, UNITS, ZEROS, token_digits
+
 ORDINALS = {
     "first": "1",
     "second": "2",
@@ -85,8 +53,6 @@ ORDINALS = {
     "twentieth": "20",
     "thirtieth": "30",
 }
-ZEROS = {"oh", "o"}  # a zero only next to other digits: "oh nine", not "oh, I see"
-REPEAT = {"double": 2, "triple": 3}
 # Tokens that do not break a run of digits: fillers and spoken separators.
 RUN_GLUE = {"uh", "um", "er", "ah", "dash", "hyphen", "space", "-", "–", ",", "."}
 MONTHS = {
@@ -357,68 +323,6 @@ def luhn_ok(digits: str) -> bool:
     return total % 10 == 0
 
 
-def token_digits(tokens: Sequence[Token]) -> list[str | None]:
-    """The digits each token says, or None: "4,111" → "4111", "-1" → "1", "four" → "4",
-    "oh" → "0" next to digits, "double five" → "" + "55", "twenty seven" → "2" + "7".
-    Whisper also splits a hyphenated number into words that start with the hyphen:
-    "Thirty", "-eight" is 38."""
-    keys = [t.key.strip("-–") for t in tokens]
-    out: list[str | None] = [None] * len(keys)
-    for i, k in enumerate(keys):
-        written = re.sub(r"\D", "", k)
-        if written and re.fullmatch(r"[\d,.\-/:()]+(st|nd|rd|th)?", k):
-            out[i] = written
-        elif re.fullmatch(r"[a-z]{1,2}\d{4,}", k):
-            out[i] = written  # a word Whisper glued onto a long number: "import i0217940"
-        elif "-" in k.strip("-") and written is not None:
-            out[i] = _hyphenated(k)
-        elif k in UNITS:
-            out[i] = UNITS[k]
-        elif k in TEENS:
-            out[i] = TEENS[k]
-        elif k in TENS:
-            following = keys[i + 1] if i + 1 < len(keys) else ""
-            out[i] = TENS[k] if following in UNITS and following != "zero" else TENS[k] + "0"
-    for i, k in enumerate(keys):
-        if k in ZEROS and out[i] is None:
-            near = [out[j] for j in (i - 1, i + 1) if 0 <= j < len(keys)]
-            if any(d is not None for d in near):
-                out[i] = "0"
-        if k in REPEAT and i + 1 < len(keys):
-            nxt = out[i + 1] if out[i + 1] is not None else UNITS.get(keys[i + 1])
-            if nxt is not None and len(nxt) == 1:
-                out[i] = ""  # "double" is part of the run; its digits go on the next token
-                out[i + 1] = nxt * REPEAT[k]
-    return out
-
-
-def _hyphenated(key: str) -> str | None:
-    """A token Whisper joined with hyphens, each part a digit: "41-double-four" → "4144",
-    "one-two-three" → "123", "forty-five" → "45"; None when a part is not a digit."""
-    parts = [p for p in re.split(r"[-–]", key) if p]
-    digits, repeat = "", 1
-    for k, part in enumerate(parts):
-        if part in REPEAT:
-            repeat = REPEAT[part]
-            continue
-        if part.isdigit():
-            d = part
-        elif part in TENS:  # "forty-five": the unit follows; "forty" alone is 40
-            unit = parts[k + 1] if k + 1 < len(parts) else ""
-            d = TENS[part] if unit in UNITS and unit != "zero" else TENS[part] + "0"
-        elif part in UNITS:
-            d = UNITS[part]
-        elif part in ZEROS:
-            d = "0"
-        elif part in TEENS:
-            d = TEENS[part]
-        else:
-            return None
-        digits += d * repeat if len(d) == 1 else d
-        repeat = 1
-    return digits or None
-
-
 @dataclass(frozen=True)
 class Run:
     tokens: tuple[int, ...]  # call-order indices of the run's tokens (glue inside included)
@@ -572,6 +476,8 @@ def number_entities(tokens: Sequence[Token]) -> list[Found]:
     card_ended: dict[str, float] = {}  # per speaker: when the last card number run ended
     for run in digit_runs(tokens, digits):
         opening, closing = tokens[run.tokens[0]], tokens[run.tokens[-1]]
+        if len(run.digits) < 9 and money_amount(tokens, keys, run.tokens):
+            continue  # "$49.99", "fifty dollars": an amount is nobody's number
         cues = nearest_cue(keys, run.tokens[0])
         named = classify_run(run, cues, reads_out_a_card(keys, run.tokens[0]))
         if named is None:
@@ -594,6 +500,17 @@ def number_entities(tokens: Sequence[Token]) -> list[Found]:
             indices = tuple(range(first, indices[0])) + indices
         found.append(Found(named[0], indices, named[1], "speech-digits"))
     return found
+
+
+MONEY_WORDS = {"dollar", "dollars", "cent", "cents", "bucks", "percent", "pounds", "euros"}
+
+
+def money_amount(tokens: Sequence[Token], keys: Sequence[str], run: Sequence[int]) -> bool:
+    """Whether the tokens ``run`` say an amount: a currency sign, or a money word after."""
+    after = run[-1] + 1
+    return any(tokens[i].word.lstrip('"(')[:1] in ("$", "€", "£") for i in run) or (
+        after < len(keys) and keys[after] in MONEY_WORDS
+    )
 
 
 def _in_card_call(run: Run, cues: dict[str, int]) -> tuple[str, float] | None:

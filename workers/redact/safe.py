@@ -1,0 +1,163 @@
+"""Recognizers that hold whatever Whisper made of a number: PCI-safe by construction.
+
+The recognizers in ``workers.redact.speech`` name a number by its shape and cues (a Luhn-valid
+card, 3-2-4 digit groups, "card number" close before it). Whisper does not keep shapes: it
+drops and repeats digits, reads "219 09 9999" as "two hundred ninety zero nine thousand ...",
+and loops ("$200,000, $10,000, $10,000, ..."). So these rules look at how many digits a run
+says, and at nothing the model may have garbled:
+
+- ``card_number`` chosen: any run of 12 or more digits, and any run of 8 or more within
+  ``CARD_CONTEXT_WINDOW`` tokens after a card cue, whatever its Luhn check and however it is
+  split ("1-3-3-3", "4,111,111", "$10,000, $10,000", words and digits mixed, repeated).
+- ``ssn`` or ``bank_account`` chosen: any run of 9 or more digits, and every number after an
+  SSN, account or routing cue up to the end of its sentence when they say four digits or
+  more in all (an amount of money under 9 digits excepted: "the account balance is fifty
+  dollars").
+- A segment the worker marked ``degenerate`` (the decoder looped on every attempt) that holds
+  digits: from its first digit to its end. What a loop says is no reading of anything, and its
+  digits may be the secret's.
+
+A run's digits come from ``workers.redact.numbers`` (text2num for spoken numbers); its type is
+the nearest cue's among the chosen types, else what its length says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from overnight.workers.redact.speech import (
+    CARD_CONTEXT_WINDOW,
+    CUE_WINDOW,
+    Found,
+    Token,
+    digit_runs,
+    money_amount,
+    nearest_cue,
+    token_digits,
+)
+
+CARD_ANY = 12  # digits: a card number, wherever it is said
+CARD_NEAR_CUE = 8  # digits after a card cue
+LONG_NUMBER = 9  # digits: an SSN, an account or a routing number
+# The numeric types, in the order a run without a cue is given one (by its length below).
+NUMERIC = ("card_number", "ssn", "bank_account", "phone")
+# Cues after which every number up to the end of the sentence is the entity's.
+SENTENCE_CUES = {
+    "ssn": ("social", "ssn", "social security", "socials"),
+    "bank_account": ("account", "routing", "iban", "sort code", "count number"),
+}
+_SENTENCE_END = (".", "?", "!")
+
+
+def safe_entities(
+    tokens: Sequence[Token], types: Collection[str], degenerate: Collection[int] = ()
+) -> list[Found]:
+    """Candidates of the chosen ``types`` only; ``degenerate``: the indices of the segments
+    the worker marked degenerate."""
+    if not set(types) & {"card_number", "ssn", "bank_account"}:
+        return []
+    keys = [t.key for t in tokens]
+    digits = token_digits(tokens)
+    return [
+        *_long_runs(tokens, keys, digits, types),
+        *_after_cues(tokens, keys, digits, types),
+        *_degenerate_segments(tokens, keys, digits, types, degenerate),
+    ]
+
+
+def _type_of(length: int, cues: dict[str, int], types: Collection[str]) -> str | None:
+    """A long run's type: the nearest cue's among the chosen numeric types, else by length
+    (a card is 12 digits or more, a phone number 10, an SSN 9)."""
+    for cat in sorted(cues, key=cues.__getitem__):
+        if cat in types and cat in NUMERIC:
+            return cat
+    by_length = (
+        ("card_number", length >= CARD_ANY),
+        ("phone", length in (10, 11)),
+        ("ssn", length == LONG_NUMBER),
+        ("bank_account", True),
+        ("ssn", True),
+        ("card_number", True),
+    )
+    return next((cat for cat, fits in by_length if fits and cat in types), None)
+
+
+def _long_runs(
+    tokens: Sequence[Token], keys: list[str], digits: list[str | None], types: Collection[str]
+) -> list[Found]:
+    found = []
+    long_enough = LONG_NUMBER if {"ssn", "bank_account"} & set(types) else CARD_ANY
+    for run in digit_runs(tokens, digits):
+        n = len(run.digits)
+        cues = nearest_cue(keys, run.tokens[0], CARD_CONTEXT_WINDOW)
+        if "card_number" in types and (
+            n >= CARD_ANY or (n >= CARD_NEAR_CUE and "card_number" in cues)
+        ):
+            found.append(Found("card_number", run.tokens, 0.9, "long-run"))
+        elif n >= long_enough:
+            kind = _type_of(n, nearest_cue(keys, run.tokens[0], CUE_WINDOW), types)
+            if kind is not None:
+                found.append(Found(kind, run.tokens, 0.8, "long-run"))
+    return found
+
+
+def _sentence_end(tokens: Sequence[Token], k: int) -> int:
+    """The index after the last token of the sentence (within its segment) token ``k`` is in."""
+    end = k
+    while end < len(tokens) and tokens[end].seg == tokens[k].seg:
+        end += 1
+        if tokens[end - 1].word.rstrip('"”)').endswith(_SENTENCE_END):
+            break
+    return end
+
+
+def _after_cues(
+    tokens: Sequence[Token], keys: list[str], digits: list[str | None], types: Collection[str]
+) -> list[Found]:
+    found = []
+    for kind, cues in SENTENCE_CUES.items():
+        if kind not in types:
+            continue
+        for cue in cues:
+            parts = cue.split()
+            for j in range(len(keys) - len(parts) + 1):
+                if keys[j : j + len(parts)] != parts:
+                    continue
+                start = j + len(parts)
+                if start >= len(tokens) or tokens[start - 1].word.endswith(_SENTENCE_END):
+                    continue
+                end = _sentence_end(tokens, start)
+                pieces, piece = [], []
+                for i in range(start, end + 1):
+                    if i < end and digits[i] is not None:
+                        piece.append(i)
+                        continue
+                    said = sum(len(digits[p] or "") for p in piece)
+                    if piece and not (money_amount(tokens, keys, piece) and said < LONG_NUMBER):
+                        pieces.append((said, tuple(piece)))
+                    piece = []
+                # Four digits or more in all: fewer say no number anybody could use ("had this
+                # account for twelve years, press one").
+                if sum(said for said, _ in pieces) >= 4:
+                    found += [Found(kind, p, 0.75, "after-cue") for _, p in pieces]
+    return found
+
+
+def _degenerate_segments(
+    tokens: Sequence[Token],
+    keys: list[str],
+    digits: list[str | None],
+    types: Collection[str],
+    degenerate: Collection[int],
+) -> list[Found]:
+    found = []
+    for seg in sorted(set(degenerate)):
+        idx = [i for i, t in enumerate(tokens) if t.seg == seg]
+        first = next((i for i in idx if digits[i]), None)
+        if first is None:
+            continue
+        said = sum(len(digits[i] or "") for i in idx)
+        kind = _type_of(said, nearest_cue(keys, first, CARD_CONTEXT_WINDOW), types)
+        if kind is not None:
+            found.append(Found(kind, tuple(i for i in idx if i >= first), 0.7, "degenerate"))
+    return found
