@@ -136,11 +136,11 @@ def _sweep(output: storage.Location, marked: _Marked, done: Vacuumed, dry_run: b
     before = marked.before
     # Personal data in clear first: the originals, and the recordings the redaction was for.
     done.files += _prune_items(output.join(UNREDACTED_DATASET), marked.items, dry_run)
-    for name in sorted(marked.audio):
-        loc = output.join(AUDIO_FOLDER, name)
-        if storage.exists(loc):
-            done.files.append(loc.path)
-            remove(loc)
+    audio = output.join(AUDIO_FOLDER)
+    for path in storage.list_top_files(audio):  # one listing, not a request per recording
+        if posixpath.basename(path) in marked.audio:
+            done.files.append(path)
+            remove(storage.Location(audio.fs, path, audio.scheme))
     for run_id in sorted(marked.runs):
         summary = output.join("runs", f"{run_id}.json")
         if storage.exists(summary):
