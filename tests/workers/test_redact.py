@@ -329,6 +329,11 @@ def test_a_degenerate_segment_with_digits_is_redacted_from_its_first_digit_to_it
     assert fields["segments"][0]["text"] == "Thank you."
     assert fields["segments"][1]["text"] == "Yes it is [BANK_ACCOUNT]"
     assert [e["type"] for e in entities] == ["bank_account"]
+    # Its words are what was left of a loop: the tag, the entity and so the silenced audio
+    # run to the segment's end, where the number may still be said.
+    r["segments"][1]["end"] = 30.0
+    fields, entities = Redactor(["pci"]).redact(r)
+    assert fields["segments"][1]["words"][-1]["end"] == entities[0]["end_s"] == 30.0
     # not marked: four short numbers are nobody's secret
     r["segments"][1]["degenerate"] = False
     assert Redactor(["pci"]).redact(r)[1] == []

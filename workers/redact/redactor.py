@@ -174,7 +174,7 @@ class Redactor:
         entities: list[Entity] = []
         text_edits: list[tuple[int, int, str]] = []  # row text: (lo, hi, tag)
         seg_edits: dict[int, list[tuple[int, int, str]]] = {}
-        word_edits: dict[int, list[tuple[list[int], str]]] = {}
+        word_edits: dict[int, list[tuple[list[int], str, float | None]]] = {}
         degenerate = {si for si, seg in enumerate(segments) if seg.get("degenerate")}
         for f in self.find(text, toks, degenerate):
             label = tag(f.type)
@@ -194,11 +194,17 @@ class Redactor:
                     base = bases[si]
                     if base is not None:
                         text_edits.append((base + lo, base + hi, label))
-                word_edits.setdefault(si, []).append(([t.token.index for t in piece], label))
+                # A degenerate segment's words are what was left of a loop, not a timing of
+                # the speech: its tag runs to the segment's end, where the number may still be.
+                until = segments[si].get("end") if f.source == "degenerate" else None
+                word_edits.setdefault(si, []).append(([t.token.index for t in piece], label, until))
             starts = [t.token.char_start for t in members if t.token.char_start >= 0]
             ends = [t.token.char_end for t in members if t.token.char_end >= 0]
             times_a = [t.token.start_s for t in members if t.token.start_s is not None]
             times_b = [t.token.end_s for t in members if t.token.end_s is not None]
+            if f.source == "degenerate":
+                times_b += [segments[t.token.seg].get("end") for t in members[-1:]]
+                times_b = [x for x in times_b if x is not None]
             entities.append(
                 Entity(
                     f.type,
@@ -244,11 +250,11 @@ def _apply(text: str, edits: list[tuple[int, int, str]]) -> str:
 
 
 def _collapse(
-    words: list[dict[str, Any]], edits: list[tuple[list[int], str]]
+    words: list[dict[str, Any]], edits: list[tuple[list[int], str, float | None]]
 ) -> list[dict[str, Any]]:
     drop: set[int] = set()
     replace: dict[int, dict[str, Any]] = {}
-    for indices, label in edits:
+    for indices, label, until in edits:
         indices = sorted(i for i in indices if i < len(words))
         if not indices:
             continue
@@ -261,7 +267,7 @@ def _collapse(
         replace[indices[0]] = {
             "word": label,
             "start": first.get("start"),
-            "end": last.get("end"),
+            "end": max(last.get("end") or 0.0, until) if until is not None else last.get("end"),
             "probability": min(probs) if probs else None,
         }
         drop.update(indices[1:])
