@@ -33,11 +33,12 @@ COMPRESSION_RATIO_THRESHOLD = 2.4
 # The sequential transcribe's temperatures after 0 and its samples per temperature.
 FALLBACK_TEMPERATURES = (0.2, 0.4, 0.6, 0.8, 1.0)
 BEST_OF = 5
-# Whisper tokens a second of speech can hold. Measured with scripts/bench_loops.py on its
-# number-heavy corpus (seed 1, 320 recordings, faster-whisper's sequential transcribe): the
-# decodes that do not loop reach 9.3 tokens a speech second at most (digits read fast, each
-# "-3" of "1-3-3-3" a token of its own), the loops 20 and more. Twice the speech rate of fast
-# talk leaves room for every way of writing numbers.
+# Whisper tokens a second of speech can hold. Measured on the loop benchmark's corpus
+# (scripts/number_speech.py, seed 100, 182 recordings; not the seed the README reports on):
+# the decodes of faster-whisper's sequential and batched transcribe that do not loop reach
+# 6.2 and 8.3 tokens a second of speech at most (median 2.8: digits read fast, each "-3" of
+# "1-3-3-3" a token of its own); loops that run to the token limit reach 15-67. Half as much
+# again as the fastest clean decode leaves room for every way of writing numbers.
 MAX_TOKENS_PER_SPEECH_S = 12.0
 TOKEN_SLACK = 16  # short chunks: a few words in under a second are not a loop
 
