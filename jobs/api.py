@@ -76,21 +76,46 @@ def execute(spec: JobSpec) -> dict[str, Any]:
 
 
 def check_error_rate(spec: JobSpec, summary: Mapping[str, Any]) -> None:
-    """``ErrorRateExceeded`` (exit 12) when the run's failed share is over ``max_error_rate``."""
+    """``ErrorRateExceeded`` (exit 12) when the failed share of any stage of the run is over
+    ``max_error_rate``; the command line and the API both end a run here.
+
+    A chained or multi-task job's summary is ``{"stages": [...]}``, one summary per stage.
+    The limit holds for each stage, not for the items of all stages pooled: each stage writes
+    a dataset of its own (the transcripts, each task's rows) that the scheduler's next step
+    reads, and pooling would let one broken stage pass (a task failing on 30% of the
+    documents in a job of three tasks is 10% of the pooled rows), while a recording whose
+    transcription failed would count once more in every task that inherits its failure.
+    """
     limit = spec.job.max_error_rate
-    items = int(summary.get("items") or 0)
-    failed = int(summary.get("failed") or 0)
-    if limit is None or not items or failed / items <= limit:
+    if limit is None:
         return
-    codes = ", ".join(f"{c} {n}" for c, n in (summary.get("errors_by_code") or {}).items())
+    stages = summary.get("stages") or [summary]
+    over = [s for s in stages if _failed_share(s) > limit]
+    if not over:
+        return
+    several = len(stages) > 1
+    output = next((s["output"] for s in stages if s.get("output")), "OUTPUT")
+    counts = "; ".join(
+        f"{s.get('failed')} of {s.get('items')} items failed"
+        + (f" in the {s.get('task') or s.get('kind')} stage" if several else "")
+        + f" ({_failed_share(s):.1%}"
+        + "".join(f", {c} {n}" for c, n in (s.get("errors_by_code") or {}).items())
+        + ")"
+        for s in over
+    )
     raise ErrorRateExceeded(
-        f"{failed} of {items} items failed ({failed / items:.1%}), more than the "
-        f"{limit:.1%} that max_error_rate allows ({codes}). The rows and the run summary are "
-        f"written; see `overnight show {summary.get('output') or 'OUTPUT'} --status error`, "
-        "fix the cause and rerun with --retry-errors (`retry_errors` in [job]) to redo the "
-        "failed items; finished items are not redone.",
+        f"{counts}: more than the {limit:.1%} that max_error_rate allows. The rows and the run "
+        f"summary are written; see `overnight show {output} --status error`, fix the cause"
+        " and rerun with --retry-errors (`retry_errors` in [job]) to redo "
+        "the failed items; finished items are not redone.",
         dict(summary),
     )
+
+
+def _failed_share(stage: Mapping[str, Any]) -> float:
+    """Failed items over the items the stage processed (0.0 when it processed none)."""
+    items = int(stage.get("items") or 0)
+    return int(stage.get("failed") or 0) / items if items else 0.0
 
 
 def _overrides(kind: str, input: str, output: str, options: Mapping[str, Any]) -> dict:

@@ -1,0 +1,100 @@
+"""Specifications for ``jobs.api`` that need no model and no Ray: what the API and the command
+line decide from a run's summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import overnight as overnight_api
+from overnight.jobs import api
+from overnight.jobs.cli import main as cli_main
+from overnight.jobs.errors import ErrorRateExceeded
+
+
+def _stage(kind: str, items: int, failed: int, **extra: Any) -> dict[str, Any]:
+    """One stage's summary, with the fields the command line prints."""
+    return {
+        "run_id": f"night-{extra.get('task') or kind}",
+        "kind": kind,
+        "items": items,
+        "succeeded": items - failed,
+        "failed": failed,
+        "items_already_done": 0,
+        "items_listed": items,
+        "errors_by_code": {"fetch_failed": failed} if failed else {},
+        "wall_seconds": 1.0,
+        "accelerator_seconds": 0.5,
+        "accelerator": "cpu",
+        "accelerator_reserved_seconds": 1.0,
+        "utilization": 0.5,
+        "cost_usd": 0.0,
+        "reserved_cost_usd": 0.0,
+        "output": "/night/out",
+        **extra,
+    }
+
+
+# A chained job whose transcription failed on 4 of 10 calls; each task inherits those 4
+# as transcript_failed rows, and one task failed on nothing else.
+CHAIN = {
+    "run_id": "night",
+    "kind": "chain",
+    "stages": [
+        _stage("transcribe", 10, 4),
+        _stage("process", 10, 4, task="call_summary"),
+        _stage("process", 10, 4, task="disposition"),
+    ],
+}
+
+
+def _job_file(tmp_path: Path) -> str:
+    path = tmp_path / "night.toml"
+    path.write_text(
+        f'[job]\nkind = "chain"\ninput = "{tmp_path}"\noutput = "{tmp_path / "out"}"\n'
+        "progress = false\n"
+    )
+    return str(path)
+
+
+def test_max_error_rate_applies_to_every_stage_of_a_chained_job_in_the_api_and_the_cli(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(api, "execute", lambda spec: CHAIN)  # the CLI runs jobs through it too
+    with pytest.raises(ErrorRateExceeded, match="4 of 10 items failed in the transcribe stage"):
+        overnight_api.run({"job": _job(tmp_path, 0.2)})
+    assert cli_main(["run", _job_file(tmp_path), "--max-error-rate", "0.2"]) == 12
+    assert "more than the 20.0% that max_error_rate allows" in capsys.readouterr().err
+    assert cli_main(["run", _job_file(tmp_path), "--max-error-rate", "0.4"]) == 0
+
+
+def test_one_stage_over_the_limit_fails_the_check_although_the_pooled_rate_is_within_it(
+    tmp_path,
+):
+    # 2 of 10 calls failed in transcription; classify failed on 6 more: pooled 10/30 = 33%.
+    summary = {
+        "kind": "chain",
+        "stages": [
+            _stage("transcribe", 10, 2),
+            _stage("process", 10, 2, task="summarize"),
+            _stage("process", 10, 8, task="classify"),
+        ],
+    }
+    spec = api._spec("chain", str(tmp_path), str(tmp_path / "out"), None, {"max_error_rate": 0.5})
+    with pytest.raises(ErrorRateExceeded) as raised:
+        api.check_error_rate(spec, summary)
+    assert "8 of 10 items failed in the classify stage (80.0%" in str(raised.value)
+    assert "summarize stage" not in str(raised.value)  # only the stages over the limit
+    assert raised.value.summary == summary
+
+
+def _job(tmp_path: Path, max_error_rate: float) -> dict[str, Any]:
+    return {
+        "kind": "chain",
+        "input": str(tmp_path),
+        "output": str(tmp_path / "out"),
+        "progress": False,
+        "max_error_rate": max_error_rate,
+    }
