@@ -1,7 +1,8 @@
 """``--dry-run``: what a run would do, without starting Ray or writing anything.
 
 It builds the job's plan as the run would (the input listed and filtered, the model and the
-output checked by ``jobs.preflight``), counts the items pending against those already
+output checked by ``jobs.preflight``, the model as on a cluster: in the cache or on the hub,
+never downloaded), counts the items pending against those already
 committed in OUTPUT, and prices the pending work at the cost per unit that OUTPUT's own past
 runs measured (``OUTPUT/runs/*.json``): per audio minute for transcription, per document for
 LLM tasks. Audio minutes of pending recordings are read from the container headers of a
@@ -25,7 +26,7 @@ def _plans(spec: JobSpec) -> list[runner.JobPlan]:
     if kind in ("transcribe", "chain"):
         from overnight.jobs.transcribe import transcribe_plan
 
-        plans = [transcribe_plan(spec)]
+        plans = [transcribe_plan(spec, dry=True)]
         if kind == "transcribe":
             return plans
     if kind == "probe":
@@ -34,7 +35,7 @@ def _plans(spec: JobSpec) -> list[runner.JobPlan]:
         return [probe_plan(spec)]
     from overnight.jobs.process import check_process, process_plan
 
-    model_path = check_process(spec)
+    model_path = check_process(spec, dry=True)
     if kind == "chain":  # its documents are the transcripts the first stage would write
         return plans
     return [process_plan(spec, spec.job.input, t, model_path) for t in spec.process.tasks]

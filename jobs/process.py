@@ -139,14 +139,16 @@ def run_process(spec: JobSpec, *, input_url: str | None = None) -> dict[str, Any
     return {"run_id": spec.run_id, "kind": "process", "stages": stages}
 
 
-def check_process(spec: JobSpec) -> str | None:
+def check_process(spec: JobSpec, *, dry: bool = False) -> str | None:
     """Before Ray starts: the output can be written and the LLM can be had; returns the
-    local copy of a hub model the driver fetched for the actors (``jobs.preflight``)."""
+    local copy of a hub model the driver fetched for the actors (``jobs.preflight``).
+    ``dry`` (``--dry-run``): checked as on a cluster (the cache, else the hub's metadata),
+    never downloaded."""
     preflight.check_output(spec.job.output)
     return preflight.llm_model(
         spec.process.backend,
         spec.process.model,
-        download=preflight.local_run(spec.job.ray_address),
+        download=not dry and preflight.local_run(spec.job.ray_address),
         progress=spec.job.progress,
     )
 

@@ -177,12 +177,14 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
     return runner.run(transcribe_plan(spec))
 
 
-def transcribe_plan(spec: JobSpec) -> runner.JobPlan:
+def transcribe_plan(spec: JobSpec, *, dry: bool = False) -> runner.JobPlan:
+    """The job's plan. ``dry`` (``--dry-run``): the model is checked as a cluster run checks
+    it (the cache, else the hub's metadata), never downloaded: a dry run writes nothing."""
     opts = spec.transcribe
     preflight.check_output(spec.job.output)
     model_ref = preflight.whisper_model(
         opts.model,
-        download=preflight.local_run(spec.job.ray_address),
+        download=not dry and preflight.local_run(spec.job.ray_address),
         progress=spec.job.progress,
     )
     selection = Selection.of(MEDIA_EXTENSIONS, "media", spec.job.include, spec.job.exclude)
