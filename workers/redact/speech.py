@@ -359,8 +359,14 @@ def digit_runs(tokens: Sequence[Token], digits: Sequence[str | None]) -> list[Ru
                 pending_glue = []
             elif current and tokens[i].key in RUN_GLUE | {""} and len(pending_glue) < 2:
                 pending_glue.append(i)
-            elif current and not pending_glue and _short_gap(tokens, digits, order, pos):
-                # One short word Whisper heard inside a read-out number ("... 5, I'm 5, 2").
+            elif (
+                current
+                and len(pending_glue) < 2
+                and all(tokens[j].key in RUN_GLUE | {""} for j in pending_glue)
+                and _short_gap(tokens, digits, order, pos)
+            ):
+                # One short word Whisper heard inside a read-out number ("... 5, I'm 5, 2"),
+                # also after a spoken separator ("4 dash 4 dash I, 2 dash 4").
                 pending_glue.append(i)
             else:
                 if current:
@@ -478,6 +484,8 @@ def number_entities(tokens: Sequence[Token]) -> list[Found]:
         opening, closing = tokens[run.tokens[0]], tokens[run.tokens[-1]]
         if len(run.digits) < 9 and money_amount(tokens, keys, run.tokens):
             continue  # "$49.99", "fifty dollars": an amount is nobody's number
+        if len(run.digits) <= 4 and _last_four(keys, run.tokens[0]):
+            continue  # "your card ending in 4421": the digits PCI DSS lets anyone say
         cues = nearest_cue(keys, run.tokens[0])
         named = classify_run(run, cues, reads_out_a_card(keys, run.tokens[0]))
         if named is None:
@@ -505,11 +513,33 @@ def number_entities(tokens: Sequence[Token]) -> list[Found]:
 MONEY_WORDS = {"dollar", "dollars", "cent", "cents", "bucks", "percent", "pounds", "euros"}
 
 
+_CENTS = re.compile(r"[$€£]?\d{1,3}(?:,\d{3})*\.\d\d")
+
+
 def money_amount(tokens: Sequence[Token], keys: Sequence[str], run: Sequence[int]) -> bool:
-    """Whether the tokens ``run`` say an amount: a currency sign, or a money word after."""
+    """Whether the tokens ``run`` say an amount: a currency sign, a money word after, or
+    dollars and cents written without the sign ("3,175.94": no account number has cents)."""
     after = run[-1] + 1
-    return any(tokens[i].word.lstrip('"(')[:1] in ("$", "€", "£") for i in run) or (
-        after < len(keys) and keys[after] in MONEY_WORDS
+    # Whisper's words split a written amount ("3", ",175", ".94."): read them joined.
+    written = "".join(tokens[i].word.strip() for i in run).strip('.,;:!?"()')
+    return (
+        any(tokens[i].word.lstrip('"(')[:1] in ("$", "€", "£") for i in run)
+        or bool(_CENTS.fullmatch(written))
+        or (after < len(keys) and keys[after] in MONEY_WORDS)
+    )
+
+
+LAST_FOUR = (("ending", "in"), ("ends", "in"), ("ending", "with"), ("last", "four"))
+
+
+def _last_four(keys: Sequence[str], start: int) -> bool:
+    """Whether a number starting at token ``start`` is a card's or account's last four
+    digits as an agent names them ("ending in", "the last four digits are")."""
+    before = keys[max(0, start - 4) : start]
+    return any(
+        list(before[k : k + len(cue)]) == list(cue)
+        for cue in LAST_FOUR
+        for k in range(len(before) - len(cue) + 1)
     )
 
 
