@@ -9,7 +9,9 @@ text → LLM actors → OUTPUT/results, costs, summary.
 
 Each result row is one (document, task); its ``item_id`` hashes the source item id and the
 task, so several tasks over the same documents, reruns and resumes never collide. Tasks are
-built by their registry (``workers.llm.tasks.TASKS``).
+built by their registry (``workers.llm.tasks.TASKS``). Each task is a run of its own; the
+documents of a job of several tasks are fetched and extracted once, for all of them
+(``extract_once``).
 
 A chained job (``kind = "chain"``) transcribes first, then runs each task over the
 transcripts just written: the dialogue of each call is the document.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -133,7 +136,9 @@ def run_process(spec: JobSpec, *, input_url: str | None = None) -> dict[str, Any
         task_spec(name, spec.process)  # refuse a bad task before any work
     model_path = check_process(spec)
     url = input_url or spec.job.input
-    stages = [_run_task(spec, url, name, model_path) for name in spec.process.tasks]
+    plans = [process_plan(spec, url, name, model_path) for name in spec.process.tasks]
+    extract_once(spec, plans)
+    stages = [runner.run(plan) for plan in plans]
     if len(stages) == 1:
         return stages[0]
     return {"run_id": spec.run_id, "kind": "process", "stages": stages}
@@ -153,11 +158,66 @@ def check_process(spec: JobSpec, *, dry: bool = False) -> str | None:
     )
 
 
-def _run_task(
-    spec: JobSpec, input_url: str, task_name: str, model_path: str | None = None
-) -> dict[str, Any]:
-    """Run one task over every document of the input; returns the run summary."""
-    return runner.run(process_plan(spec, input_url, task_name, model_path))
+# What the extract stage adds to a document's row: the same for every task over it.
+_EXTRACTED = (
+    "text",
+    "status",
+    "error_code",
+    "error_message",
+    "fetch_s",
+    "extract_s",
+    "extract_resource",
+    "document_chars",
+)
+
+
+def extract_once(spec: JobSpec, plans: list[runner.JobPlan]) -> None:
+    """Fetch and extract each document that any task still has to do once, for all of them.
+
+    Each task stays a run of its own (its rows, manifest, ledger and summary, one row per
+    document); its records of these documents then carry their text or their error, as a
+    chained task's records carry the transcript's, and its extract stage passes them
+    through. Without this every task fetched and extracted every document again. The time
+    is priced once, on the rows of the first task that does the document; the other tasks'
+    rows fetched nothing and say 0 s. The texts wait on the driver until the last task has
+    run, as a chained job's transcripts do. With one task nothing is shared: its extract
+    stage feeds the LLM as documents are read, instead of all of them first. A record the
+    run's own subtraction finds pending beyond these is still extracted by its extract stage.
+    """
+    if len(plans) < 2:
+        return
+    output = storage.resolve(spec.job.output)
+    limit = spec.job.max_items
+    # The records each run will do, as the runner subtracts them: the same dicts as
+    # plan.records, so what is filled in here is what the run's manifest gets.
+    pending = []
+    for plan in plans:
+        todo, _ = runner.left_to_do(plan, output.join(plan.dataset))
+        todo = todo if limit is None else todo[:limit]
+        pending.append([r for r in todo if r["status"] is None])  # not yet read
+    documents_to_read: dict[str, dict[str, Any]] = {}
+    for records in pending:
+        for record in records:
+            documents_to_read.setdefault(record["source_item_id"], record)
+    if not documents_to_read:
+        return
+    if spec.job.progress:
+        print(
+            f"[overnight] reading {len(documents_to_read)} documents once for the "
+            f"{len(plans)} tasks",
+            file=sys.stderr,
+            flush=True,
+        )
+    rows = runner.run_task_stages(plans[0], list(documents_to_read.values()))
+    read = {row["source_item_id"]: row for row in rows}
+    priced: set[str] = set()
+    for records in pending:
+        for record in records:
+            source = record["source_item_id"]
+            record.update({name: read[source][name] for name in _EXTRACTED})
+            if source in priced:
+                record.update(fetch_s=0.0, extract_s=0.0)
+            priced.add(source)
 
 
 def process_plan(

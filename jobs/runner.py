@@ -277,6 +277,30 @@ def run(plan: JobPlan) -> dict[str, Any]:
     return summary
 
 
+def run_task_stages(plan: JobPlan, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The plan's task stages before its model stage, placed as ``run`` places them, over
+    ``records`` (``plan.manifest_schema`` rows); their output rows, one per record, come back
+    to the driver and nothing is committed. For work that several plans share: a document
+    job of several tasks fetches and extracts each document once for all of them
+    (``jobs.process``)."""
+    import ray
+
+    if not records:
+        return []
+    job = plan.spec.job
+    pipeline.ensure_ray(job.ray_address, verbose=job.verbose)
+    device = resolve_device(plan.device, pipeline.cluster_has_gpu)
+    pool = plan.size(device, sizing.nodes_of_cluster())
+    stages = plan.build(Placement(device, pool, len(records))).stages
+    before = stages[: next(i for i, s in enumerate(stages) if s.is_actor)]
+    table = pa.Table.from_pylist(records, schema=plan.manifest_schema)
+    per_block = plan.rows_per_block
+    blocks = [table.slice(i, per_block) for i in range(0, table.num_rows, per_block)]
+    ds = _map_tasks(ray.data.from_blocks(blocks), before)
+    progress = pipeline.Progress(len(records), job.progress)
+    return pipeline.execute(ds, {r["item_id"] for r in records}, progress, plan.load_errors).rows
+
+
 class _Progressive:
     """Publishes during a long run, every ``commits.PUBLISH_EVERY_ROWS`` rows or
     ``commits.PUBLISH_EVERY_S`` seconds, so its rows reach readers before it ends; the
@@ -331,14 +355,7 @@ def _chain(
     if len(actors) != 1:
         raise ValueError("a plan has one model stage (an actor pool), tasks before and after it")
     tasks, model, after = stages[: actors[0]], stages[actors[0]], stages[actors[0] + 1 :]
-    for stage in tasks:
-        ds = ds.map_batches(
-            stage.fn,
-            fn_kwargs=dict(stage.kwargs),
-            batch_format="pyarrow",
-            batch_size=stage.batch_size,
-            **stage.resources(),
-        )
+    ds = _map_tasks(ds, tasks)
     calls = model.calls_per_actor
     return ds.map_batches(
         commits.CommittingActor,
@@ -364,3 +381,16 @@ def _chain(
         ),
         **model.resources(),
     )
+
+
+def _map_tasks(ds: Any, stages: Sequence[Stage]) -> Any:
+    """Task stages as ``map_batches`` calls, in order."""
+    for stage in stages:
+        ds = ds.map_batches(
+            stage.fn,
+            fn_kwargs=dict(stage.kwargs),
+            batch_format="pyarrow",
+            batch_size=stage.batch_size,
+            **stage.resources(),
+        )
+    return ds

@@ -134,6 +134,42 @@ def test_extract_returns_json_valid_against_the_schema_and_classify_a_label_from
     assert len({r["source_item_id"] for r in rows.values()}) == 1
 
 
+def test_a_job_of_two_tasks_fetches_and_extracts_each_document_once(tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    texts = {
+        "a.txt": "The meeting moved to Thursday at noon.",
+        "b.txt": "Please pay the invoice of 120 dollars by Friday.",
+        "empty.txt": "  \n",  # an error row in both tasks, from its one extraction
+    }
+    for name, text in texts.items():
+        (folder / name).write_text(text)
+    summary = process(
+        str(folder),
+        str(tmp_path / "out"),
+        task=["classify", "summarize"],
+        labels=["schedule", "billing"],
+        summary_words=10,
+        max_new_tokens=16,
+    )
+    assert [s["items"] for s in summary["stages"]] == [3, 3]
+    rows = results(tmp_path / "out")
+    assert sorted((Path(r["source_uri"]).name, r["task"]) for r in rows) == sorted(
+        (name, task) for name in texts for task in ("classify", "summarize")
+    )
+    for name, text in texts.items():
+        mine = [r for r in rows if Path(r["source_uri"]).name == name]
+        # A fetch and an extraction are timed on the row that did them: one per document.
+        assert sum(1 for r in mine if r["fetch_s"] > 0 or r["extract_s"] > 0) == 1, mine
+        if text.strip():
+            assert {(r["status"], r["document_chars"]) for r in mine} == {("ok", len(text))}
+        else:
+            assert {r["error_code"] for r in mine} == {"no_text"}
+    costs = pads.dataset(str(tmp_path / "out" / "costs"), format="parquet").to_table().to_pylist()
+    priced = [c for c in costs if c["stage"] in ("fetch", "extract") and c["seconds"] > 0]
+    assert len({c["item_id"] for c in priced}) == len(texts)  # priced once per document
+
+
 def test_rerun_of_a_document_job_adds_nothing(tmp_path):
     folder = tmp_path / "in"
     folder.mkdir()
