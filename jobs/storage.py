@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import posixpath
 import random
@@ -26,6 +27,7 @@ from overnight.jobs.errors import InputNotFound, OutputNotWritable, StorageUnava
 from overnight.schemas import ErrorCode
 
 T = TypeVar("T")
+_log = logging.getLogger(__name__)
 
 _SECRET_ENV = (
     "AWS_SECRET_ACCESS_KEY",
@@ -129,6 +131,7 @@ def resolve(url: str, config: StorageConfig | None = None) -> Location:
         # Fresh instance: fsspec caches instances by arguments, and tests change endpoints.
         options = dict(config.s3) if config is not None else _s3_options()
         fs = fsspec.filesystem("s3", skip_instance_cache=True, **options)
+        _quiet_orphaned_requests()
         return Location(fs, rest.rstrip("/"), "s3")
     if scheme in ("gs", "gcs"):
         try:
@@ -137,10 +140,45 @@ def resolve(url: str, config: StorageConfig | None = None) -> Location:
             raise StorageUnavailable(
                 "gs:// needs the gcs extra: pip install 'overnight[gcs]'"
             ) from None
+        _quiet_orphaned_requests()
         return Location(fs, rest, "gs")
     raise StorageUnavailable(
         f"unsupported URL scheme {scheme!r} in {url!r}: use a path, file://, s3:// or gs://"
     )
+
+
+def _quiet_orphaned_requests() -> None:
+    """Keep aiohttp's orphaned request tasks off the terminal (see ``_orphaned_request``), in
+    fsspec's I/O loop, where s3fs and gcsfs run every request of this process."""
+    from fsspec.asyn import get_loop
+
+    loop = get_loop()
+    if loop.get_exception_handler() is None:  # not an embedding program's own handler
+        loop.set_exception_handler(_orphaned_request)
+
+
+def _orphaned_request(loop: Any, context: dict[str, Any]) -> None:
+    """aiohttp (3.14) writes a request that waits for "100 Continue", as S3's PUT does, in a
+    task of its own, which on Python 3.11 starts on the loop's next turn. When the connection
+    is gone by then (an endpoint that accepts connections and drops them: an outage behind a
+    load balancer), that task fails and nothing awaits it; the request fails with the same
+    lost connection, which ``with_retries`` retries and reports. asyncio printed each such
+    task's traceback when it was collected ("Task exception was never retrieved"): 55 to 71
+    of them beside the one message of a publish that met an outage. Connection errors of
+    tasks nobody awaits go to the debug log; anything else is reported as asyncio would."""
+    exc = context.get("exception")
+    if "never retrieved" in str(context.get("message")) and isinstance(exc, _connection_errors()):
+        _log.debug("storage: an abandoned request's connection error: %r", exc)
+        return
+    loop.default_exception_handler(context)
+
+
+def _connection_errors() -> tuple[type[BaseException], ...]:
+    try:
+        from aiohttp import ClientConnectionError
+    except ImportError:  # pragma: no cover - s3fs and gcsfs bring aiohttp
+        return (ConnectionError,)
+    return (ConnectionError, ClientConnectionError)
 
 
 _TRANSIENT = (ConnectionError, TimeoutError, OSError)

@@ -118,3 +118,87 @@ def test_an_output_bucket_that_does_not_exist_is_exit_11_in_one_paragraph_also_w
         assert "the bucket s3://no-such-bucket does not exist" in captured.err
         assert "aws s3 mb s3://no-such-bucket" in captured.err
     assert "no-such-bucket" not in {b["Name"] for b in s3.list_buckets()["Buckets"]}
+
+
+class _StorageDownAtPublish:
+    """An S3 endpoint in front of moto that goes down at the publish's first write to
+    ``costs/``: every open connection is cut, and from then on each new one is accepted and
+    dropped at once (a load balancer whose backends are gone), which is how an outage met
+    aiohttp between taking a connection and writing its request."""
+
+    def __init__(self, upstream: str):
+        import socket
+        import threading
+
+        host, port = upstream.rsplit(":", 1)
+        self.upstream = (host.split("//")[-1], int(port))
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        self.down = False
+        self.open: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            if self.down:
+                conn.close()
+                continue
+            up = socket.create_connection(self.upstream)
+            self.open += [conn, up]
+            threading.Thread(target=self._pump, args=(conn, up, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(up, conn, False), daemon=True).start()
+
+    def _pump(self, src, dst, requests: bool) -> None:
+        import contextlib
+        import socket
+
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                if requests and data.startswith(b"PUT ") and b"/costs/" in data.split(b"\r\n")[0]:
+                    self.down = True
+                    for s in self.open:
+                        with contextlib.suppress(OSError):
+                            s.shutdown(socket.SHUT_RDWR)
+                    return
+                dst.sendall(data)
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def test_an_outage_during_the_publish_is_exit_3_in_one_line_and_the_rerun_repairs_it(
+    s3, s3_server, tmp_path
+):
+    from tests.jobs.test_transcribe import _cli
+
+    src = tmp_path / "in"
+    src.mkdir()
+    for i in range(6):
+        write_wav(src / f"call_{i}.wav", noise(1.0, seed=i))
+    s3.create_bucket(Bucket="out-down")
+    proxy = _StorageDownAtPublish(s3_server)
+    try:
+        env = {**os.environ, "AWS_ENDPOINT_URL": proxy.url}
+        result = _cli("transcribe", str(src), "s3://out-down/night", env=env)
+    finally:
+        proxy.close()
+    assert proxy.down  # the outage met the publish
+    assert result.returncode == 3, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr[-3000:]
+    assert "storage unreachable" in result.stderr
+    again = _cli("transcribe", str(src), "s3://out-down/night")
+    assert again.returncode == 0, again.stderr[-3000:]
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="out-down")["Contents"]]
+    assert any(k.startswith("night/costs/run_date=") for k in keys)
+    assert not any(k.startswith("night/_staging/") and k.endswith(".parquet") for k in keys)
