@@ -16,6 +16,7 @@ pass; the batch planning (``plan_batches``) is model-free and tested on its own.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -36,7 +37,13 @@ from overnight.schemas.stages import WHISPER_OUTPUT
 from overnight.workers.analytics import call_analytics
 from overnight.workers.audio import FRAMES_PER_SECOND, to_original_time
 from overnight.workers.devices import detect_gpu_kind, resolve_device, worker_id
-from overnight.workers.whisper_guard import BEST_OF, FALLBACK_TEMPERATURES, check, cut_repetition
+from overnight.workers.whisper_guard import (
+    BEST_OF,
+    FALLBACK_TEMPERATURES,
+    check,
+    cut_repetition,
+    token_cap,
+)
 from overnight.workers.whisper_options import BUNDLED_MODEL, WhisperOptions, is_english
 
 # faster-whisper names whose feature extractor uses 128 mel bins (large-v3 family); every
@@ -667,6 +674,13 @@ class WhisperWorker:
         # Batch-mates share one prompt (plan_batches groups by it).
         options = self._transcription_options(tokenizer, batch[0].prompt)
         full = 30 * FRAMES_PER_SECOND
+        prompt = self.model.get_prompt(
+            tokenizer,
+            tokenizer.encode(options.initial_prompt) if options.initial_prompt else [],
+            without_timestamps=options.without_timestamps,
+            hotwords=options.hotwords,
+        )
+        room = self.model.max_length - len(prompt)  # what Whisper's 448 positions leave
 
         def forward(
             chunks: list[_ChunkRef],
@@ -704,7 +718,12 @@ class WhisperWorker:
                 model = SamplingModel(model, temperature, BEST_OF, accept)
             # A pipeline per batch: it keeps that last speech time, and batches run on several
             # threads here.
-            outputs = self._pipeline_class(model).forward(feats, tokenizer, meta, options)
+            # No chunk needs more tokens than its speech can hold (whisper_guard): a decode
+            # that loops stops there instead of at Whisper's 448, and with it the batch, which
+            # decodes as long as its longest member.
+            cap = max(token_cap(c.duration) for c in chunks) + 1
+            capped = dataclasses.replace(options, max_new_tokens=min(cap, room))
+            outputs = self._pipeline_class(model).forward(feats, tokenizer, meta, capped)
             for m, output in zip(meta, outputs, strict=True):
                 for seg in output:
                     for timed in [seg, *(seg.get("words") or [])]:

@@ -111,6 +111,11 @@ def _pieces(text: str) -> list[re.Match[str]]:
     return list(_PIECE.finditer(text.lower()))
 
 
+def token_cap(speech_s: float) -> int:
+    """The most tokens a decode of ``speech_s`` seconds of speech may have."""
+    return int(MAX_TOKENS_PER_SPEECH_S * max(speech_s, 0.0) + TOKEN_SLACK)
+
+
 def check(text: str, tokens: int | None, speech_s: float) -> str | None:
     """Why a chunk's decode is degenerate ("compression", "repetition", "too_many_tokens"),
     or None. ``tokens``: the decode's token count (None: counted from the text, about 1.3
@@ -124,7 +129,7 @@ def check(text: str, tokens: int | None, speech_s: float) -> str | None:
     if repeated_run(pieces) is not None:
         return "repetition"
     count = tokens if tokens is not None else round(len(pieces) * 1.3)
-    if count > MAX_TOKENS_PER_SPEECH_S * max(speech_s, 0.0) + TOKEN_SLACK:
+    if count > token_cap(speech_s):
         return "too_many_tokens"
     return None
 
