@@ -368,3 +368,23 @@ def test_an_amount_whisper_wrote_without_its_sign_and_a_cards_last_four_stay():
     ):
         _, entities = Redactor(["all"]).redact(row(("agent", said)))
         assert not entities, (said, entities)
+
+
+def test_digits_read_out_right_before_the_expiration_date_is_asked_for_are_the_card():
+    # tiny.en lost "My visa is five two two zero ..." all but five of its digits
+    r = row(
+        ("agent", "Go ahead."),
+        ("customer", "I need them in time to near or near or from in time 1, 1, 8, 6, 4."),
+        ("agent", "And the expiration date?"),
+    )
+    fields, entities = Redactor(["pci"]).redact(r)
+    assert [e["type"] for e in entities] == ["card_number"] and not leaked(fields, "11864")
+    # Without a card's code asked for next, five digits are an order number.
+    r = row(("agent", "Your order number is 1 1 8 6 4."), ("agent", "Anything else?"))
+    assert Redactor(["pci"]).redact(r)[1] == []
+
+
+def test_a_card_cue_reaches_twenty_words_and_a_day_is_no_street():
+    far = "The gift card balance is $25.00. The upgrade cost $50.00 per month and we are meeting in a free mirror near a lot of new space today, your order number is 10 145346"
+    assert Redactor(["all"]).redact(row(("agent", far)))[1] == []
+    assert Redactor(["all"]).redact(row(("customer", "The meeting is at 5.51 Tuesday.")))[1] == []

@@ -6,9 +6,10 @@ drops and repeats digits, reads "219 09 9999" as "two hundred ninety zero nine t
 and loops ("$200,000, $10,000, $10,000, ..."). So these rules look at how many digits a run
 says, and at nothing the model may have garbled:
 
-- ``card_number`` chosen: any run of 12 or more digits, and any run of 8 or more within
-  ``CARD_CONTEXT_WINDOW`` tokens after a card cue, whatever its Luhn check and however it is
-  split ("1-3-3-3", "4,111,111", "$10,000, $10,000", words and digits mixed, repeated).
+- ``card_number`` chosen: any run of 12 or more digits, any run of 8 or more after a card cue
+  (within 20 tokens), whatever its Luhn check and however it is split ("1-3-3-3",
+  "4,111,111", "$10,000, $10,000", words and digits mixed, repeated), and any run of 5 or
+  more right before the card's expiration date or security code is asked for.
 - ``ssn`` or ``bank_account`` chosen: any run of 9 or more digits, and every number after an
   SSN, account or routing cue up to the end of its sentence when they say four digits or
   more in all (an amount of money under 9 digits excepted: "the account balance is fifty
@@ -39,6 +40,18 @@ from overnight.workers.redact.speech import (
 CARD_ANY = 12  # digits: a card number, wherever it is said
 CARD_NEAR_CUE = 8  # digits after a card cue
 LONG_NUMBER = 9  # digits: an SSN, an account or a routing number
+# Digits read out right before the card's expiration date or security code is asked for.
+CARD_BEFORE_ITS_CODE = 5
+NEXT_WINDOW = 30
+OTHER_NUMBERS = {"ssn", "phone", "bank_account", "date_of_birth"}
+NEXT_CUES = (
+    ("expiration",),
+    ("expiry",),
+    ("security", "code"),
+    ("cvv",),
+    ("cvc",),
+    ("code", "on", "the", "back"),
+)
 # The numeric types, in the order a run without a cue is given one (by its length below).
 NUMERIC = ("card_number", "ssn", "bank_account", "phone")
 # Cues after which every number up to the end of the sentence is the entity's.
@@ -65,6 +78,18 @@ def safe_entities(
     ]
 
 
+def _asked_next(keys: list[str], after: int) -> bool:
+    """Whether the card's expiration date or security code is asked for or said within
+    ``NEXT_WINDOW`` tokens after token ``after``: the number read out just before is the card,
+    whatever Whisper made of its cue ("Go ahead." ... "I need them in time 1, 1, 8, 6, 4")."""
+    said = keys[after : after + NEXT_WINDOW]
+    return any(
+        list(said[k : k + len(cue)]) == list(cue)
+        for cue in NEXT_CUES
+        for k in range(len(said) - len(cue) + 1)
+    )
+
+
 def _type_of(length: int, cues: dict[str, int], types: Collection[str]) -> str | None:
     """A long run's type: the nearest cue's among the chosen numeric types, else by length
     (a card is 12 digits or more, a phone number 10, an SSN 9)."""
@@ -89,9 +114,15 @@ def _long_runs(
     long_enough = LONG_NUMBER if {"ssn", "bank_account"} & set(types) else CARD_ANY
     for run in digit_runs(tokens, digits):
         n = len(run.digits)
-        cues = nearest_cue(keys, run.tokens[0], CARD_CONTEXT_WINDOW)
+        cues = nearest_cue(keys, run.tokens[0])
         if "card_number" in types and (
-            n >= CARD_ANY or (n >= CARD_NEAR_CUE and "card_number" in cues)
+            n >= CARD_ANY
+            or (n >= CARD_NEAR_CUE and "card_number" in cues)
+            or (
+                n >= CARD_BEFORE_ITS_CODE
+                and not set(cues) & OTHER_NUMBERS  # an SSN or phone said before the code
+                and _asked_next(keys, run.tokens[-1] + 1)
+            )
         ):
             found.append(Found("card_number", run.tokens, 0.9, "long-run"))
         elif n >= long_enough:

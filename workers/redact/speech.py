@@ -719,7 +719,12 @@ def address_entities(tokens: Sequence[Token]) -> list[Found]:
             keys[j] in ("live", "address", "moved", "located", "lives")
             for j in range(max(0, i - 6), i)
         )
-        while k < len(tokens) and words < 3 and (cued or tokens[k].word[:1].isupper()):
+        while (
+            k < len(tokens)
+            and words < 3
+            and (cued or tokens[k].word[:1].isupper())
+            and keys[k] not in NOT_NAMES  # "at 5.51 Tuesday": a day or month is no street
+        ):
             if keys[k] in STREET_TYPES and words:
                 break
             words += 1
