@@ -1,8 +1,10 @@
 #!/usr/bin/env python
 """Redaction on the synthesized corpus (scripts/redaction_corpus.py): 40 calls with PII, 40
-without, spoken by espeak-ng, transcribed by the bundled tiny.en with word timestamps,
-redacted with every type on; prints recall and precision per type and the share of clean
-calls with any redaction.
+without, spoken by several espeak-ng voices and rates, wideband or over an 8 kHz telephone
+band, with or without noise, numbers read in every way callers read them, transcribed by
+the bundled tiny.en with word timestamps, redacted with every type on; prints recall (for a
+number: none of its digits, 4 in a row, left anywhere in the row) and precision per type and
+the share of clean calls with any redaction.
 
     python scripts/eval_redaction.py [--seed 17 [20 21 ...]] [--misses] [--cache 'DIR/s{seed}.pkl']
 """

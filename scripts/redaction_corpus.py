@@ -5,15 +5,19 @@ PII, and clean calls with innocent numbers, plus the scoring rule. Used by
 Every call is made from seeded templates (``build_corpus(seed)``): the same seed, the same
 calls. A PII call carries one to three entities, each with its ground-truth value: the digits
 of a number, or the words of a name, address, e-mail or date. Numbers are spoken as people
-read them out: digit by digit in groups, with "double"/"triple", "oh" for zero, as pairs
-("forty one, eleven"), and some cards over two customer turns with the agent in between.
+read them out (``number_speech``: digit by digit with "zero" or "oh", "double"/"triple",
+pairs, hundreds, thousands, written digits, dashes, commas, or mixed), some cards over two
+customer turns with the agent in between, cards without a cue or a valid Luhn check, house
+numbers of any length. Each call has its own espeak-ng voices and rates and an audio
+condition: wideband, 8 kHz telephone band, either with noise.
 
 Scoring (``score``), per entity type:
 
-- recall: an entity is found when none of it survives in the redacted text (no run of
-  ``min(4, len)`` of its digits in the text's digits, spelled-out digits read as digits; none
-  of its words, for names, addresses, e-mails and dates) and a tag of its type is in the
-  call's redacted text;
+- recall: a number (card, CVV, expiry, SSN, account, phone) is found when no 4 of its digits
+  in a row (``min(4, len)``) survive anywhere in the redacted row: its text, its segments'
+  text and their words, spoken numbers read as digits (``survives``). A name, address, e-mail
+  or date of birth is found when none of its words survive there and a tag of its type is in
+  the call's redacted text;
 - precision: the entities the redactor reports of a type in a call are right up to the
   number of that type the call holds (a card read over two turns: two tags); the rest, and
   every one in a clean call, are false alarms. (Matching by value would count Whisper's
@@ -25,10 +29,18 @@ from __future__ import annotations
 
 import random
 import re
+import sys
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # number_speech, beside this file
+
+import number_speech
+
+from overnight.workers.redact.numbers import text_digits
 from overnight.workers.redact.speech import luhn_ok
 
 FIRST = [
@@ -111,6 +123,12 @@ class Call:
     name: str
     turns: list[tuple[str, str]]  # (agent|customer, what espeak says)
     truths: list[Truth] = field(default_factory=list)
+    # espeak-ng voice and words per minute of each side, and the line's audio condition
+    # (number_speech.CONDITIONS); drawn per call by build_corpus.
+    voices: dict[str, tuple[str, int]] = field(
+        default_factory=lambda: {"agent": ("en-us", 150), "customer": ("en-gb", 150)}
+    )
+    condition: str = "wideband"
 
     @property
     def clean(self) -> bool:
@@ -125,26 +143,13 @@ def luhn_complete(body: str) -> str:
 
 
 def say_digits(digits: str, rng: random.Random, groups: int = 4) -> str:
-    """Digit by digit, in groups, one of the ways people read numbers out."""
-    style = rng.choice(["plain", "plain", "oh", "double", "pairs"])
-    parts = [digits[i : i + groups] for i in range(0, len(digits), groups)]
-    spoken = []
-    for part in parts:
-        if style == "pairs" and len(part) == 4 and part[0] != "0" and part[2] != "0":
-            spoken.append(f"{_pair(part[:2])} {_pair(part[2:])}")
-            continue
-        words = []
-        i = 0
-        while i < len(part):
-            d = part[i]
-            if style == "double" and i + 1 < len(part) and part[i + 1] == d:
-                words.append(f"double {WORDS[int(d)]}")
-                i += 2
-                continue
-            words.append("oh" if (d == "0" and style == "oh") else WORDS[int(d)])
-            i += 1
-        spoken.append(" ".join(words))
-    return ", ".join(spoken)
+    """``digits`` in groups of ``groups``, read in any of the ways callers read numbers out
+    (``number_speech.STYLES``: digit by digit with "zero" or "oh", "double"/"triple", pairs,
+    hundreds or thousands, written digits, dashes, commas, or each group its own way)."""
+    sizes = [groups] * (len(digits) // groups) + (
+        [len(digits) % groups] if len(digits) % groups else []
+    )
+    return number_speech.read_number(digits, sizes, rng.choice(number_speech.STYLES), rng)
 
 
 def _pair(two: str) -> str:
@@ -181,21 +186,35 @@ def pii_calls(rng: random.Random, n: int) -> list[Call]:
         turns: list[tuple[str, str]] = []
         truths: list[Truth] = []
         if kind in (0, 1, 2):
-            card = _card(rng, valid=kind != 2)
+            card = (
+                _card(rng, valid=kind != 2)
+                if rng.random() < 0.7
+                else number_speech.card_number(rng)
+            )
             truths.append(Truth("card_number", card))
-            turns.append(("agent", "Sure, what is the card number?"))
+            turns.append(("agent", rng.choice(["Sure, what is the card number?", "Go ahead."])))
             if kind == 1:  # over two turns of the customer
                 turns.append(("customer", f"It is {say_digits(card[:8], rng)}."))
                 turns.append(("agent", "Okay, go on."))
                 turns.append(("customer", f"{say_digits(card[8:], rng)}."))
             else:
-                turns.append(("customer", f"The card number is {say_digits(card, rng)}."))
+                lead = rng.choice(["The card number is ", "It is ", "Sure, ", "", "My visa is "])
+                said = say_digits(card, rng)
+                turns.append(
+                    ("customer", f"{lead}{said}." if lead else f"{said[:1].upper()}{said[1:]}.")
+                )
             month, year = rng.randrange(1, 13), rng.randrange(26, 31)
             turns.append(("agent", "And the expiration date?"))
-            mm = f"zero {WORDS[month]}" if month < 10 else TEENS_WORDS[month - 10]
-            said = rng.choice(
-                [f"{mm}, {_pair(str(year))}", f"{MONTHS[month - 1]} twenty {_pair(str(year))}"]
+            mm = rng.choice(
+                [
+                    f"zero {WORDS[month]}" if month < 10 else TEENS_WORDS[month - 10],
+                    f"oh {WORDS[month]}" if month < 10 else TEENS_WORDS[month - 10],
+                    number_speech.number_words(month),
+                    f"{month:02d}",
+                ]
             )
+            yy = rng.choice([_pair(str(year)), f"twenty {_pair(str(year))}", f"20{year}"])
+            said = rng.choice([f"{mm}, {yy}", f"{MONTHS[month - 1]} {yy}", f"{mm} slash {yy}"])
             turns.append(
                 ("customer", rng.choice([f"It expires {said}.", f"The expiration date is {said}."]))
             )
@@ -209,13 +228,10 @@ def pii_calls(rng: random.Random, n: int) -> list[Call]:
             ssn = _digits(rng, 9)
             truths.append(Truth("ssn", ssn))
             turns.append(("agent", "To verify your identity, what is your social security number?"))
-            turns.append(
-                (
-                    "customer",
-                    f"My social is {say_digits(ssn[:3], rng)}, "
-                    f"{say_digits(ssn[3:5], rng)}, {say_digits(ssn[5:], rng)}.",
-                )
-            )
+            groups = rng.choice([(3, 2, 4), (3, 2, 4), (9,), (3, 3, 3)])
+            said = number_speech.read_number(ssn, groups, rng.choice(number_speech.STYLES), rng)
+            lead = rng.choice(["My social is ", "It's ", "My social security number is ", ""])
+            turns.append(("customer", f"{lead}{said}."))
         elif kind == 4:
             phone = rng.choice("23456789") + _digits(rng, 9)
             truths.append(Truth("phone", phone))
@@ -241,21 +257,29 @@ def pii_calls(rng: random.Random, n: int) -> list[Call]:
                 )
             )
         elif kind == 7:
-            num = str(rng.randrange(10, 100))  # two digits: tiny.en loops on some longer ones
+            num = str(rng.randrange(1, 100_000))
+            said = number_speech.read_number(
+                num, (len(num),), rng.choice(number_speech.STYLES), rng
+            )
             street, stype, city = rng.choice(STREETS), rng.choice(STREET_TYPES), rng.choice(CITIES)
             truths.append(Truth("address", f"{num} {street} {city}"))
             turns.append(("agent", "What is the address on the account?"))
-            turns.append(("customer", f"I live at {num} {street} {stype} in {city}."))
+            turns.append(("customer", f"I live at {said} {street} {stype} in {city}."))
         elif kind == 8:
             month, day, year = rng.choice(MONTHS), rng.randrange(1, 29), rng.randrange(1950, 2001)
             truths.append(Truth("date_of_birth", f"{month} {day} {year}"))
             turns.append(("agent", "Can you confirm your date of birth?"))
             turns.append(("customer", f"My date of birth is {month} {day}, {year}."))
         else:
-            account = _digits(rng, 8)
+            account = _digits(rng, rng.choice([8, 10, 12]))
             truths.append(Truth("bank_account", account))
             turns.append(("agent", "What is the bank account number for the refund?"))
-            turns.append(("customer", f"The account number is {say_digits(account, rng)}."))
+            said = f"The account number is {say_digits(account, rng)}"
+            if rng.random() < 0.5:
+                routing = "0" + _digits(rng, 8)
+                truths.append(Truth("bank_account", routing))
+                said += f" and the routing number is {say_digits(routing, rng, 9)}"
+            turns.append(("customer", said + "."))
         if kind in (3, 4, 9):  # a name too, from the agent's greeting
             truths.append(Truth("person", f"{first} {last}"))
             intro = rng.choice(
@@ -288,16 +312,71 @@ CLEAN_LINES = [
 ]
 
 
+def clean_line(rng: random.Random) -> tuple[str, str]:
+    """A line with numbers that are nobody's secret, drawn fresh: amounts, quantities, times,
+    dates, menu choices, the last four digits of a card (PCI lets an agent say them), order
+    and room numbers, percentages, years."""
+    n = number_speech.number_words
+    amount = rng.choice(
+        [
+            f"{n(rng.randrange(2, 1000))} dollars and {n(rng.randrange(1, 100))} cents",
+            f"${rng.randrange(2, 5000):,}.{rng.randrange(100):02d}",
+            f"{n(rng.randrange(2, 100))} dollars",
+        ]
+    )
+    return rng.choice(
+        [
+            ("customer", f"I was charged {amount} on my last bill."),
+            ("agent", f"The balance on the account is {amount}."),
+            (
+                "agent",
+                f"Your card ending in {number_speech.read_group(_digits(rng, 4), 'digits')} is on file.",
+            ),
+            (
+                "customer",
+                f"I ordered {n(rng.randrange(2, 50))} items and {n(rng.randrange(2, 9))} were missing.",
+            ),
+            ("agent", f"Your order number is {_digits(rng, 6)}."),
+            (
+                "customer",
+                f"The meeting is at {rng.randrange(1, 13)}:{rng.choice(['00', '15', '30', '45'])} on Tuesday.",
+            ),
+            (
+                "agent",
+                f"Press {n(rng.randrange(1, 10))} to continue or {n(rng.randrange(0, 10))} to repeat.",
+            ),
+            ("customer", f"I have been a customer since {rng.randrange(1990, 2026)}."),
+            (
+                "agent",
+                f"You get {n(rng.choice([5, 10, 15, 20, 25]))} percent off for {n(rng.randrange(2, 13))} months.",
+            ),
+            (
+                "customer",
+                f"We are in room {rng.randrange(100, 1000)} on the {rng.choice(['second', 'third', 'fifth'])} floor.",
+            ),
+            ("agent", f"It will arrive on {rng.choice(MONTHS)} {rng.randrange(1, 29)}."),
+            ("customer", f"I have had this account for {n(rng.randrange(2, 30))} years."),
+        ]
+    )
+
+
 def clean_calls(rng: random.Random, n: int) -> list[Call]:
     calls = []
     for k in range(n):
-        calls.append(Call(f"clean_{k:03d}", rng.sample(CLEAN_LINES, 3)))
+        lines = rng.sample(CLEAN_LINES, 2) + [clean_line(rng) for _ in range(2)]
+        rng.shuffle(lines)
+        calls.append(Call(f"clean_{k:03d}", lines))
     return calls
 
 
 def build_corpus(seed: int = 17, pii: int = 40, clean: int = 40) -> list[Call]:
+    """Calls made from ``seed``: each with its own voices, rates and audio condition."""
     rng = random.Random(seed)
-    return pii_calls(rng, pii) + clean_calls(rng, clean)
+    calls = pii_calls(rng, pii) + clean_calls(rng, clean)
+    for call in calls:
+        call.voices = {side: number_speech.voice(rng) for side in ("agent", "customer")}
+        call.condition = rng.choice(number_speech.CONDITIONS)
+    return calls
 
 
 def synthesize(call: Call, gap_s: float = 0.4) -> Any:
@@ -308,36 +387,24 @@ def synthesize(call: Call, gap_s: float = 0.4) -> Any:
 
     channels: dict[str, list[Any]] = {"agent": [], "customer": []}
     for speaker, text in call.turns:
-        voice = "en-us" if speaker == "agent" else "en-gb"
-        clip = np.concatenate([speak(text, voice=voice), silence(gap_s)])
+        voice, rate = call.voices[speaker]
+        clip = np.concatenate([speak(text, voice=voice, speed=rate), silence(gap_s)])
         for label, parts in channels.items():
             parts.append(clip if label == speaker else np.zeros_like(clip))
-    return np.stack([np.concatenate(channels["agent"]), np.concatenate(channels["customer"])])
+    sides = []
+    for k, label in enumerate(("agent", "customer")):
+        audio, rate = number_speech.render(
+            np.concatenate(channels[label]), call.condition, zlib.crc32(f"{call.name}/{k}".encode())
+        )
+        if rate != number_speech.SAMPLE_RATE:  # back to 16 kHz samples, the band kept narrow
+            x = np.arange(audio.size * 2) / 2
+            audio = np.interp(x, np.arange(audio.size), audio).astype(np.float32)
+        sides.append(audio)
+    n = min(a.size for a in sides)
+    return np.stack([a[:n] for a in sides])
 
 
 # ---- scoring ------------------------------------------------------------------------------
-
-_UNIT = {w: str(i) for i, w in enumerate(WORDS)} | {"oh": "0"}
-
-
-def digit_runs(text: str) -> list[str]:
-    """The text's numbers as digit strings: spelled-out digits read as digits, punctuation
-    and spaces inside a number ignored ("4-1-1 1" → "4111")."""
-    runs, current = [], ""
-    for word in re.findall(r"[A-Za-z]+|\d+|[^\sA-Za-z\d]", text.lower()):
-        if word.isdigit():
-            current += word
-        elif word in _UNIT:
-            current += _UNIT[word]
-        elif re.fullmatch(r"[^\sA-Za-z\d]", word) and word != "[":
-            continue
-        else:
-            if current:
-                runs.append(current)
-            current = ""
-    if current:
-        runs.append(current)
-    return runs
 
 
 def _grams(digits: str, k: int) -> set[str]:
@@ -352,11 +419,25 @@ def _words(text: str) -> set[str]:
 NUMERIC = {"card_number", "cvv", "expiry", "ssn", "bank_account", "phone"}
 
 
-def survives(truth: Truth, redacted: str) -> bool:
+def row_texts(fields: Mapping[str, Any]) -> list[str]:
+    """Every place of a redacted row a reader sees text: its text, each segment's text, and
+    each segment's words."""
+    texts = [fields.get("text") or ""]
+    for seg in fields.get("segments") or []:
+        texts.append(seg.get("text") or "")
+        texts.append(" ".join(w.get("word") or "" for w in seg.get("words") or []))
+    return texts
+
+
+def survives(truth: Truth, fields: Mapping[str, Any]) -> bool:
+    """Whether any of ``truth`` is left in the redacted row: for a number, any 4 of its digits
+    in a row among the digits of any text of the row (``row_texts``; spoken numbers read as
+    digits by ``workers.redact.numbers``); for the other types, any of its words."""
+    texts = row_texts(fields)
     if truth.type in NUMERIC:
         grams = _grams(truth.value, 4)
-        return any(g in run for run in digit_runs(redacted) for g in grams)
-    return bool(_words(truth.value) & _words(redacted))
+        return any(g in text_digits(t) for t in texts for g in grams)
+    return any(bool(_words(truth.value) & _words(t)) for t in texts)
 
 
 @dataclass
@@ -416,14 +497,16 @@ class Scores:
 def score(
     calls: Sequence[Call],
     originals: Mapping[str, str],
-    redacted: Mapping[str, str],
+    redacted: Mapping[str, Mapping[str, Any]],
     entities: Mapping[str, Sequence[Mapping[str, Any]]],
 ) -> Scores:
-    """``originals``/``redacted``: each call's transcript text before and after redaction;
-    ``entities``: what the redactor reported (``start_char``/``end_char`` into the original)."""
+    """``originals``: each call's transcript text before redaction; ``redacted``: its row's
+    redacted ``text`` and ``segments``; ``entities``: what the redactor reported
+    (``start_char``/``end_char`` into the original)."""
     s = Scores()
     for call in calls:
-        text, red, ents = originals[call.name], redacted[call.name], entities[call.name]
+        text, fields, ents = originals[call.name], redacted[call.name], entities[call.name]
+        red = fields.get("text") or ""
         if call.clean:
             s.clean_calls += 1
             if ents:
@@ -433,8 +516,10 @@ def score(
                 )
         for t in call.truths:
             s.truths[t.type] = s.truths.get(t.type, 0) + 1
-            tagged = f"[{t.type.upper()}]" in red
-            if tagged and not survives(t, red):
+            # A number is found when none of it is left; the other types need their tag too
+            # (their words could be gone because Whisper lost them).
+            tagged = t.type in NUMERIC or f"[{t.type.upper()}]" in red
+            if tagged and not survives(t, fields):
                 s.found[t.type] = s.found.get(t.type, 0) + 1
             else:
                 s.misses.append(f"{call.name} {t.type} {t.value!r}: {red!r}")
@@ -501,6 +586,6 @@ def evaluate(
         row = rows[call.name]
         fields, found = redactor.redact(row)
         originals[call.name] = row["text"] or ""
-        redacted[call.name] = fields["text"] or ""
+        redacted[call.name] = fields
         entities[call.name] = found
     return score(calls, originals, redacted, entities)
