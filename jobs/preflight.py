@@ -16,12 +16,13 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from overnight.jobs import storage
 from overnight.jobs.errors import ModelNotFound, OutputNotWritable
-from overnight.workers.whisper import (
+from overnight.workers.whisper_models import (
     BUNDLED_MODEL,
     ModelLoadError,
     check_model_reference,
@@ -162,18 +163,15 @@ def whisper_model(model: str, *, download: bool = True, progress: bool = False) 
     if not download:
         _check_hub(repo, what, _WHISPER_NAMES)
         return WhisperModelRef(None, feature_size_for(model))
-    if progress:
-        _announce(repo, what)
-    try:
-        path = Path(download_model(model))
-    except Exception as exc:
-        raise _hub_failure(exc, repo, what, _WHISPER_NAMES) from None
-    if not (path / "model.bin").is_file():
-        raise ModelNotFound(
-            f"{what} is on the hub but is not a CTranslate2 Whisper model (no model.bin): use "
-            "a faster-whisper conversion (e.g. Systran/faster-whisper-small.en), or convert it "
-            "with ct2-transformers-converter and pass the folder."
-        )
+    path = _fetch_ctranslate2(
+        lambda: download_model(model),
+        repo,
+        what,
+        _WHISPER_NAMES,
+        progress=progress,
+        kind="Whisper model",
+        instead="a faster-whisper conversion (e.g. Systran/faster-whisper-small.en)",
+    )
     has_preprocessor = (path / "preprocessor_config.json").is_file()
     return WhisperModelRef(str(path), feature_size_for(str(path) if has_preprocessor else model))
 
@@ -232,22 +230,46 @@ def llm_model(
         return None
     import huggingface_hub
 
-    if progress:
-        _announce(model, what)
-    try:
-        local = Path(huggingface_hub.snapshot_download(model, etag_timeout=HUB_TIMEOUT_S))
-    except Exception as exc:
-        raise _hub_failure(exc, model, what, _LLM_NAMES) from None
-    if not (local / "model.bin").is_file():
-        raise ModelNotFound(
-            f"{what} is on the hub but is not a CTranslate2 model (no model.bin): use "
-            "--backend vllm for a Hugging Face model, or convert it with "
-            "ct2-transformers-converter and pass the folder."
-        )
+    local = _fetch_ctranslate2(
+        lambda: huggingface_hub.snapshot_download(model, etag_timeout=HUB_TIMEOUT_S),
+        model,
+        what,
+        _LLM_NAMES,
+        progress=progress,
+        kind="model",
+        instead="--backend vllm for a Hugging Face model",
+    )
     return str(local)
 
 
 # -- the hub --------------------------------------------------------------------------------
+
+
+def _fetch_ctranslate2(
+    fetch: Callable[[], str],
+    repo: str,
+    what: str,
+    names: str,
+    *,
+    progress: bool,
+    kind: str,
+    instead: str,
+) -> Path:
+    """The local folder ``fetch()`` downloads ``repo`` into (the Hugging Face cache), which
+    must hold a CTranslate2 model (model.bin); else ``ModelNotFound`` says what to use
+    ``instead``. ``names``: the model names the message suggests when the hub has none."""
+    if progress:
+        _announce(repo, what)
+    try:
+        path = Path(fetch())
+    except Exception as exc:
+        raise _hub_failure(exc, repo, what, names) from None
+    if not (path / "model.bin").is_file():
+        raise ModelNotFound(
+            f"{what} is on the hub but is not a CTranslate2 {kind} (no model.bin): use "
+            f"{instead}, or convert it with ct2-transformers-converter and pass the folder."
+        )
+    return path
 
 
 def _announce(repo: str, what: str) -> None:

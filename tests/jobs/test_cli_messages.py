@@ -225,7 +225,7 @@ def test_a_whisper_model_that_fails_to_load_in_its_actor_is_exit_5_in_one_paragr
 ):
     """The model is found on the driver and fails in the Ray actor's constructor: Ray keeps
     only the text of that error (and printed the remote traceback, "(raylet)", on stdout)."""
-    from overnight.workers.whisper import bundled_model_path
+    from overnight.workers.whisper_models import bundled_model_path
 
     broken = _cut_short(Path(bundled_model_path()), tmp_path / "whisper", "model.bin")
     status, output = overnight(
@@ -305,7 +305,7 @@ def test_offline_mode_without_the_model_in_the_cache_says_so(recording, tmp_path
 def _cache_tiny_en(hf_home: Path) -> Path:
     """The Hugging Face cache as ``hf download Systran/faster-whisper-tiny.en`` leaves it, made
     of the bundled tiny.en (the same CTranslate2 files)."""
-    from overnight.workers.whisper import ModelLoadError, bundled_model_path
+    from overnight.workers.whisper_models import ModelLoadError, bundled_model_path
 
     try:
         source = Path(bundled_model_path())

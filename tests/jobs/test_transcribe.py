@@ -314,7 +314,7 @@ def test_killed_run_restarted_ends_with_exactly_one_row_per_item(tmp_path):
 def test_job_reads_and_writes_an_s3_endpoint_with_the_model_in_object_storage(
     s3, synth_calls, tmp_path
 ):
-    from overnight.workers.whisper import bundled_model_path
+    from overnight.workers.whisper_models import bundled_model_path
 
     folder, refs = synth_calls
     upload_folder(s3, "calls-in", folder, "2026-12-01")

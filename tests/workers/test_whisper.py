@@ -17,16 +17,15 @@ from overnight.schemas.stages import DECODED, WHISPER_OUTPUT
 from overnight.workers.audio import AudioChunker, AudioOptions
 from overnight.workers.whisper import (
     ContinuousBatcher,
-    ModelLoadError,
     WhisperOptions,
     WhisperWorker,
     WhisperWorkerConfig,
     _ChunkRef,
-    check_model_reference,
     encode_in_parts,
     plan_batches,
     repeats_itself,
 )
+from overnight.workers.whisper_models import ModelLoadError
 from tests.conftest import wer
 
 pytestmark = pytest.mark.skipif(not espeak_available(), reason="espeak-ng not installed")
@@ -149,16 +148,6 @@ def test_error_rows_pass_through_and_noise_gives_empty_text(worker):
         None,
     )
     assert wer(TEXTS[4], out[2]["text"]) <= 0.3
-
-
-def test_a_missing_model_is_refused_before_any_work(tmp_path):
-    with pytest.raises(ModelLoadError, match="not found"):
-        check_model_reference(str(tmp_path / "no-such-model"))
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(ModelLoadError, match=r"model\.bin"):
-        check_model_reference(str(tmp_path / "empty"))
-    check_model_reference("large-v3-turbo")  # a faster-whisper name: fine, loads from the hub later
-    check_model_reference("Systran/faster-whisper-small.en")  # a hub id: checked by jobs.preflight
 
 
 def test_two_model_workers_give_the_same_rows_and_price_each_batch_at_half_the_actor():
