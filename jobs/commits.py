@@ -377,13 +377,14 @@ class CommittingActor:
         self.ready_at = time.time()
         self.dataset, self.schema, self.slim, self.token = dataset, schema, tuple(slim), token
         self.provenance = provenance
-        self.after: list[tuple[Any, dict[str, Any]]] = []
+        self.after: list[tuple[Any, Stage]] = []
         if after:
             import ray
 
-            self.after = [
-                (ray.remote(**s.resources(), max_retries=3)(s.fn), dict(s.kwargs)) for s in after
-            ]
+            from overnight.jobs.stage import run_task
+
+            task: Callable[..., Any] = run_task  # ray.remote's typing knows no keyword-only args
+            self.after = [(ray.remote(**s.resources(), max_retries=3)(task), s) for s in after]
         # Where the batches are written (the run's staging folder); the claim is the dataset's.
         self.into = into or dataset
         self.deaths = _CallDeaths(token)
@@ -409,8 +410,8 @@ class CommittingActor:
             import ray
 
             # On the rows as they will be committed (source_uri and the run's provenance in).
-            for task, kwargs in self.after:
-                finished = ray.get(task.remote(finished, **kwargs))
+            for task, stage in self.after:
+                finished = ray.get(task.remote(finished, stage=stage))
         # Checked after the model, right before the write: the window a dying run's actor
         # has to commit after a new run's claim is one small read long.
         check_claim(self.dataset, self.token)

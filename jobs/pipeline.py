@@ -23,6 +23,7 @@ import pyarrow as pa
 from overnight.jobs import storage
 from overnight.jobs.commits import ACTOR_STARTED, MODEL_READY
 from overnight.jobs.errors import EngineFailed, ModelNotFound, OvernightError
+from overnight.jobs.stage import StageContractError
 from overnight.schemas import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -469,7 +470,8 @@ def execute(
                     on_rows(len(outcome.rows))
     except Exception as exc:
         inner = _unwrap(exc, load_errors)
-        if isinstance(inner, OvernightError):
+        # A stage that broke its declared contract is a bug, not the engine: raised as it is.
+        if isinstance(inner, (OvernightError, StageContractError)):
             raise inner from None
         if isinstance(inner, load_errors):
             raise ModelNotFound(str(inner)) from None

@@ -120,9 +120,10 @@ def probe_plan(spec: JobSpec) -> runner.JobPlan:
     max_bytes = int(spec.transcribe.max_file_mb * 2**20)
 
     def build(at: runner.Placement) -> runner.Build:
-        prober = Stage(
+        prober = Stage.on_pool(
             "probe",
             Prober,
+            at.pool,
             consumes=MANIFEST,
             produces=PROBE_OUTPUT,
             kwargs={
@@ -130,8 +131,6 @@ def probe_plan(spec: JobSpec) -> runner.JobPlan:
                 "max_bytes": max_bytes,
                 "allowed_input_prefixes": spec.job.allowed_input_prefixes,
             },
-            num_cpus=_ACTOR_CPUS,
-            actors=at.pool.actors,
             batch_size=16,
         )
         return runner.Build(

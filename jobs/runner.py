@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from overnight.jobs import commits, ledger, pipeline, sizing, storage
 from overnight.jobs.spec import JobSpec
-from overnight.jobs.stage import Stage
+from overnight.jobs.stage import Stage, run_task
 from overnight.workers.devices import resolve_device
 
 
@@ -52,8 +52,7 @@ class Placement:
 class Build:
     """A plan's stages for one placement, and what the summary says about them."""
 
-    # Task stages in order, then the model stage (``actors`` set), then task stages that run
-    # on each of its batches before the commit (``jobs.commits.CommittingActor``).
+    # Each stage's ``placement`` says where it runs; in order within a placement.
     stages: list[Stage]
     model_resource: str  # price-table key of the model stage when no row names one
     model_units: float
@@ -292,7 +291,7 @@ def run_task_stages(plan: JobPlan, records: list[dict[str, Any]]) -> list[dict[s
     device = resolve_device(plan.device, pipeline.cluster_has_gpu)
     pool = plan.size(device, sizing.nodes_of_cluster())
     stages = plan.build(Placement(device, pool, len(records))).stages
-    before = stages[: next(i for i, s in enumerate(stages) if s.is_actor)]
+    before = [s for s in stages if s.placement == "before"]
     table = pa.Table.from_pylist(records, schema=plan.manifest_schema)
     per_block = plan.rows_per_block
     blocks = [table.slice(i, per_block) for i in range(0, table.num_rows, per_block)]
@@ -351,23 +350,23 @@ def _chain(
     actor runs the stages after it on each batch as Ray tasks before committing."""
     import ray
 
-    actors = [i for i, s in enumerate(stages) if s.is_actor]
-    if len(actors) != 1:
-        raise ValueError("a plan has one model stage (an actor pool), tasks before and after it")
-    tasks, model, after = stages[: actors[0]], stages[actors[0]], stages[actors[0] + 1 :]
-    ds = _map_tasks(ds, tasks)
+    models = [s for s in stages if s.placement == "model"]
+    if len(models) != 1:
+        raise ValueError("a plan has one model stage (an actor pool)")
+    model = models[0]
+    ds = _map_tasks(ds, [s for s in stages if s.placement == "before"])
     calls = model.calls_per_actor
     return ds.map_batches(
         commits.CommittingActor,
         fn_constructor_kwargs={
-            "make_worker": functools.partial(model.fn, **model.kwargs),
+            "make_worker": model.start,
             "dataset": dataset,
             "into": into,
             "schema": schema,
             "slim": slim,
             "token": token,
             "provenance": provenance,
-            "after": tuple(after),
+            "after": tuple(s for s in stages if s.placement == "after"),
         },
         batch_format="pyarrow",
         batch_size=model.batch_size,
@@ -384,11 +383,11 @@ def _chain(
 
 
 def _map_tasks(ds: Any, stages: Sequence[Stage]) -> Any:
-    """Task stages as ``map_batches`` calls, in order."""
+    """Task stages as ``map_batches`` calls, in order, each batch checked (``run_task``)."""
     for stage in stages:
         ds = ds.map_batches(
-            stage.fn,
-            fn_kwargs=dict(stage.kwargs),
+            run_task,
+            fn_kwargs={"stage": stage},
             batch_format="pyarrow",
             batch_size=stage.batch_size,
             **stage.resources(),

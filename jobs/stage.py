@@ -3,36 +3,57 @@
 Like a ``ray.data.llm`` stage (callable, constructor arguments, ``map_batches`` arguments,
 required columns) and a NeMo Curator stage (``inputs()``/``outputs()``, resources), a
 ``Stage`` carries its callable, its arguments, what it holds, how many run at once, its batch
-size, and the Arrow contracts it consumes and produces (declared in ``schemas/``). The runner
-(``jobs.runner``) turns a plan's stages into ``map_batches`` calls; nothing else does.
+size, where it runs (before, as, or after the model), and the Arrow contracts it consumes and
+produces (declared in ``schemas/``). The runner (``jobs.runner``) turns a plan's stages into
+``map_batches`` calls, each through ``run_task`` or ``Stage.start``: nothing calls a stage's
+callable another way, so every batch in and out of every stage is checked against its record.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 
 if TYPE_CHECKING:
     from overnight.jobs.sizing import Pool
 
+# before: Ray tasks on the manifest blocks; model: the actor pool, whose actor commits each
+# batch it finishes; after: Ray tasks the committing actor runs on each batch before that
+# commit (``jobs.commits.CommittingActor``).
+Placement = Literal["before", "model", "after"]
+PLACEMENTS: tuple[Placement, ...] = ("before", "model", "after")
+
+
+class StageContractError(Exception):
+    """A batch into or out of a stage lacks a column its record declares, holds it with
+    another type, or a stage returned another number of rows than it was given.
+
+    A bug in the stage (or in its record), not in the data: found at the stage that broke
+    its contract rather than at the Parquet write, several stages later. Not an
+    ``OvernightError``: the job stops with the traceback (exit 1), to be reported.
+    """
+
 
 @dataclass(frozen=True)
 class Stage:
-    """One step: ``fn(batch, **kwargs)`` as Ray tasks, or, for the model stage (``actors``
-    set), ``fn(**kwargs)`` once per actor, returning the batch callable whose output the
-    runner commits.
+    """One step: ``fn(batch, **kwargs)`` as Ray tasks, or, for the model stage (placement
+    ``model``), ``fn(**kwargs)`` once per actor, returning the batch callable whose output
+    the runner commits.
 
     name: for messages and the start-up line.
-    fn: a batch function (task stage) or a worker factory (actor stage).
-    kwargs: ``fn_kwargs`` of a task stage, the factory's arguments of an actor stage.
+    fn: a batch function (task stage) or a worker factory (model stage).
+    consumes, produces: the Arrow contracts of its input and output batches: each declared
+    column must be there with that type (other columns may ride along); nullability is not
+    checked, nor values.
+    kwargs: ``fn_kwargs`` of a task stage, the factory's arguments of the model stage.
+    placement: before the model, the model itself (an actor pool), or after it.
     num_cpus, num_gpus, accelerator_type: what each task or actor holds.
-    actors: the actor pool's size; None makes this a task stage.
+    actors: the model stage's pool size.
     calls_per_actor: actor calls in flight at once (their work batched together inside).
     batch_size: rows per call; None: one manifest block per task.
-    consumes, produces: the Arrow contracts of its input and output rows.
     """
 
     name: str
@@ -40,12 +61,23 @@ class Stage:
     consumes: pa.Schema
     produces: pa.Schema
     kwargs: Mapping[str, Any] = field(default_factory=dict)
+    placement: Placement = "before"
     num_cpus: float = 1.0
     num_gpus: float = 0.0
     accelerator_type: str | None = None
     actors: int | None = None
     calls_per_actor: int = 1
     batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.placement not in PLACEMENTS:
+            raise ValueError(
+                f"stage {self.name!r}: placement {self.placement!r}, not one of {PLACEMENTS}"
+            )
+        if (self.placement == "model") != (self.actors is not None):
+            raise ValueError(
+                f"stage {self.name!r}: the model stage, and only it, has an actor pool"
+            )
 
     @classmethod
     def on_pool(
@@ -68,6 +100,7 @@ class Stage:
             consumes,
             produces,
             kwargs,
+            placement="model",
             num_cpus=pool.cpus_per_actor,
             num_gpus=pool.gpus_per_actor,
             accelerator_type=accelerator_type,
@@ -75,10 +108,6 @@ class Stage:
             calls_per_actor=calls_per_actor,
             batch_size=batch_size,
         )
-
-    @property
-    def is_actor(self) -> bool:
-        return self.actors is not None
 
     def resources(self) -> dict[str, Any]:
         """The ``map_batches`` resource arguments."""
@@ -88,3 +117,44 @@ class Stage:
         if self.accelerator_type:
             held["accelerator_type"] = self.accelerator_type
         return held
+
+    def start(self) -> Callable[[pa.Table], pa.Table]:
+        """The model stage's batch callable, in its actor: the worker loaded once, each call
+        checked as ``run_task`` checks a task stage's."""
+        worker = self.fn(**self.kwargs)
+        return lambda batch: self.apply(worker, batch)
+
+    def apply(self, fn: Callable[[pa.Table], pa.Table], batch: pa.Table) -> pa.Table:
+        """``fn(batch)`` with the record's contracts checked on the way in and out."""
+        self.check(batch, self.consumes, "input")
+        out = fn(batch)
+        if out.num_rows != batch.num_rows:
+            raise StageContractError(
+                f"stage {self.name!r} returned {out.num_rows} rows for a batch of "
+                f"{batch.num_rows}: a stage keeps one row per input row"
+            )
+        self.check(out, self.produces, "output")
+        return out
+
+    def check(self, batch: pa.Table, contract: pa.Schema, side: str) -> None:
+        """Each column of ``contract`` is in ``batch`` with its type (names and types only:
+        a per-batch cost of microseconds)."""
+        for declared in contract:
+            i = batch.schema.get_field_index(declared.name)
+            if i < 0:
+                raise StageContractError(
+                    f"stage {self.name!r}: its {side} has no column {declared.name!r} "
+                    f"({declared.type}), which the stage declares"
+                )
+            found = batch.schema.field(i).type
+            if found != declared.type:
+                raise StageContractError(
+                    f"stage {self.name!r}: the column {declared.name!r} of its {side} is "
+                    f"{found}, the stage declares {declared.type}"
+                )
+
+
+def run_task(batch: pa.Table, *, stage: Stage) -> pa.Table:
+    """A task stage's batch, as the runner runs it (``map_batches`` and ``ray.remote``
+    take a function, not a bound method)."""
+    return stage.apply(lambda b: stage.fn(b, **stage.kwargs), batch)

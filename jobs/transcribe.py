@@ -262,6 +262,7 @@ def transcribe_plan(spec: JobSpec, *, dry: bool = False) -> runner.JobPlan:
                     redaction.redact_batch,
                     consumes=TRANSCRIPTS,
                     produces=TRANSCRIPTS,
+                    placement="after",
                     kwargs={
                         "types": tuple(opts.redact),
                         "units": pool.task_cpus,

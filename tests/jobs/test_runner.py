@@ -1,0 +1,187 @@
+"""The runner on its own: a toy job of plain Python stages, no model, on a local Ray.
+
+What a job declares is its stages (``jobs.stage.Stage``); claim, manifest, the chain of
+``map_batches``, commit, publish and summary are the runner's. These tests hold the runner
+to its record: every batch into and out of every stage is checked against what the stage
+declares, wherever the stage runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pytest
+
+from overnight.jobs import runner, sizing
+from overnight.jobs.spec import build_spec
+from overnight.jobs.stage import Stage, StageContractError
+from overnight.schemas import MANIFEST
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+
+ITEMS = pa.schema([*MANIFEST, pa.field("n", pa.int64())])
+DOUBLED = ITEMS.append(pa.field("twice", pa.int64()))
+SUMMED = pa.schema(
+    [
+        pa.field("item_id", pa.string()),
+        pa.field("status", pa.string()),
+        pa.field("error_code", pa.string()),
+        pa.field("total", pa.int64()),
+    ]
+)
+RESULTS = pa.schema(
+    [
+        *SUMMED,
+        pa.field("source_uri", pa.string()),
+        pa.field("label", pa.string()),
+        pa.field("run_id", pa.string()),
+    ]
+)
+
+
+def double(batch: pa.Table) -> pa.Table:
+    return batch.append_column("twice", pa.array([2 * n for n in batch["n"].to_pylist()]))
+
+
+def drop_twice(batch: pa.Table) -> pa.Table:
+    """A stage that lost a column it declares (a refactoring gone wrong)."""
+    return double(batch).drop_columns(["twice"])
+
+
+class Adder:
+    """The toy's 'model': loaded once per actor, adds ``plus`` to each row's ``twice``."""
+
+    def __init__(self, plus: int, drop: str | None = None):
+        self.plus, self.drop = plus, drop
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        out = pa.table(
+            {
+                "item_id": batch["item_id"],
+                "status": pa.array(["ok"] * batch.num_rows),
+                "error_code": pa.nulls(batch.num_rows, pa.string()),
+                "total": pa.array([t + self.plus for t in batch["twice"].to_pylist()]),
+            }
+        )
+        return out.drop_columns([self.drop]) if self.drop else out
+
+
+def label(batch: pa.Table, *, drop: str | None = None) -> pa.Table:
+    labels = pa.array(
+        [
+            f"{i}={t}"
+            for i, t in zip(batch["item_id"].to_pylist(), batch["total"].to_pylist(), strict=True)
+        ]
+    )
+    out = batch.set_column(batch.schema.get_field_index("label"), "label", labels)
+    return out.drop_columns([drop]) if drop else out
+
+
+def toy_plan(output: Path, run_id: str, broken: str | None = None) -> runner.JobPlan:
+    """Three items through a task stage, the model stage and a stage after it; ``broken``
+    names the stage that drops a column it declares."""
+    spec = build_spec(
+        overrides={
+            "job": {"input": "listed", "output": str(output), "run_id": run_id, "progress": False}
+        }
+    )
+    pool = sizing.Pool(
+        actors=1,
+        cpus_per_actor=0.5,
+        gpus_per_actor=0.0,
+        task_cpus=0.5,
+        model_workers=1,
+        threads=1,
+        auto=(),
+        basis="a toy",
+    )
+
+    def build(at: runner.Placement) -> runner.Build:
+        stages = [
+            Stage(
+                "double", drop_twice if broken == "double" else double, ITEMS, DOUBLED, num_cpus=0.5
+            ),
+            Stage.on_pool(
+                "add",
+                Adder,
+                at.pool,
+                consumes=DOUBLED,
+                produces=SUMMED,
+                kwargs={"plus": 1, "drop": "total" if broken == "add" else None},
+            ),
+            Stage(
+                "label",
+                label,
+                RESULTS,
+                RESULTS,
+                placement="after",
+                num_cpus=0.5,
+                kwargs={"drop": "label" if broken == "label" else None},
+            ),
+        ]
+        return runner.Build(stages, model_resource="cpu", model_units=0.5, options={})
+
+    records: list[dict[str, Any]] = [
+        {"item_id": f"i{n}", "uri": f"toy://{n}", "n": n} for n in range(3)
+    ]
+    return runner.JobPlan(
+        spec,
+        "toy",
+        run_id,
+        "toy_results",
+        RESULTS,
+        ["item_id", "status", "error_code"],
+        records,
+        ITEMS,
+        "cpu",
+        size=lambda device, nodes: pool,
+        build=build,
+    )
+
+
+def test_a_toy_job_of_plain_python_stages_runs_through_the_runner(tmp_path):
+    summary = runner.run(toy_plan(tmp_path, "toy-1"))
+    assert (summary["kind"], summary["items"], summary["succeeded"]) == ("toy", 3, 3)
+    table = pads.dataset(str(tmp_path / "toy_results"), partitioning="hive").to_table()
+    rows = sorted(table.to_pylist(), key=lambda r: r["item_id"])
+    assert [(r["total"], r["label"], r["source_uri"], r["run_id"]) for r in rows] == [
+        (1, "i0=1", "toy://0", "toy-1"),
+        (3, "i1=3", "toy://1", "toy-1"),
+        (5, "i2=5", "toy://2", "toy-1"),
+    ]
+    # Resumed as any job: nothing left to do, nothing started.
+    assert runner.run(toy_plan(tmp_path, "toy-2"))["items"] == 0
+
+
+@pytest.mark.parametrize(
+    ("stage", "column"), [("double", "twice"), ("add", "total"), ("label", "label")]
+)
+def test_a_stage_that_drops_a_declared_column_fails_at_that_stage_naming_it(
+    tmp_path, stage, column
+):
+    """Before the model, as the model, after it: the error names the stage and the column,
+    instead of a cast error at the Parquet write or a KeyError in a later stage."""
+    with pytest.raises(StageContractError, match=rf"stage '{stage}'.*column '{column}'"):
+        runner.run(toy_plan(tmp_path, f"drift-{stage}", broken=stage))
+    assert not (tmp_path / "toy_results").exists() or not list(
+        (tmp_path / "toy_results").rglob("*.parquet")
+    )
+
+
+def test_a_column_of_another_type_than_declared_fails_with_both_types():
+    stage = Stage("double", double, ITEMS, pa.schema([pa.field("twice", pa.int32())]))
+    batch = pa.Table.from_pylist([{"item_id": "a", "uri": "u", "n": 1}], schema=ITEMS)
+    with pytest.raises(
+        StageContractError, match=r"column 'twice' of its output is int64, the stage declares int32"
+    ):
+        stage.apply(double, batch)
+
+
+def test_a_stage_that_loses_a_row_fails():
+    stage = Stage("double", double, ITEMS, ITEMS)
+    batch = pa.Table.from_pylist([{"item_id": i, "uri": "u", "n": 1} for i in "ab"], schema=ITEMS)
+    with pytest.raises(StageContractError, match="returned 1 rows for a batch of 2"):
+        stage.apply(lambda b: b.slice(0, 1), batch)
