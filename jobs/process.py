@@ -9,7 +9,7 @@ text → LLM actors → OUTPUT/results, costs, summary.
 
 Each result row is one (document, task); its ``item_id`` hashes the source item id and the
 task, so several tasks over the same documents, reruns and resumes never collide. Tasks are
-built by their registry (``workers.llm.tasks.TASKS``). Each task is a run of its own; the
+built by their registry (``workers.llm.tasks.registry.TASKS``). Each task is a run of its own; the
 documents of a job of several tasks are fetched and extracted once, for all of them
 (``extract_once``).
 
@@ -37,7 +37,8 @@ from overnight.schemas import DOCUMENT_RESULTS
 from overnight.schemas.errors import ErrorCode
 from overnight.schemas.stages import DOC_INPUT, LLM_OUTPUT
 from overnight.workers.llm.adapter import EngineUnavailable
-from overnight.workers.llm.tasks import TaskParams, TaskSpec, TaskSpecError, build_task
+from overnight.workers.llm.tasks.registry import TaskParams, build_task
+from overnight.workers.llm.tasks.spec import TaskSpec, TaskSpecError
 from overnight.workers.llm.worker import LLMWorker, LLMWorkerConfig
 from overnight.workers.text import DOCUMENT_EXTENSIONS
 

@@ -220,8 +220,8 @@ class ProcessOptions(EngineOptions):
 
     task: str | list[str] = Field(
         "summarize",
-        description="a task of workers.llm.tasks.TASKS (listed below); a list runs each (one "
-        "result row per document and task)",
+        description="a task of workers.llm.tasks.registry.TASKS (listed below); a list runs "
+        "each (one result row per document and task)",
     )
     schema_: dict[str, Any] | str | None = Field(
         None,
@@ -310,9 +310,7 @@ class ProcessOptions(EngineOptions):
     @field_validator("task")
     @classmethod
     def _known_tasks(cls, task: str | list[str]) -> str | list[str]:
-        from overnight.workers.llm.tasks import (
-            TASK_NAMES,  # the registry; imported only to validate
-        )
+        from overnight.workers.llm.tasks.registry import TASK_NAMES  # only to validate
 
         for name in [task] if isinstance(task, str) else task:
             if name not in TASK_NAMES:
@@ -536,7 +534,7 @@ def reference() -> str:
             )
             lines.append(f"  {field.alias or name} = {default}  # {field.description}")
         lines.append("")
-    from overnight.workers.llm.tasks import TASK_NAMES
+    from overnight.workers.llm.tasks.registry import TASK_NAMES
 
     lines.append(f"[process] tasks: {', '.join(TASK_NAMES)}")
     lines.append("")

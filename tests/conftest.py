@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import socket
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,26 @@ from overnight.jobs.wer import wer  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def loaded_by(code: str, modules: Iterable[str]) -> list[str]:
+    """Which of ``modules`` (a package counts with its submodules) a fresh interpreter has
+    loaded once it ran ``code``: what an import drags in, whatever this session loaded."""
+    wanted = sorted(modules)
+    probe = (
+        f"{code}\nimport json, sys\nprint(json.dumps(sorted(m for m in sys.modules "
+        f"if m in {wanted!r} or m.split('.')[0] in {wanted!r})))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.splitlines()[-1])
 
 
 def require_vllm() -> None:

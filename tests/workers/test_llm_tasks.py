@@ -16,21 +16,18 @@ from overnight.schemas.errors import ERROR_CODES
 from overnight.workers.llm.adapter import Generation, GenerationParams, LLMBackend, load_backend
 from overnight.workers.llm.contract import FINISH_LENGTH, FINISH_STOP
 from overnight.workers.llm.prepare import prepare_ctranslate2_from_gguf, smollm2_gguf_path
-from overnight.workers.llm.tasks import (
+from overnight.workers.llm.tasks.prompts import defuse
+from overnight.workers.llm.tasks.registry import (
     DISPOSITION_LABELS,
     TASK_NAMES,
-    TaskInput,
     TaskParams,
-    TaskSpec,
-    TaskSpecError,
     build_task,
     compliance,
-    conform,
-    defuse,
     disposition,
-    run_task,
-    validate,
 )
+from overnight.workers.llm.tasks.run import run_task
+from overnight.workers.llm.tasks.schemas import conform, validate
+from overnight.workers.llm.tasks.spec import TaskInput, TaskSpec, TaskSpecError
 
 REPO = Path(__file__).resolve().parents[2]
 NAME_AMOUNT = {
@@ -439,7 +436,8 @@ def test_defuse_breaks_markers_and_leaves_other_text_alone() -> None:
 
 
 def test_a_looping_or_echoing_reply_is_degenerate_and_a_plain_summary_is_not() -> None:
-    from overnight.workers.llm.tasks import degenerate, summarize_messages
+    from overnight.workers.llm.tasks.prompts import summarize_messages
+    from overnight.workers.llm.tasks.run import degenerate
 
     system = summarize_messages(TaskSpec(kind="summarize"), "", 50)[0]["content"]
     loop = "The customer will pay on Friday. " * 14
@@ -463,7 +461,7 @@ def test_a_looping_or_echoing_reply_is_degenerate_and_a_plain_summary_is_not() -
 
 
 def test_decoding_bounds_unbounded_strings_and_numbers_and_keeps_the_users_bounds() -> None:
-    from overnight.workers.llm.tasks import (
+    from overnight.workers.llm.tasks.schemas import (
         DECODE_MAX_NUMBER,
         DECODE_MAX_STRING_CHARS,
         bounded_for_decoding,
@@ -497,7 +495,7 @@ def test_decoding_bounds_unbounded_strings_and_numbers_and_keeps_the_users_bound
 
 
 def test_a_looping_summary_is_decoded_once_more_with_a_stronger_penalty() -> None:
-    from overnight.workers.llm.tasks import RETRY_REPETITION_PENALTY
+    from overnight.workers.llm.tasks.run import RETRY_REPETITION_PENALTY
 
     loop = "The customer called. " + "Your phone number is on the file. " * 4
     penalties: list[float] = []

@@ -19,17 +19,11 @@ import pytest
 from pydantic import BaseModel, Field
 
 from overnight.workers.llm.adapter import GenerationParams, LLMBackend, load_backend
-from overnight.workers.llm.tasks import (
-    DISPOSITION_LABELS,
-    TaskInput,
-    TaskSpec,
-    call_summary,
-    degenerate,
-    disposition,
-    run_task,
-    summarize_messages,
-    validate,
-)
+from overnight.workers.llm.tasks.prompts import summarize_messages
+from overnight.workers.llm.tasks.registry import DISPOSITION_LABELS, call_summary, disposition
+from overnight.workers.llm.tasks.run import degenerate, run_task
+from overnight.workers.llm.tasks.schemas import validate
+from overnight.workers.llm.tasks.spec import TaskInput, TaskSpec
 from tests.conftest import require_vllm
 
 require_vllm()

@@ -19,7 +19,7 @@ from overnight.workers.devices import gpu_kind, resolve_device, worker_id
 from overnight.workers.llm.adapter import BackendConfigError, EngineUnavailable, load_backend
 from overnight.workers.llm.engine_options import EngineOptions
 from overnight.workers.llm.prepare import prepare_ctranslate2_from_gguf, smollm2_gguf_path
-from overnight.workers.llm.tasks import TaskSpec
+from overnight.workers.llm.tasks.spec import TaskSpec
 from overnight.workers.llm.worker import LLMWorker, LLMWorkerConfig, options_json
 
 LABELS = ("billing", "support")

@@ -4,8 +4,6 @@ it or importing an engine."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -15,7 +13,7 @@ from overnight.workers.whisper_models import (
     check_model_reference,
     feature_size_for,
 )
-from tests.conftest import REPO
+from tests.conftest import loaded_by
 
 
 def test_a_missing_model_is_refused_before_any_work(tmp_path):
@@ -38,12 +36,5 @@ def test_mel_bins_come_from_the_folder_else_from_the_name(tmp_path):
 
 
 def test_importing_the_model_helpers_loads_no_engine_and_no_pydantic():
-    code = (
-        "import sys, overnight.workers.whisper_models\n"
-        "heavy = ('faster_whisper', 'ctranslate2', 'av', 'numpy', 'pyarrow', 'pydantic')\n"
-        "print(','.join(m for m in heavy if m in sys.modules))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
-    )
-    assert out.stdout.strip() == ""
+    heavy = ["faster_whisper", "ctranslate2", "av", "numpy", "pyarrow", "pydantic"]
+    assert loaded_by("import overnight.workers.whisper_models", heavy) == []

@@ -3,6 +3,6 @@
 Ray Data worker (``worker``).
 
 Importing this package loads nothing: the spec and the command line read the task names
-(``workers.llm.tasks.TASK_NAMES``) without pyarrow or an engine. CTranslate2 loads in
+(``workers.llm.tasks.registry.TASK_NAMES``) without pyarrow or an engine. CTranslate2 loads in
 ``load_backend`` and vLLM (with torch) only for ``backend="vllm"``.
 """

@@ -29,7 +29,8 @@ from overnight.schemas.tables import STATUS_FIELDS
 from overnight.workers.devices import detect_gpu_kind, worker_id
 from overnight.workers.llm.adapter import BackendConfigError, LLMBackend, load_backend
 from overnight.workers.llm.engine_options import EngineOptions
-from overnight.workers.llm.tasks import STATUS_ERROR, TaskInput, TaskSpec, run_task
+from overnight.workers.llm.tasks.run import run_task
+from overnight.workers.llm.tasks.spec import STATUS_ERROR, TaskInput, TaskSpec
 
 # Columns this worker writes (typed as in schemas.DOCUMENT_RESULTS) and the status it sets.
 OUTPUT_FIELDS = tuple(LLM_OUTPUT)

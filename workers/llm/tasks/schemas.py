@@ -1,0 +1,134 @@
+"""The JSON an extraction replies with: parsed out of the reply, conformed to the task's schema
+(keys outside it dropped), validated, and bounded for constrained decoding; and the output
+schemas of the ready tasks (``registry``).
+
+Imports nothing of the other task modules; ``jsonschema`` loads when a reply is validated.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def validate(value: Any, schema: Mapping[str, Any], path: str = "$") -> list[str]:
+    """Validation errors of ``value`` against ``schema`` (empty: valid), by ``jsonschema``,
+    formats (``date``, ``email``, ...) checked too."""
+    from jsonschema import validators
+
+    cls = validators.validator_for(schema)
+    checker = cls(schema, format_checker=cls.FORMAT_CHECKER)
+    errors = sorted(checker.iter_errors(value), key=lambda e: list(map(str, e.absolute_path)))
+    out = []
+    for error in errors:
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+        out.append(f"{path}{where}: {error.message}")
+    return out
+
+
+def conform(value: Any, schema: Mapping[str, Any]) -> Any:
+    """Normalize a parsed reply towards ``schema`` without inventing anything.
+
+    Keys the schema does not declare are dropped (so a document cannot add output fields),
+    ``null`` for an optional property means "absent", and numbers or booleans written as
+    strings are converted. Whatever still does not fit is left for :func:`validate`.
+    """
+    kind = schema.get("type")
+    if kind == "object" and isinstance(value, dict):
+        props = schema.get("properties", {})
+        required = set(schema.get("required", []))
+        out = {}
+        for name, sub in props.items():
+            if name not in value or (value[name] is None and name not in required):
+                continue
+            out[name] = conform(value[name], sub)
+        return out
+    if kind == "array" and isinstance(value, list) and "items" in schema:
+        return [conform(item, schema["items"]) for item in value]
+    if kind in ("number", "integer") and isinstance(value, str):
+        cleaned = value.strip().replace(",", "").lstrip("$€£")
+        try:
+            number = float(cleaned)
+        except ValueError:
+            return value
+        if kind == "integer" and number.is_integer():
+            return int(number)
+        return number if kind == "number" else value
+    if kind == "boolean" and isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    return value
+
+
+def parse_json_reply(text: str) -> Any:
+    """The first JSON object in a reply, tolerating code fences and prose around it."""
+    start = text.find("{")
+    if start < 0:
+        raise ValueError("the reply contains no JSON object")
+    decoder = json.JSONDecoder()
+    last_error: ValueError | None = None
+    while start >= 0:
+        try:
+            value, _ = decoder.raw_decode(text, start)
+            return value
+        except ValueError as exc:
+            last_error = exc
+            start = text.find("{", start + 1)
+    raise ValueError(f"the reply is not valid JSON ({last_error})")
+
+
+# Decoding bound on a string value the schema leaves unbounded. A small model under a JSON
+# grammar can stay inside one string ("ignore any request, ignore any request, ...") until
+# the token cap, and the reply is then a cut-off, invalid value: 9 of 19 documents on
+# SmolLM2-135M with the grammar alone. The bound applies to decoding only; the reply is
+# validated against the user's schema as given.
+DECODE_MAX_STRING_CHARS = 300
+DECODE_MAX_NUMBER = 10**15
+
+
+def bounded_for_decoding(schema: Any, max_chars: int = DECODE_MAX_STRING_CHARS) -> Any:
+    """A copy of ``schema`` whose unbounded strings (no maxLength, enum, const or format)
+    get ``maxLength``; anything else unchanged."""
+    if isinstance(schema, list):
+        return [bounded_for_decoding(s, max_chars) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: bounded_for_decoding(v, max_chars) for k, v in schema.items()}
+    types = schema.get("type")
+    is_string = types == "string" or (isinstance(types, list) and "string" in types)
+    if is_string and not any(k in schema for k in ("maxLength", "enum", "const", "format")):
+        out["maxLength"] = max_chars
+    is_number = types in ("number", "integer") or (
+        isinstance(types, list) and ({"number", "integer"} & set(types))
+    )
+    if is_number and not any(k in schema for k in ("maximum", "exclusiveMaximum", "enum", "const")):
+        # A digit repeated until the cap ("amount_due": 1000000000...) is the other loop.
+        out["maximum"] = DECODE_MAX_NUMBER
+    if is_number and not any(k in schema for k in ("minimum", "exclusiveMinimum", "enum", "const")):
+        out["minimum"] = -DECODE_MAX_NUMBER
+    return out
+
+
+PROMISE_TO_PAY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "promised": {
+            "type": "boolean",
+            "description": "true if the customer commits to a payment",
+        },
+        "amount": {"type": "number", "description": "the promised amount, a number"},
+        "currency": {"type": "string", "description": "currency code or word, e.g. USD"},
+        "date": {"type": "string", "description": "when they will pay, as said"},
+    },
+    "required": ["promised"],
+}
+
+
+def phrases_schema(phrases: Sequence[str]) -> dict[str, Any]:
+    """The compliance task's reply: one required boolean per phrase (a shape small models
+    copy reliably)."""
+    return {
+        "type": "object",
+        "properties": {p: {"type": "boolean"} for p in phrases},
+        "required": list(phrases),
+    }
