@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import dataclass
 from datetime import UTC, date, datetime
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -18,6 +19,51 @@ import pyarrow.parquet as pq
 from overnight.jobs import storage
 from overnight.jobs.commits import committed_ids, read_results, write_table
 from overnight.schemas import COSTS, RUNS, SCHEMA_VERSION
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What a stage costs, as its record (``jobs.stage.Stage``) declares it: the ledger's
+    name for it, the result columns its time is kept in, and what it holds while it runs.
+
+    The runner writes the columns (``Stage.apply``); the ledger prices them.
+
+    name: the ledger's stage ("transcribe").
+    columns: the prefix of its result columns: ``<columns>_s`` (seconds), and, where the
+    result schema has them, ``<columns>_resource`` and ``<columns>_units``; without them a
+    row is priced as one unit of ``cpu``.
+    resource: the price-table key of what each task or actor holds; None: the kind of GPU the
+    actor finds (``workers.devices.detect_gpu_kind``).
+    units: how many of ``resource`` that is (GPUs or CPU cores).
+    timed_by_worker: the worker writes ``<columns>_s`` of each row itself, finer than the
+    runner's time of the whole call can be: its share of a model batch, by audio or tokens,
+    or the item's own fetch and decode. Otherwise the runner shares the call's time evenly.
+    parts: ledger stages inside this one that the worker times into ``<part>_s``, priced at
+    this stage's resource and units (the fetch inside decode and extract).
+    bought: what its seconds bought, for the ledger's ``audio_s`` (the row's ``duration_s``)
+    or ``input_tokens``/``output_tokens``; None: neither.
+    """
+
+    name: str
+    columns: str
+    resource: str | None = "cpu"
+    units: float = 1.0
+    timed_by_worker: bool = False
+    parts: tuple[str, ...] = ()
+    bought: Literal["audio", "tokens"] | None = "audio"
+
+    @property
+    def seconds(self) -> str:
+        return f"{self.columns}_s"
+
+    @property
+    def resource_column(self) -> str:
+        return f"{self.columns}_resource"
+
+    @property
+    def units_column(self) -> str:
+        return f"{self.columns}_units"
+
 
 # (stage, seconds column, resource column, units column, what it bought)
 TRANSCRIBE_STAGES = (

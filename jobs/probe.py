@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from overnight.jobs import commits, ledger, preflight, runner, sizing, storage
+from overnight.jobs.ledger import Cost
 from overnight.jobs.manifest import Selection, select_items
 from overnight.jobs.spec import JobSpec
 from overnight.jobs.stage import Stage
@@ -59,7 +60,6 @@ class Prober:
             "status": "ok",
             "size_bytes": row["size"],
             "worker": self.worker,
-            "probe_resource": "cpu",
         }
         t0 = time.perf_counter()
         try:
@@ -132,6 +132,8 @@ def probe_plan(spec: JobSpec) -> runner.JobPlan:
                 "allowed_input_prefixes": spec.job.allowed_input_prefixes,
             },
             batch_size=16,
+            # Each header's own read: finer than the batch of 16 the runner times.
+            cost=Cost("probe", "probe", timed_by_worker=True),
         )
         return runner.Build(
             stages=[prober],

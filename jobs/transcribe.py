@@ -26,6 +26,7 @@ from typing import Any
 import pyarrow as pa
 
 from overnight.jobs import ledger, models, pipeline, preflight, redaction, runner, sizing, storage
+from overnight.jobs.ledger import Cost
 from overnight.jobs.manifest import Selection, select_items
 from overnight.jobs.spec import JobSpec, TranscribeOptions
 from overnight.jobs.stage import Stage
@@ -119,12 +120,13 @@ def fetch_and_decode(
     *,
     options: AudioOptions,
     max_bytes: int,
-    decode_units: float,
     storage_config: storage.StorageConfig,
     fetch_timeout_s: float = pipeline.FETCH_TIMEOUT_S,
     allowed_input_prefixes: list[str] | None = None,
 ) -> pa.Table:
-    """CPU stage: object bytes → feature chunks; every failure becomes the row's error."""
+    """CPU stage: object bytes → feature chunks; every failure becomes the row's error.
+    Each item's fetch and decode are timed apart (``fetch_s``, ``decode_s``): two ledger
+    stages, finer than the time of the whole call the runner sees."""
     chunker = _chunker(options)
     out = []
     for row in batch.to_pylist():
@@ -136,7 +138,6 @@ def fetch_and_decode(
             error_message=None,
             fetch_s=0.0,
             decode_s=0.0,
-            decode_units=decode_units,
             duration_s=None,
             speech_s=None,
             _split=split,
@@ -232,12 +233,14 @@ def transcribe_plan(spec: JobSpec, *, dry: bool = False) -> runner.JobPlan:
             kwargs={
                 "options": a_opts,
                 "max_bytes": int(opts.max_file_mb * 2**20),
-                "decode_units": pool.task_cpus,
                 "storage_config": storage_config,
                 "fetch_timeout_s": opts.fetch_timeout_s,
                 "allowed_input_prefixes": spec.job.allowed_input_prefixes,
             },
             num_cpus=pool.task_cpus,
+            cost=Cost(
+                "decode", "decode", units=pool.task_cpus, timed_by_worker=True, parts=("fetch",)
+            ),
         )
         whisper = Stage.on_pool(
             "whisper",
@@ -253,6 +256,15 @@ def transcribe_plan(spec: JobSpec, *, dry: bool = False) -> runner.JobPlan:
             accelerator_type=opts.accelerator_type,
             calls_per_actor=calls_per_actor,
             batch_size=items_per_call,
+            cost=Cost(
+                "transcribe",
+                "asr",
+                # The GPU the actor finds (an "h100" row), or the price key the job names.
+                resource=w_opts.resource or ("cpu" if at.device != "cuda" else None),
+                # Model workers share the actor: each batch holds its share of it.
+                units=w_opts.units / max(1, w_opts.model_workers),
+                timed_by_worker=True,  # a batch's time, shared by its recordings' audio
+            ),
         )
         stages = [decode, whisper]
         if opts.redact:
@@ -265,7 +277,6 @@ def transcribe_plan(spec: JobSpec, *, dry: bool = False) -> runner.JobPlan:
                     placement="after",
                     kwargs={
                         "types": tuple(opts.redact),
-                        "units": pool.task_cpus,
                         "run_id": spec.run_id,
                         "unredacted": output.join(redaction.UNREDACTED_DATASET)
                         if opts.keep_unredacted
@@ -275,6 +286,7 @@ def transcribe_plan(spec: JobSpec, *, dry: bool = False) -> runner.JobPlan:
                         "max_bytes": int(opts.max_file_mb * 2**20),
                     },
                     num_cpus=pool.task_cpus,
+                    cost=Cost("redact", "redact", units=pool.task_cpus, timed_by_worker=True),
                 )
             )
         return runner.Build(

@@ -22,14 +22,16 @@ CHUNK = pa.struct(
     ]
 )
 
-# Decode → Whisper: the manifest row, its decode timings, and the feature chunks.
+# Decode → Whisper: the manifest row, its decode timings, and the feature chunks. The
+# decode stage times each item (fetch_s, decode_s); the runner writes its resource and units.
 DECODED = pa.schema(
     [
         *MANIFEST,
         *_IN_FLIGHT_STATUS,
         TRANSCRIPTS.field("fetch_s"),
         TRANSCRIPTS.field("decode_s"),
-        pa.field("decode_units", pa.float64()),
+        TRANSCRIPTS.field("decode_resource"),
+        TRANSCRIPTS.field("decode_units"),
         TRANSCRIPTS.field("duration_s"),
         TRANSCRIPTS.field("speech_s"),
         # Channels transcribed apart (labels given, or split_channels): speakers named.
@@ -76,7 +78,9 @@ LLM_OUTPUT = pa.schema(
 )
 
 # What the Whisper worker returns per DECODED row: its own columns only. The runner adds
-# the provenance (source_*, metadata, run_id, processed_at) when it commits.
+# the provenance (source_*, metadata, run_id, processed_at) and the decode stage's columns
+# when it commits; asr_resource and asr_units are the runner's (jobs.stage), asr_s the
+# worker's (a model batch's time shared by the recordings in it, by their audio).
 WHISPER_OUTPUT = pa.schema(
     [
         TRANSCRIPTS.field(name)
@@ -98,10 +102,6 @@ WHISPER_OUTPUT = pa.schema(
             "model",
             "options",
             "worker",
-            "fetch_s",
-            "decode_s",
-            "decode_resource",
-            "decode_units",
             "asr_s",
             "asr_resource",
             "asr_units",

@@ -34,7 +34,7 @@ from overnight.schemas import ErrorCode
 from overnight.schemas.stages import WHISPER_OUTPUT
 from overnight.workers.analytics import call_analytics
 from overnight.workers.audio import FRAMES_PER_SECOND, to_original_time
-from overnight.workers.devices import detect_gpu_kind, resolve_device, worker_id
+from overnight.workers.devices import resolve_device, worker_id
 from overnight.workers.whisper_guard import (
     BEST_OF,
     FALLBACK_TEMPERATURES,
@@ -512,7 +512,6 @@ class WhisperWorker:
                 f"task 'translate' needs a multilingual model; {opts.model!r} is English-only"
             )
         self._pipeline_class = BatchedInferencePipeline
-        self.resource = opts.resource or ("cpu" if self.device != "cuda" else detect_gpu_kind())
         self.worker = worker_id()
         effective = {
             **opts.model_dump(),
@@ -527,7 +526,8 @@ class WhisperWorker:
         self._tokenizer_lock = threading.Lock()
         self.model_workers = max(1, opts.model_workers)
         # With several model workers, batches run concurrently, each on its share of the
-        # actor's cores: a batch's wall time is priced at that share (asr_units).
+        # actor's cores: a batch's wall time is priced at that share (asr_units, which the
+        # job's plan declares: jobs.transcribe).
         self.batcher = ContinuousBatcher(
             self._forward_isolating,
             opts.batch_size,
@@ -956,12 +956,6 @@ class WhisperWorker:
             "model": self.config.whisper.model,
             "options": self.options_json,
             "worker": self.worker,
-            "fetch_s": row["fetch_s"],
-            "decode_s": row["decode_s"],
-            "decode_resource": "cpu",
-            "decode_units": row["decode_units"],
-            "asr_s": asr_s,
-            "asr_resource": self.resource,
-            "asr_units": self.config.whisper.units / self.model_workers,
+            "asr_s": asr_s,  # asr_resource and asr_units are the runner's (jobs.stage)
             "batch_fill": float(np.mean(fills)) if fills else None,
         }

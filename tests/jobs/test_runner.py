@@ -16,6 +16,7 @@ import pyarrow.dataset as pads
 import pytest
 
 from overnight.jobs import runner, sizing
+from overnight.jobs.ledger import Cost
 from overnight.jobs.spec import build_spec
 from overnight.jobs.stage import Stage, StageContractError
 from overnight.schemas import MANIFEST
@@ -23,18 +24,23 @@ from overnight.schemas import MANIFEST
 pytestmark = pytest.mark.usefixtures("ray_local")
 
 ITEMS = pa.schema([*MANIFEST, pa.field("n", pa.int64())])
-DOUBLED = ITEMS.append(pa.field("twice", pa.int64()))
+# The stages' cost columns: the runner writes them (seconds, resource, units), not the stages.
+DOUBLED = pa.schema([*ITEMS, pa.field("twice", pa.int64()), pa.field("double_s", pa.float64())])
 SUMMED = pa.schema(
     [
         pa.field("item_id", pa.string()),
         pa.field("status", pa.string()),
         pa.field("error_code", pa.string()),
         pa.field("total", pa.int64()),
+        pa.field("add_s", pa.float64()),
+        pa.field("add_resource", pa.string()),
+        pa.field("add_units", pa.float64()),
     ]
 )
 RESULTS = pa.schema(
     [
         *SUMMED,
+        DOUBLED.field("double_s"),
         pa.field("source_uri", pa.string()),
         pa.field("label", pa.string()),
         pa.field("run_id", pa.string()),
@@ -102,7 +108,12 @@ def toy_plan(output: Path, run_id: str, broken: str | None = None) -> runner.Job
     def build(at: runner.Placement) -> runner.Build:
         stages = [
             Stage(
-                "double", drop_twice if broken == "double" else double, ITEMS, DOUBLED, num_cpus=0.5
+                "double",
+                drop_twice if broken == "double" else double,
+                ITEMS,
+                DOUBLED,
+                num_cpus=0.5,
+                cost=Cost("double", "double", units=0.5),
             ),
             Stage.on_pool(
                 "add",
@@ -111,6 +122,7 @@ def toy_plan(output: Path, run_id: str, broken: str | None = None) -> runner.Job
                 consumes=DOUBLED,
                 produces=SUMMED,
                 kwargs={"plus": 1, "drop": "total" if broken == "add" else None},
+                cost=Cost("add", "add", units=at.pool.cpus_per_actor),
             ),
             Stage(
                 "label",
@@ -152,6 +164,9 @@ def test_a_toy_job_of_plain_python_stages_runs_through_the_runner(tmp_path):
         (3, "i1=3", "toy://1", "toy-1"),
         (5, "i2=5", "toy://2", "toy-1"),
     ]
+    # Timed and priced by the runner: a call's time shared by its rows; what the stage held.
+    assert all(r["double_s"] > 0 and r["add_s"] > 0 for r in rows)
+    assert {(r["add_resource"], r["add_units"]) for r in rows} == {("cpu", 0.5)}
     # Resumed as any job: nothing left to do, nothing started.
     assert runner.run(toy_plan(tmp_path, "toy-2"))["items"] == 0
 

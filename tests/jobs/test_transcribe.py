@@ -17,10 +17,10 @@ import numpy as np
 import pyarrow.dataset as pads
 import pytest
 
-from overnight.jobs import commits, storage
+from overnight.jobs import commits, runner, sizing, storage
 from overnight.jobs.demo import noise, silence, speak, stereo_dialogue, write_wav
 from overnight.jobs.spec import build_spec
-from overnight.jobs.transcribe import run_transcribe
+from overnight.jobs.transcribe import run_transcribe, transcribe_plan
 from overnight.workers.whisper import repeats_itself
 from overnight.workers.whisper_guard import looks_degenerate
 from tests.conftest import REPO, secrets_in, upload_folder, wer
@@ -629,3 +629,17 @@ def test_a_storage_outage_during_fetch_exits_3_through_the_cli(s3, s3_server, tm
     assert result.returncode == 3, result.stderr[-3000:]
     assert "storage unreachable" in result.stderr and "Traceback" not in result.stderr
     assert secrets_in(result.stderr + result.stdout) == []
+
+
+@pytest.mark.parametrize(("model_workers", "units"), [(1, 2.0), (2, 1.0)])
+def test_each_model_worker_prices_its_batches_at_its_share_of_the_actor(
+    tmp_path, model_workers, units
+):
+    """Two model batches at once on an actor of two cores: each ran on one of them."""
+    write_wav(tmp_path / "a.wav", silence(1.0))
+    spec = build_spec(overrides={"job": {"input": str(tmp_path), "output": str(tmp_path / "out")}})
+    pool = sizing.Pool(1, 2.0, 0.0, 1.0, model_workers, 1)
+    stages = transcribe_plan(spec, dry=True).build(runner.Placement("cpu", pool, 1)).stages
+    costs = {s.name: s.cost for s in stages if s.cost is not None}
+    assert (costs["whisper"].resource, costs["whisper"].units) == ("cpu", units)
+    assert (costs["decode"].resource, costs["decode"].units) == ("cpu", 1.0)

@@ -150,7 +150,8 @@ def test_error_rows_pass_through_and_noise_gives_empty_text(worker):
     assert wer(TEXTS[4], out[2]["text"]) <= 0.3
 
 
-def test_two_model_workers_give_the_same_rows_and_price_each_batch_at_half_the_actor():
+def test_two_model_workers_give_the_same_rows():
+    """(Each is priced at its share of the actor: ``tests/jobs/test_transcribe.py``.)"""
     audios = [np.concatenate([silence(0.3), speak(t)]) for t in TEXTS]
     table = decoded_rows(audios)
     rows = {}
@@ -164,9 +165,6 @@ def test_two_model_workers_give_the_same_rows_and_price_each_batch_at_half_the_a
         )
         rows[workers] = w(table).to_pylist()
     assert [r["text"] for r in rows[2]] == [r["text"] for r in rows[1]]
-    assert {r["asr_units"] for r in rows[1]} == {2.0}
-    # Two batches run at once, each on one of the actor's two cores.
-    assert {r["asr_units"] for r in rows[2]} == {1.0}
     assert all(r["asr_s"] > 0 for r in rows[2])
 
 
