@@ -1,10 +1,43 @@
-"""The names and defaults that the command line offers and the libraries check.
+"""Every list and default the command line offers, from its one source.
 
-Kept in a module that imports nothing, so that ``overnight --help`` builds every parser
-without loading the libraries (pyarrow, Ray, pydantic) that the commands themselves need.
+The job-level lists are declared here (``jobs.report``, ``jobs.tune`` and ``jobs.export``
+import them); the workers' lists are their registries' own, which are light modules. So
+``overnight --help`` builds every parser without loading the libraries (pyarrow, Ray,
+pydantic, the engines) that the commands themselves need.
 """
 
 from __future__ import annotations
+
+from overnight.workers.devices import DEVICES
+from overnight.workers.llm.contract import BACKENDS
+from overnight.workers.llm.tasks.registry import TASK_NAMES
+from overnight.workers.redact.types import PRESETS, TYPES
+from overnight.workers.whisper_models import WHISPER_TASKS
+
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_HEADROOM",
+    "DEFAULT_SHOW_LIMIT",
+    "DEFAULT_TUNE_BUDGET",
+    "DEFAULT_UTILIZATION",
+    "DEVICES",
+    "EXPORT_FORMATS",
+    "LLM_TASKS",
+    "REDACTION_PRESETS",
+    "REDACTION_TYPES",
+    "REPORT_FORMATS",
+    "REPORT_GROUPS",
+    "TUNE_TASKS",
+    "WHISPER_TASKS",
+]
+
+# overnight transcribe / process (the workers' registries)
+LLM_TASKS = TASK_NAMES
+REDACTION_TYPES = TYPES
+REDACTION_PRESETS = tuple(PRESETS)
+
+# overnight export
+EXPORT_FORMATS = ("srt", "vtt", "txt", "json")
 
 # overnight report
 REPORT_GROUPS = ("day", "tenant", "submission", "model", "run")

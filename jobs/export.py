@@ -15,13 +15,12 @@ import textwrap
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Any, Literal
+from typing import Any
 
 from overnight.jobs import storage
+from overnight.jobs.choices import EXPORT_FORMATS as FORMATS
 from overnight.jobs.errors import ConfigError, InputNotFound
 
-Format = Literal["srt", "vtt", "txt", "json"]
-FORMATS: tuple[str, ...] = ("srt", "vtt", "txt", "json")
 COLUMNS = [
     "item_id",
     "source_uri",

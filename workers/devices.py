@@ -8,6 +8,11 @@ import shutil
 import socket
 import subprocess
 from collections.abc import Callable
+from typing import Literal, get_args
+
+# Where a job asks its models to run; auto: the one rule below (``resolve_device``).
+Device = Literal["auto", "cpu", "cuda"]
+DEVICES: tuple[str, ...] = get_args(Device)
 
 # GPU product names as they appear in nvidia-smi, longest first ("a100" before "a10").
 _GPU_KINDS = (

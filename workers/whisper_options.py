@@ -9,10 +9,9 @@ Light on purpose (pydantic only): the spec, and so every command, imports it; th
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from overnight.workers.devices import Device
 from overnight.workers.whisper_models import BUNDLED_MODEL, WhisperTask
 
 
@@ -54,9 +53,7 @@ class DecodingOptions(BaseModel):
         description="faster-whisper model: a size name (large-v3, large-v3-turbo, distil-large-v3), "
         "a hub repository id, a local CTranslate2 folder, or 'bundled:tiny.en' (the embedded default)",
     )
-    device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto", description="auto: cuda when a GPU is visible"
-    )
+    device: Device = Field("auto", description="auto: cuda when a GPU is visible")
     compute_type: str = Field(
         "auto", description="CTranslate2 compute type; auto: float16 on cuda, int8 on cpu"
     )

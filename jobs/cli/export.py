@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-FORMATS = ("srt", "vtt", "txt", "json")  # jobs.export.FORMATS, spelled here to keep help light
+from overnight.jobs.choices import EXPORT_FORMATS
 
 
 def add_parser(subparsers) -> None:
@@ -15,9 +15,11 @@ def add_parser(subparsers) -> None:
         "DEST/<recording>.<format> with speaker labels, to a local folder or object storage. "
         "A rerun overwrites the same files. Large outputs are written by Ray tasks.",
     )
-    p.add_argument("output", metavar="OUTPUT", help="a transcription run's output (local, s3://, gs://)")
+    p.add_argument(
+        "output", metavar="OUTPUT", help="a transcription run's output (local, s3://, gs://)"
+    )
     p.add_argument("dest", metavar="DEST", help="folder or prefix for the files")
-    p.add_argument("--format", choices=FORMATS, default="srt", help="default: srt")
+    p.add_argument("--format", choices=EXPORT_FORMATS, default="srt", help="default: srt")
     p.add_argument(
         "--redacted-only",
         action="store_true",

@@ -13,6 +13,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from overnight.jobs.choices import (
+    BACKENDS,
+    DEVICES,
+    LLM_TASKS,
+    REDACTION_PRESETS,
+    REDACTION_TYPES,
+    WHISPER_TASKS,
+)
 from overnight.jobs.money import money
 
 if TYPE_CHECKING:
@@ -21,7 +29,7 @@ if TYPE_CHECKING:
 
 def _transcribe_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="faster-whisper model name or path (default: bundled tiny.en)")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--device", choices=DEVICES)
     p.add_argument("--compute-type")
     p.add_argument("--batch-size", type=int)
     p.add_argument("--beam-size", type=int)
@@ -52,15 +60,15 @@ def _transcribe_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--task",
-        choices=["transcribe", "translate"],
+        choices=WHISPER_TASKS,
         help="translate: English text from any language (multilingual models only)",
     )
     p.add_argument(
         "--redact",
         metavar="TYPES",
-        help="entity types to replace by [TYPE] tags, comma-separated: card_number, cvv, "
-        "expiry, ssn, bank_account, phone, email, person, address, date_of_birth, or a "
-        "preset: pci, all (turns word timestamps on)",
+        help="entity types to replace by [TYPE] tags, comma-separated: "
+        f"{', '.join(REDACTION_TYPES)}, or a preset: {', '.join(REDACTION_PRESETS)} (turns word "
+        "timestamps on)",
     )
     p.add_argument(
         "--keep-unredacted",
@@ -146,7 +154,7 @@ def add_parser(sub) -> None:
     pr.add_argument("output")
     pr.add_argument(
         "--task",
-        help="summarize|extract|classify|prompt|call_summary|disposition|promise_to_pay|compliance",
+        help="|".join(LLM_TASKS),
     )
     pr.add_argument("--schema", help="extract: the fields as a JSON schema file")
     pr.add_argument("--labels", help="classify: comma-separated labels")
@@ -154,8 +162,8 @@ def add_parser(sub) -> None:
     pr.add_argument(
         "--model", help="model path or hub name (default: the backend's embedded default)"
     )
-    pr.add_argument("--backend", choices=["ctranslate2", "vllm"])
-    pr.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    pr.add_argument("--backend", choices=BACKENDS)
+    pr.add_argument("--device", choices=DEVICES)
     pr.add_argument("--summary-words", type=int)
     _common_flags(pr)
     pr.set_defaults(handler=_cmd_job)

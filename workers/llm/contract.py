@@ -12,9 +12,11 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
-BACKENDS = ("ctranslate2", "vllm")
+# The engines ``adapter.load_backend`` loads: the one list the spec and the command line read.
+Backend = Literal["ctranslate2", "vllm"]
+BACKENDS: tuple[str, ...] = get_args(Backend)
 DEFAULT_VLLM_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 # Generation.finish_reason values.

@@ -14,8 +14,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from overnight.workers.devices import Device
+from overnight.workers.llm.contract import Backend
 
-def default_llm_backend() -> Literal["ctranslate2", "vllm"]:
+
+def default_llm_backend() -> Backend:
     """vllm when this Python can import it (without importing it: that takes seconds)."""
     return "vllm" if importlib.util.find_spec("vllm") is not None else "ctranslate2"
 
@@ -25,7 +28,7 @@ class EngineOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    backend: Literal["auto", "ctranslate2", "vllm"] = Field(
+    backend: Literal["auto", Backend] = Field(
         "auto",
         description="auto: vllm where it is installed (the gpu extra on GPUs, llm-cpu on CPU), "
         "else ctranslate2 (the default install, no torch); see README, The engines",
@@ -34,9 +37,7 @@ class EngineOptions(BaseModel):
         None,
         description="default: SmolLM2-135M on CPU, Llama-3.1-8B-Instruct with vllm on GPU",
     )
-    device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto", description="auto: cuda when the cluster has GPUs"
-    )
+    device: Device = Field("auto", description="auto: cuda when the cluster has GPUs")
     compute_type: str = Field("auto", description="auto: float16 on cuda, int8 on cpu")
     max_batch_size: int = Field(32, ge=1, description="ctranslate2: sequences per generate_batch")
     max_num_seqs: int | None = Field(
