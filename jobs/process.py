@@ -30,6 +30,7 @@ import pyarrow as pa
 
 from overnight.jobs import documents, ledger, preflight, runner, sizing, storage
 from overnight.jobs.errors import ConfigError
+from overnight.jobs.ledger import Cost
 from overnight.jobs.manifest import Listing, Selection, select_items
 from overnight.jobs.spec import JobSpec, ProcessOptions
 from overnight.jobs.stage import Stage
@@ -126,8 +127,6 @@ def _worker_config(
         # The device the job resolved for the cluster, not the spec's "auto".
         engine=opts.engine_only().model_copy(update={"device": device}),
         cpu_threads=pool.threads if device == "cpu" else 0,
-        resource=opts.resource,
-        units=(pool.gpus_per_actor or 1.0) if device == "cuda" else pool.cpus_per_actor,
     )
 
 
@@ -245,9 +244,21 @@ def process_plan(
     def build(at: runner.Placement) -> runner.Build:
         pool = at.pool
         config = replace(_worker_config(opts, task, at.device, pool), model_path=model_path)
+        generate = Cost(
+            "generate",
+            "llm",
+            # The GPU the actor finds (an "h100" row), or the price key the job names.
+            resource=opts.resource or ("cpu" if at.device != "cuda" else None),
+            units=(pool.gpus_per_actor or 1.0) if at.device == "cuda" else pool.cpus_per_actor,
+            timed_by_worker=True,  # a model batch's time, shared by its documents' tokens
+            bought="tokens",
+        )
         options_json = json.dumps(
             {
                 **config.options(),
+                # What rows have always recorded beside the worker's options.
+                "resource": opts.resource,
+                "units": generate.units,
                 "device": at.device,
                 "input_kind": input_kind,
                 "items_per_call": items_per_call,
@@ -267,6 +278,8 @@ def process_plan(
                 "storage_config": storage.StorageConfig.from_env(),
             },
             num_cpus=pool.task_cpus,
+            # Each document's own fetch and extraction (in a child process of its own).
+            cost=Cost("extract", "extract", timed_by_worker=True, parts=("fetch",), bought=None),
         )
         llm = Stage.on_pool(
             "llm",
@@ -279,11 +292,12 @@ def process_plan(
             calls_per_actor=calls_per_actor,
             # A call is one manifest block: see rows_per_block below.
             batch_size=None,
+            cost=generate,
         )
         return runner.Build(
             stages=[extract, llm],
             model_resource=opts.resource or ("gpu" if at.device == "cuda" else "cpu"),
-            model_units=config.units or 1.0,
+            model_units=generate.units or 1.0,
             options={
                 **opts.model_dump(mode="json", by_alias=True),
                 **sizing.record(pool),

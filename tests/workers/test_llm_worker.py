@@ -71,7 +71,7 @@ def test_worker_returns_the_same_rows_in_order_and_passes_error_rows_through(
         assert ok["status"] == "ok" and ok["label"] in LABELS
         assert ok["task"] == "classify" and ok["num_chunks"] == 1
         assert ok["input_tokens"] > 0 and ok["output_tokens"] > 0
-        assert ok["llm_s"] > 0 and ok["llm_resource"] == "cpu" and ok["llm_units"] > 0
+        assert ok["llm_s"] > 0  # what it ran on is the runner's to write (jobs.stage)
         assert ok["model"].startswith("ctranslate2:") and ok["worker"]
     # Already failed upstream: untouched, and no LLM columns filled in.
     assert (b["status"], b["error_code"], b["error_message"]) == (
@@ -113,11 +113,11 @@ def test_worker_batch_of_only_error_rows_calls_no_model(worker: LLMWorker) -> No
 def test_worker_config_is_validated_and_records_effective_options() -> None:
     task = TaskSpec(kind="summarize", summary_words=30)
     engine = EngineOptions(backend="ctranslate2", engine_kwargs={"seed": 1})
-    config = LLMWorkerConfig(task=task, engine=engine, max_new_tokens=12, resource="cpu")
+    config = LLMWorkerConfig(task=task, engine=engine, max_new_tokens=12)
     options = json.loads(options_json(config))
     assert options["task"]["max_new_tokens"] == 12 and options["backend"] == "ctranslate2"
     # The engine's settings sit beside the worker's, flat, as rows have always recorded them.
-    assert options["engine_kwargs"] == {"seed": 1} and options["resource"] == "cpu"
+    assert options["engine_kwargs"] == {"seed": 1}
     assert "engine" not in options
     with pytest.raises(ValidationError, match="backend"):
         EngineOptions(backend="openai")
@@ -177,7 +177,7 @@ def test_worker_runs_as_a_ray_data_actor_pool_stage(ray_local, model_dir: Path) 
     rows = sorted(ds.take_all(), key=lambda r: r["item_id"])
     assert [r["status"] for r in rows] == ["ok", "error", "ok", "error"]
     assert rows[0]["label"] in LABELS
-    assert "actor=" in rows[0]["worker"] and rows[0]["llm_units"] == 1.0
+    assert "actor=" in rows[0]["worker"]
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +25,7 @@ import pyarrow as pa
 from overnight.schemas.errors import ErrorCode
 from overnight.schemas.stages import LLM_OUTPUT
 from overnight.schemas.tables import STATUS_FIELDS
-from overnight.workers.devices import detect_gpu_kind, worker_id
+from overnight.workers.devices import worker_id
 from overnight.workers.llm.adapter import BackendConfigError, LLMBackend, load_backend
 from overnight.workers.llm.engine_options import EngineOptions
 from overnight.workers.llm.tasks.run import run_task
@@ -54,8 +53,10 @@ class LLMWorkerConfig:
     where this node sees it; ``engine.model`` stays the provenance recorded on rows.
     cpu_threads: the model's threads on CPU, either engine (0: its default).
     max_new_tokens: overrides the task's cap on generated tokens per call.
-    resource: the ``llm_resource`` label (a price-table key); None detects it.
-    units: ``llm_units`` (GPUs or CPU cores held); None takes Ray's assignment or a guess.
+
+    What the worker holds and is priced at (``llm_resource``, ``llm_units``) is the job
+    runner's to write (``jobs.stage``), as it is for every stage; the worker writes ``llm_s``,
+    each document's share of its model batches by tokens, finer than the runner can time.
     """
 
     task: TaskSpec
@@ -63,8 +64,6 @@ class LLMWorkerConfig:
     model_path: str | None = None
     cpu_threads: int = 0
     max_new_tokens: int | None = None
-    resource: str | None = None
-    units: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.task, TaskSpec):
@@ -75,8 +74,6 @@ class LLMWorkerConfig:
             object.__setattr__(self, "engine", self.engine.engine_only())
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise BackendConfigError(f"max_new_tokens={self.max_new_tokens}: must be >= 1")
-        if self.units is not None and self.units <= 0:
-            raise BackendConfigError(f"units={self.units}: must be positive")
 
     @property
     def effective_task(self) -> TaskSpec:
@@ -97,20 +94,6 @@ class LLMWorkerConfig:
         return data
 
 
-def _assigned_resources() -> dict[str, float]:
-    """What Ray assigned this actor (CPU, GPU); {} outside Ray."""
-    try:
-        import ray
-    except ImportError:
-        return {}
-    if not ray.is_initialized():
-        return {}
-    try:
-        return dict(ray.get_runtime_context().get_assigned_resources())
-    except Exception:
-        return {}
-
-
 class LLMWorker:
     """Adds the LLM task's result columns to a batch of document rows (see module doc)."""
 
@@ -123,19 +106,7 @@ class LLMWorker:
             cpu_threads=config.cpu_threads,
             model_path=config.model_path,
         )
-        assigned = _assigned_resources()
         self.worker_id = worker_id()
-        if config.resource is not None:
-            self.resource = config.resource
-        else:
-            self.resource = "cpu" if self.backend.device == "cpu" else detect_gpu_kind()
-        if config.units is not None:
-            self.units = float(config.units)
-        elif self.backend.device == "cpu":
-            threads = getattr(self.backend, "cpu_threads", 0) or 0
-            self.units = float(assigned.get("CPU") or threads or os.cpu_count() or 1)
-        else:
-            self.units = float(assigned.get("GPU") or 1.0)
         self.model = f"{self.backend.name}:{self.backend.model_id}"
 
     def close(self) -> None:
@@ -185,8 +156,6 @@ class LLMWorker:
         for i, result in zip(positions, results, strict=True):
             out["task"][i] = self.task.task_name
             out["model"][i] = self.model
-            out["llm_resource"][i] = self.resource
-            out["llm_units"][i] = self.units
             out["worker"][i] = self.worker_id
             out["input_tokens"][i] = result.input_tokens
             out["output_tokens"][i] = result.output_tokens
