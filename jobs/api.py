@@ -11,13 +11,12 @@ that finishes returns its summary, also when some items failed (see ``RunSummary
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from overnight.jobs.errors import ConfigError, ErrorRateExceeded
+from overnight.jobs.errors import ErrorRateExceeded
 
 if TYPE_CHECKING:
     from overnight.jobs.spec import JobSpec
@@ -118,34 +117,14 @@ def _failed_share(stage: Mapping[str, Any]) -> float:
     return int(stage.get("failed") or 0) / items if items else 0.0
 
 
-def _overrides(kind: str, input: str, output: str, options: Mapping[str, Any]) -> dict:
-    from overnight.jobs.spec import JobSpec, RunOptions
-
-    section = "process" if kind in ("process", "chain") else kind
-    sections: dict[str, dict[str, Any]] = {"job": {"kind": kind, "input": input, "output": output}}
-    model = JobSpec.model_fields[section].annotation if section in JobSpec.model_fields else None
-    fields = getattr(model, "model_fields", {})
-    known = {**{n: "job" for n in RunOptions.model_fields}, **{n: section for n in fields}}
-    for name, value in options.items():
-        if name == "prices":
-            sections["prices"] = dict(value)
-            continue
-        where = known.get(name)
-        if where is None or name in ("kind", "input", "output"):
-            close = difflib.get_close_matches(name, list(known), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"overnight.{kind}() has no option {name!r}{hint}")
-        sections.setdefault(where, {})[name] = value
-    return sections
-
-
 def _spec(
     kind: str, input: str, output: str, config: str | Path | None, options: Mapping[str, Any]
 ) -> JobSpec:
-    from overnight.jobs.spec import build_spec, read_job_file
+    from overnight.jobs.spec import build_spec, overrides, read_job_file
 
     file_data = read_job_file(config) if config is not None else None
-    return build_spec(file_data, overrides=_overrides(kind, str(input), str(output), options))
+    over = overrides(kind, options, input=input, output=output, who=f"overnight.{kind}()")
+    return build_spec(file_data, overrides=over)
 
 
 def transcribe(

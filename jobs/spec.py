@@ -8,14 +8,16 @@ Validation happens once, here, and its messages name the field, the value and th
 from __future__ import annotations
 
 import copy
+import difflib
 import re
 import secrets
 import tomllib
+from collections.abc import Mapping
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from overnight.jobs.config_model import ConfigModel, config_error
 from overnight.jobs.errors import ConfigError
@@ -480,6 +482,48 @@ def _deep_merge(base: dict, over: dict) -> dict:
         else:
             out[key] = copy.deepcopy(value)
     return out
+
+
+# The section a kind's own options go to; a probe has none ([job] holds what all share).
+_KIND_SECTIONS: dict[str, tuple[str, type[BaseModel]]] = {
+    "transcribe": ("transcribe", TranscribeOptions),
+    "process": ("process", ProcessOptions),
+    "chain": ("process", ProcessOptions),
+}
+
+
+def overrides(
+    kind: str | None,
+    options: Mapping[str, Any],
+    *,
+    input: str | None = None,
+    output: str | None = None,
+    who: str,
+) -> dict[str, Any]:
+    """``build_spec``'s overrides from options named as the spec's fields, the one way the
+    command line (its flags) and the Python API (its keyword arguments) build them: a field
+    of ``[job]`` goes there, a field (or alias) of the kind's section to that section,
+    ``prices`` to ``[prices]``; None is "not given". Without a ``kind`` only ``[job]``
+    fields are known (``overnight run``: the job file names the kind). An unknown name is a
+    ``ConfigError`` from ``who`` that suggests the closest field."""
+    known = {name: "job" for name in RunOptions.model_fields}
+    for name in ("kind", "input", "output"):  # the arguments, not options
+        del known[name]
+    if kind in _KIND_SECTIONS:
+        section, model = _KIND_SECTIONS[kind]
+        for name, field in model.model_fields.items():
+            known[name] = known[field.alias or name] = section
+    sections: dict[str, Any] = {"job": {"kind": kind, "input": input, "output": output}}
+    for name, value in options.items():
+        if name == "prices":
+            sections["prices"] = dict(value)
+            continue
+        if name not in known:
+            close = difflib.get_close_matches(name, list(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{who} has no option {name!r}{hint}")
+        sections.setdefault(known[name], {})[name] = value
+    return sections
 
 
 def read_job_file(path: str | Path) -> dict[str, Any]:

@@ -27,6 +27,11 @@ if TYPE_CHECKING:
     from overnight.jobs.spec import JobSpec
 
 
+def _names(text: str) -> list[str]:
+    """A comma-separated flag value as its names, blanks dropped."""
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
 def _transcribe_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="faster-whisper model name or path (default: bundled tiny.en)")
     p.add_argument("--device", choices=DEVICES)
@@ -44,6 +49,7 @@ def _transcribe_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--channel-labels",
         metavar="NAMES",
+        type=_names,
         help="speaker names of the channels in order, e.g. agent,customer (implies "
         "--split-channels; a manifest's channel_labels column wins per item)",
     )
@@ -66,6 +72,7 @@ def _transcribe_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--redact",
         metavar="TYPES",
+        type=_names,
         help="entity types to replace by [TYPE] tags, comma-separated: "
         f"{', '.join(REDACTION_TYPES)}, or a preset: {', '.join(REDACTION_PRESETS)} (turns word "
         "timestamps on)",
@@ -96,7 +103,8 @@ def _scheduler_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--retry-errors",
         nargs="?",
-        const="all",
+        const=["all"],
+        type=_names,
         metavar="CODES",
         help="redo the items whose row is an error with one of these codes (comma-separated; "
         "without CODES: any code), e.g. encrypted once the PDF password is set; default: "
@@ -110,16 +118,26 @@ def _scheduler_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _address_flag(p: argparse.ArgumentParser, **kwargs: Any) -> None:
+    p.add_argument("--address", dest="ray_address", metavar="ADDRESS", **kwargs)
+
+
+def _quiet_flag(p: argparse.ArgumentParser, **kwargs: Any) -> None:
+    p.add_argument("--quiet", dest="progress", action="store_false", default=None, **kwargs)
+
+
+def _verbose_flag(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--verbose", action="store_true", default=None, help=help)
+
+
 def _common_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="job spec file (TOML or YAML); flags override it")
-    p.add_argument("--address", help="Ray cluster address (default: start Ray locally)")
+    _address_flag(p, help="Ray cluster address (default: start Ray locally)")
     p.add_argument("--run-id")
     p.add_argument("--max-items", type=int)
     _scheduler_flags(p)
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.add_argument(
-        "--verbose", action="store_true", help="also show Ray's own log lines (start-up, workers)"
-    )
+    _quiet_flag(p, help="no progress lines")
+    _verbose_flag(p, "also show Ray's own log lines (start-up, workers)")
     p.add_argument(
         "--include",
         action="append",
@@ -157,7 +175,7 @@ def add_parser(sub) -> None:
         help="|".join(LLM_TASKS),
     )
     pr.add_argument("--schema", help="extract: the fields as a JSON schema file")
-    pr.add_argument("--labels", help="classify: comma-separated labels")
+    pr.add_argument("--labels", type=_names, help="classify: comma-separated labels")
     pr.add_argument("--prompt", help="prompt: a template file with {text}")
     pr.add_argument(
         "--model", help="model path or hub name (default: the backend's embedded default)"
@@ -179,10 +197,10 @@ def add_parser(sub) -> None:
 
     r = sub.add_parser("run", help="run a job spec file (scheduled runs)")
     r.add_argument("job_file")
-    r.add_argument("--address")
+    _address_flag(r)
     r.add_argument("--run-id")
-    r.add_argument("--quiet", action="store_true")
-    r.add_argument("--verbose", action="store_true", help="also show Ray's own log lines")
+    _quiet_flag(r)
+    _verbose_flag(r, "also show Ray's own log lines")
     _scheduler_flags(r)
     r.set_defaults(handler=_cmd_run)
 
@@ -191,8 +209,8 @@ def add_parser(sub) -> None:
 
     d = sub.add_parser("demo", help="synthesize a few calls and transcribe them (no input needed)")
     d.add_argument("--output", default="demo-output")
-    d.add_argument("--address")
-    d.add_argument("--verbose", action="store_true", help="also show Ray's own log lines")
+    _address_flag(d)
+    _verbose_flag(d, "also show Ray's own log lines")
     d.set_defaults(handler=_cmd_demo)
 
 
@@ -206,18 +224,8 @@ def _cmd_job(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from overnight.jobs.spec import build_spec, read_job_file
 
-    file_data = read_job_file(args.job_file)
-    over = {
-        "job": {
-            "ray_address": args.address,
-            "run_id": args.run_id,
-            "progress": False if args.quiet else None,
-            "verbose": True if args.verbose else None,
-            "max_error_rate": args.max_error_rate,
-            "retry_errors": _codes(args.retry_errors),
-        }
-    }
-    return _run_or_dry(build_spec(file_data, over), args.dry_run)
+    file_data = read_job_file(args.job_file)  # it names the kind
+    return _run_or_dry(build_spec(file_data, _overrides(args, None)), args.dry_run)
 
 
 def _run_or_dry(spec: JobSpec, dry: bool) -> int:
@@ -246,66 +254,29 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _codes(flag: str | None) -> list[str] | None:
-    return None if flag is None else flag.split(",")
+# Parsed arguments of the command line's own; every other one is named as its spec field.
+_NOT_OPTIONS = frozenset({"command", "handler", "config", "dry_run", "job_file", "input", "output"})
 
 
-def _overrides(args: argparse.Namespace, kind: str) -> dict[str, Any]:
-    job = {
-        "kind": kind,
-        "input": getattr(args, "input", None),
-        "output": getattr(args, "output", None),
-        "ray_address": getattr(args, "address", None),
-        "run_id": getattr(args, "run_id", None),
-        "max_items": getattr(args, "max_items", None),
-        "max_error_rate": getattr(args, "max_error_rate", None),
-        "retry_errors": _codes(getattr(args, "retry_errors", None)),
-        "progress": False if getattr(args, "quiet", False) else None,
-        "verbose": True if getattr(args, "verbose", False) else None,
-        "include": getattr(args, "include", None),
-        "exclude": getattr(args, "exclude", None),
-    }
-    if kind == "probe":  # a probe reads headers only: it has no options of its own
-        return {"job": job}
-    if kind == "process":
-        labels = getattr(args, "labels", None)
-        process = {
-            "task": args.task,
-            "schema": args.schema,
-            "prompt": args.prompt,
-            "model": args.model,
-            "backend": args.backend,
-            "device": args.device,
-            "summary_words": args.summary_words,
-            "labels": [x.strip() for x in labels.split(",") if x.strip()] if labels else None,
-        }
-        return {"job": job, "process": process}
-    transcribe = {
-        key: getattr(args, key, None)
-        for key in (
-            "model",
-            "device",
-            "compute_type",
-            "batch_size",
-            "beam_size",
-            "language",
-            "actors",
-            "split_channels",
-            "vad",
-            "initial_prompt",
-            "hotwords",
-            "task",
-            "keep_unredacted",
-            "redact_audio",
-        )
-    }
-    redact = getattr(args, "redact", None)
-    if redact is not None:
-        transcribe["redact"] = [x.strip() for x in redact.split(",") if x.strip()]
-    labels = getattr(args, "channel_labels", None)
-    if labels is not None:
-        transcribe["channel_labels"] = [x.strip() for x in labels.split(",") if x.strip()]
-    return {"job": job, "transcribe": transcribe}
+def _overrides(
+    args: argparse.Namespace,
+    kind: str | None,
+    *,
+    input: str | None = None,
+    output: str | None = None,
+) -> dict[str, Any]:
+    """The spec sections the flags set, built as the Python API builds them from its keyword
+    arguments (``jobs.spec.overrides``); ``input``/``output`` default to the arguments'."""
+    from overnight.jobs.spec import overrides
+
+    options = {k: v for k, v in vars(args).items() if k not in _NOT_OPTIONS}
+    return overrides(
+        kind,
+        options,
+        input=input or getattr(args, "input", None),
+        output=output or getattr(args, "output", None),
+        who=f"overnight {args.command}",
+    )
 
 
 def run_spec(spec: JobSpec) -> dict[str, Any]:
@@ -443,16 +414,7 @@ def _demo(args: argparse.Namespace) -> dict[str, Any]:
                 row["channel_labels"] = "agent,customer"
             f.write(json.dumps(row) + "\n")
     print(f"[overnight] synthesized {len(refs)} calls in {calls}", file=sys.stderr)
-    spec = build_spec(
-        overrides={
-            "job": {
-                "input": str(manifest),
-                "output": str(output),
-                "ray_address": args.address,
-                "verbose": True if args.verbose else None,
-            }
-        }
-    )
+    spec = build_spec(overrides=_overrides(args, None, input=str(manifest), output=str(output)))
     summary = run_spec(spec)
     from overnight.jobs import ledger, storage
 

@@ -98,3 +98,94 @@ def _job(tmp_path: Path, max_error_rate: float) -> dict[str, Any]:
         "progress": False,
         "max_error_rate": max_error_rate,
     }
+
+
+# Every option a job command's flags set, as the command line spells it and as the API takes
+# it; the common [job] options with each kind's.
+JOB_OPTIONS = (
+    [
+        *("--address", "auto", "--run-id", "night-1", "--max-items", "3"),
+        *("--max-error-rate", "0.1", "--retry-errors", "--quiet", "--verbose"),
+        *("--include", "*.wav", "--exclude", "tmp/*"),
+    ],
+    {
+        "ray_address": "auto",
+        "run_id": "night-1",
+        "max_items": 3,
+        "max_error_rate": 0.1,
+        "retry_errors": ["all"],
+        "progress": False,
+        "verbose": True,
+        "include": ["*.wav"],
+        "exclude": ["tmp/*"],
+    },
+)
+KIND_OPTIONS = {
+    "transcribe": (
+        [
+            *("--model", "small", "--device", "cpu", "--compute-type", "int8"),
+            *("--batch-size", "8", "--beam-size", "2", "--language", "de", "--actors", "2"),
+            *("--split-channels", "--channel-labels", "agent, customer"),
+            *("--initial-prompt", "Acme", "--hotwords", "Vexorium", "--task", "translate"),
+            *("--redact", "pci,ssn", "--keep-unredacted", "--redact-audio", "--no-vad"),
+        ],
+        {
+            "model": "small",
+            "device": "cpu",
+            "compute_type": "int8",
+            "batch_size": 8,
+            "beam_size": 2,
+            "language": "de",
+            "actors": 2,
+            "split_channels": True,
+            "channel_labels": ["agent", "customer"],
+            "initial_prompt": "Acme",
+            "hotwords": "Vexorium",
+            "task": "translate",
+            "redact": ["pci", "ssn"],
+            "keep_unredacted": True,
+            "redact_audio": True,
+            "vad": False,
+        },
+    ),
+    "process": (
+        [
+            *("--task", "classify", "--labels", "paid, unpaid", "--schema", "fields.json"),
+            *("--prompt", "prompt.txt", "--model", "org/model", "--backend", "ctranslate2"),
+            *("--device", "cpu", "--summary-words", "50"),
+        ],
+        {
+            "task": "classify",
+            "labels": ["paid", "unpaid"],
+            "schema": "fields.json",
+            "prompt": "prompt.txt",
+            "model": "org/model",
+            "backend": "ctranslate2",
+            "device": "cpu",
+            "summary_words": 50,
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", KIND_OPTIONS)
+def test_the_cli_and_the_api_build_the_same_overrides_and_spec_from_the_same_options(
+    kind, monkeypatch
+):
+    from overnight.jobs.cli import parse_args
+    from overnight.jobs.cli.job import _NOT_OPTIONS, _overrides
+    from overnight.jobs.spec import build_spec, overrides
+
+    flags, options = KIND_OPTIONS[kind]
+    options = {**JOB_OPTIONS[1], **options}
+    args = parse_args([kind, "calls/", "out/", *JOB_OPTIONS[0], *flags])
+    # Every flag of the command is here: a new one must join this list.
+    assert {name for name in vars(args) if name not in _NOT_OPTIONS} == set(options)
+
+    from_cli = _overrides(args, kind)
+    from_api = overrides(kind, options, input="calls/", output="out/", who="test")
+    assert from_cli == from_api
+
+    monkeypatch.setattr(api, "run", lambda spec: spec)  # the spec the API would run
+    api_spec = getattr(overnight_api, kind)("calls/", "out/", **options)
+    assert build_spec(overrides=from_cli) == api_spec
