@@ -388,3 +388,46 @@ def test_a_card_cue_reaches_twenty_words_and_a_day_is_no_street():
     far = "The gift card balance is $25.00. The upgrade cost $50.00 per month and we are meeting in a free mirror near a lot of new space today, your order number is 10 145346"
     assert Redactor(["all"]).redact(row(("agent", far)))[1] == []
     assert Redactor(["all"]).redact(row(("customer", "The meeting is at 5.51 Tuesday.")))[1] == []
+
+
+def test_a_number_read_over_two_turns_is_masked_in_both_whatever_the_first_was_named():
+    r = row(
+        ("customer", "It is 5569 33118 levels."),
+        ("agent", "Okay, go on."),
+        (
+            "customer",
+            "Eight thousand two hundred and sixty seven seven thousand nine hundred and seventy two",
+        ),
+    )
+    fields, entities = Redactor(["all"]).redact(r)
+    assert entities and not leaked(fields, "5569331182677972")
+    # the first part alone reads as an SSN (9 digits); both together as a card
+    assert fields["segments"][0]["text"] == "It is [SSN] levels."
+    assert fields["segments"][2]["text"] == "[CARD_NUMBER]"
+
+
+def test_the_answer_to_a_turn_that_names_an_ssn_is_masked_though_whisper_lost_the_question_mark():
+    r = row(
+        ("agent", "So may we verify your identity, your social security, not man."),
+        ("customer", "It's safe for 8, 2, 6, 3, 1, 5"),
+    )
+    fields, entities = Redactor(["ssn"]).redact(r)
+    assert [e["type"] for e in entities] == ["ssn"] and not leaked(fields, "826315")
+
+
+def test_a_card_read_with_a_misheard_word_before_a_spoken_separator_is_one_run():
+    said = "It's in 4 dash 4 dash 8 dash 0, i dash 9 dash 3 dash 0 4 1 3 6 3 7 2 3 8."
+    fields, entities = Redactor(["pci"]).redact(row(("customer", said)))
+    assert [e["type"] for e in entities] == ["card_number"] and not leaked(
+        fields, "4480930413637238"
+    )
+
+
+def test_years_and_round_numbers_after_an_account_cue_stay():
+    for said in (
+        "I have had this account for 29 years. I have been a customer since 2015.",
+        "I can simply account for 20,000 years.",
+        "The account was opened in 2021 with 5,000 dollars.",
+    ):
+        _, entities = Redactor(["all"]).redact(row(("customer", said)))
+        assert not entities, (said, entities)

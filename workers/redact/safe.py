@@ -27,13 +27,16 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from overnight.workers.redact.speech import (
+    ANSWER_GAP_S,
     CARD_CONTEXT_WINDOW,
-    CUE_WINDOW,
+    TURN_GAP_S,
     Found,
     Token,
     digit_runs,
+    is_year,
     money_amount,
     nearest_cue,
+    round_amounts,
     token_digits,
 )
 
@@ -46,6 +49,7 @@ NEXT_WINDOW = 30
 OTHER_NUMBERS = {"ssn", "phone", "bank_account", "date_of_birth"}
 NEXT_CUES = (
     ("expiration",),
+    ("exploration",),  # Whisper's hearing of it (speech.CUES)
     ("expiry",),
     ("security", "code"),
     ("cvv",),
@@ -112,9 +116,25 @@ def _long_runs(
 ) -> list[Found]:
     found = []
     long_enough = LONG_NUMBER if {"ssn", "bank_account"} & set(types) else CARD_ANY
+    # Per speaker, the last long number read out: (its digits, when it ended, its cues).
+    read: dict[str, tuple[int, float, dict[str, int]]] = {}
     for run in digit_runs(tokens, digits):
         n = len(run.digits)
         cues = nearest_cue(keys, run.tokens[0])
+        opening = tokens[run.tokens[0]]
+        earlier = read.get(opening.stream)
+        if (
+            earlier is not None
+            and n >= 4
+            and (opening.start_s or 0.0) - earlier[1] <= TURN_GAP_S
+            and not money_amount(tokens, keys, run.tokens)
+        ):
+            # The rest of a number read over two turns ("It is <8 digits>." "Okay, go on."
+            # "<8 more>."): what both say together decides its type.
+            kind = _type_of(earlier[0] + n, earlier[2], types)
+            if kind is not None:
+                found.append(Found(kind, run.tokens, 0.7, "long-run"))
+                continue
         if "card_number" in types and (
             n >= CARD_ANY
             or (n >= CARD_NEAR_CUE and "card_number" in cues)
@@ -126,9 +146,13 @@ def _long_runs(
         ):
             found.append(Found("card_number", run.tokens, 0.9, "long-run"))
         elif n >= long_enough:
-            kind = _type_of(n, nearest_cue(keys, run.tokens[0], CUE_WINDOW), types)
-            if kind is not None:
-                found.append(Found(kind, run.tokens, 0.8, "long-run"))
+            kind = _type_of(n, cues, types)
+            if kind is None:
+                continue
+            found.append(Found(kind, run.tokens, 0.8, "long-run"))
+        else:
+            continue
+        read[opening.stream] = (n, tokens[run.tokens[-1]].end_s or 0.0, cues)
     return found
 
 
@@ -155,23 +179,59 @@ def _after_cues(
                 if keys[j : j + len(parts)] != parts:
                     continue
                 start = j + len(parts)
-                if start >= len(tokens) or tokens[start - 1].word.endswith(_SENTENCE_END):
-                    continue
-                end = _sentence_end(tokens, start)
-                pieces, piece = [], []
-                for i in range(start, end + 1):
-                    if i < end and digits[i] is not None:
-                        piece.append(i)
-                        continue
-                    said = sum(len(digits[p] or "") for p in piece)
-                    if piece and not (money_amount(tokens, keys, piece) and said < LONG_NUMBER):
-                        pieces.append((said, tuple(piece)))
-                    piece = []
+                if start < len(tokens) and not tokens[start - 1].word.endswith(_SENTENCE_END):
+                    pieces = _numbers(tokens, keys, digits, start, _sentence_end(tokens, start))
+                else:
+                    pieces = []
+                if not pieces:
+                    # The cue asked ("... your social security number?", its "?" lost or
+                    # not): the number is in the other speaker's answer, its first sentence.
+                    answer = _answer_start(tokens, j)
+                    if answer is not None:
+                        end = _sentence_end(tokens, answer)
+                        pieces = _numbers(tokens, keys, digits, answer, end)
                 # Four digits or more in all: fewer say no number anybody could use ("had this
                 # account for twelve years, press one").
                 if sum(said for said, _ in pieces) >= 4:
                     found += [Found(kind, p, 0.75, "after-cue") for _, p in pieces]
     return found
+
+
+def _numbers(
+    tokens: Sequence[Token], keys: list[str], digits: list[str | None], start: int, end: int
+) -> list[tuple[int, tuple[int, ...]]]:
+    """(digits said, tokens) of each number in tokens ``start..end-1``, leaving out years
+    ("since 2015"), and amounts of money and round numbers ("for 20,000 years") under 9
+    digits (a loop of them, "$200,000, $10,000, $10,000, ...", is longer)."""
+    pieces, piece = [], []
+    for i in range(start, end + 1):
+        if i < end and digits[i] is not None:
+            piece.append(i)
+            continue
+        said = sum(len(digits[p] or "") for p in piece)
+        joined = "".join(digits[p] or "" for p in piece)
+        if piece and not (
+            (
+                said < LONG_NUMBER
+                and (money_amount(tokens, keys, piece) or round_amounts(tokens, digits, piece))
+            )
+            or is_year(joined)
+        ):
+            pieces.append((said, tuple(piece)))
+        piece = []
+    return pieces
+
+
+def _answer_start(tokens: Sequence[Token], cue: int) -> int | None:
+    """The first token of the other speaker's next segment (a one-voice call: the next
+    segment) when it starts within ``ANSWER_GAP_S`` of the end of the cue's segment."""
+    seg, stream = tokens[cue].seg, tokens[cue].stream
+    last = max(i for i, t in enumerate(tokens) if t.seg == seg)
+    for i in range(last + 1, len(tokens)):
+        if tokens[i].seg != seg and (tokens[i].stream != stream or not stream):
+            gap = (tokens[i].start_s or 0.0) - (tokens[last].end_s or 0.0)
+            return i if gap <= ANSWER_GAP_S else None
+    return None
 
 
 def _degenerate_segments(

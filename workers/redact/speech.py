@@ -380,14 +380,19 @@ def digit_runs(tokens: Sequence[Token], digits: Sequence[str | None]) -> list[Ru
 def _short_gap(
     tokens: Sequence[Token], digits: Sequence[str | None], order: list[int], pos: int
 ) -> bool:
+    """Whether token ``order[pos]`` is a short word with a digit after it in its segment, a
+    spoken separator in between or not ("0, i dash 9")."""
     i = order[pos]
-    following = order[pos + 1] if pos + 1 < len(order) else None
-    return (
-        len(tokens[i].key) <= 4
-        and following is not None
-        and digits[following] is not None
-        and tokens[following].seg == tokens[i].seg
-    )
+    if len(tokens[i].key) > 4:
+        return False
+    for following in order[pos + 1 : pos + 3]:
+        if tokens[following].seg != tokens[i].seg:
+            return False
+        if digits[following] is not None:
+            return True
+        if tokens[following].key not in RUN_GLUE:
+            return False
+    return False
 
 
 def _run(indices: list[int], digits: Sequence[str | None]) -> Run:
@@ -487,6 +492,19 @@ def number_entities(tokens: Sequence[Token]) -> list[Found]:
         if len(run.digits) <= 4 and _last_four(keys, run.tokens[0]):
             continue  # "your card ending in 4421": the digits PCI DSS lets anyone say
         cues = nearest_cue(keys, run.tokens[0])
+        # An account or SSN cue names the numbers of its own sentence ("I have had this
+        # account for 29 years. I have been a customer since 2000."); a question's answer in
+        # the next turn is answer_entities'.
+        cues = {
+            cat: d
+            for cat, d in cues.items()
+            if cat not in ("bank_account", "ssn") or _same_sentence(tokens, run.tokens[0], d)
+        }
+        if is_year(run.digits) and not {"date_of_birth", "expiry"} & set(cues):
+            continue  # "since 2015"
+        round_amount = len(run.digits) < 9 and round_amounts(tokens, digits, run.tokens)
+        if round_amount and not {"date_of_birth", "expiry"} & set(cues):
+            continue  # "for 20,000 years": an amount, or noise
         named = classify_run(run, cues, reads_out_a_card(keys, run.tokens[0]))
         if named is None:
             named = _in_card_call(run, nearest_cue(keys, run.tokens[0], CARD_CONTEXT_WINDOW))
@@ -508,6 +526,41 @@ def number_entities(tokens: Sequence[Token]) -> list[Found]:
             indices = tuple(range(first, indices[0])) + indices
         found.append(Found(named[0], indices, named[1], "speech-digits"))
     return found
+
+
+def _same_sentence(tokens: Sequence[Token], start: int, distance: int) -> bool:
+    """Whether a cue ending ``distance`` tokens before token ``start`` is in its sentence."""
+    return not any(
+        tokens[k].word.rstrip('"”)').endswith((".", "?", "!"))
+        for k in range(max(0, start - distance - 1), start)
+    )
+
+
+_ROUND = re.compile(r"[1-9]\d?0{3,}")
+
+
+def round_amounts(
+    tokens: Sequence[Token], digits: Sequence[str | None], run: Sequence[int]
+) -> bool:
+    """Whether every number a run writes is round ("7,000,000,000,000 with 60,000"): one or
+    two significant digits, then three zeros or more. Whisper writes amounts so, or makes
+    them of noise; they hold no four digits in a row of a card or an account. A written
+    number goes on over the words Whisper split it into (",000", ".15")."""
+    written: list[str] = []
+    for i in run:
+        if digits[i] is None:
+            continue
+        if written and tokens[i].word[:1] in ",.":
+            written[-1] += digits[i] or ""
+        else:
+            written.append(digits[i] or "")
+    said = [w for w in written if w]
+    return bool(said) and all(_ROUND.fullmatch(w) for w in said)
+
+
+def is_year(digits: str) -> bool:
+    """Four digits from 1900 to 2099: a year ("since 2015"), not four digits of a number."""
+    return len(digits) == 4 and 1900 <= int(digits) <= 2099
 
 
 MONEY_WORDS = {"dollar", "dollars", "cent", "cents", "bucks", "percent", "pounds", "euros"}
