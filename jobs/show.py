@@ -243,6 +243,8 @@ def render_transcript(row: dict[str, Any], cols: int) -> list[str]:
         facts.append(f"{row['duration_s']:.1f} s")
     if row.get("language"):
         facts.append(row["language"])
+    if row.get("degenerate"):  # not what was said: the reader must know before reading
+        facts.append("degenerate (the model looped; the repetition is cut)")
     lines = [f"{name}  {'  '.join(facts)}  ({_provenance(row)})"]
     if row["status"] != "ok":
         return lines + _error_lines(row, cols)

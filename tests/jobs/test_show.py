@@ -269,3 +269,30 @@ def test_a_name_with_glob_characters_is_selected_by_its_own_name_or_uri(tmp_path
     # A pattern that is no source's name is still a glob.
     assert main(["show", str(out), "--source", "glob*", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)) == 2
+
+
+def test_a_transcript_the_model_looped_on_says_so_in_its_heading():
+    from overnight.jobs.show import render_transcript
+
+    row = {
+        "source_uri": "/calls/ssn.wav",
+        "status": "ok",
+        "duration_s": 8.0,
+        "language": "en",
+        "item_id": "0123456789abcdef",
+        "run_id": "nightly",
+        "text": "My social security number is $200,000, $10,000.",
+        "segments": [
+            {
+                "start": 0.5,
+                "end": 7.5,
+                "text": "My social security number is $200,000, $10,000.",
+                "speaker": None,
+                "degenerate": True,
+            }
+        ],
+        "degenerate": True,
+    }
+    assert "degenerate (the model looped" in render_transcript(row, 100)[0]
+    row["degenerate"] = False
+    assert "degenerate" not in render_transcript(row, 100)[0]
