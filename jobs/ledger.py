@@ -1,14 +1,17 @@
 """Prices, cost apportioning, the cost ledger and run summaries (writing and reading the
 datasets is ``jobs.commits``; ``read_results`` is imported here for the ledger's readers).
 
-Workers measure; this module only prices what they measured. The ledger is a pure function
-of the result rows' timing columns and the price table, so it can be recomputed and audited.
+Stages measure (``jobs.stage`` writes each stage's time, resource and units into its rows);
+this module only prices what they measured. The ledger is a pure function of the result
+rows' timing columns, the plan's stages' costs (``Cost``: which columns are which ledger
+stage) and the price table, so it can be recomputed and audited.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Any, Literal
@@ -64,21 +67,31 @@ class Cost:
     def units_column(self) -> str:
         return f"{self.columns}_units"
 
+    def timings(self) -> tuple[tuple[str, str], ...]:
+        """(ledger stage, seconds column) of each ledger stage it holds: its parts, then
+        itself."""
+        return (*((part, f"{part}_s") for part in self.parts), (self.name, self.seconds))
 
-# (stage, seconds column, resource column, units column, what it bought)
-TRANSCRIBE_STAGES = (
-    ("fetch", "fetch_s", "decode_resource", "decode_units"),
-    ("decode", "decode_s", "decode_resource", "decode_units"),
-    ("transcribe", "asr_s", "asr_resource", "asr_units"),
-    # CPU tasks after the model (jobs.redaction); rows of jobs that do not redact have none.
-    ("redact", "redact_s", "decode_resource", "redact_units"),
+
+# What the ledger reads of a result row besides its stages' columns: who, and how much.
+_WHO_AND_HOW_MUCH = (
+    "item_id",
+    "run_id",
+    "tenant",
+    "submission_id",
+    "duration_s",
+    "input_tokens",
+    "output_tokens",
 )
-PROBE_STAGES = (("probe", "probe_s", "probe_resource", None),)
-DOCUMENT_STAGES = (
-    ("fetch", "fetch_s", "extract_resource", None),
-    ("extract", "extract_s", "extract_resource", None),
-    ("generate", "llm_s", "llm_resource", "llm_units"),
-)
+
+
+def columns(costs: Sequence[Cost]) -> list[str]:
+    """The columns of a result row that ``build_ledger`` reads for these stages' costs."""
+    read = [*_WHO_AND_HOW_MUCH]
+    for cost in costs:
+        read += [seconds for _, seconds in cost.timings()]
+        read += [cost.resource_column, cost.units_column]
+    return list(dict.fromkeys(read))
 
 
 def price(prices: dict[str, float], resource: str | None) -> float:
@@ -91,20 +104,21 @@ def price(prices: dict[str, float], resource: str | None) -> float:
 
 
 def build_ledger(
-    rows: list[dict[str, Any]], prices: dict[str, float], stages=TRANSCRIBE_STAGES
+    rows: list[dict[str, Any]], prices: dict[str, float], costs: Sequence[Cost]
 ) -> pa.Table:
-    """One ledger row per item and stage that consumed time."""
+    """One ledger row per item and ledger stage that consumed time (seconds not null)."""
     now = datetime.now(UTC)
     out = []
     for row in rows:
-        for stage, seconds_col, resource_col, units_col in stages:
+        for cost, (stage, seconds_col) in ((c, t) for c in costs for t in c.timings()):
             seconds = row.get(seconds_col)
             if seconds is None:
                 continue
-            resource = row.get(resource_col) or "cpu"
-            units = float(row.get(units_col) or 1.0) if units_col else 1.0
+            # A result schema without the stage's resource or units column: one cpu unit.
+            resource = row.get(cost.resource_column) or "cpu"
+            units = float(row.get(cost.units_column) or 1.0)
             hourly = price(prices, resource)
-            text_stage = stage == "generate"
+            audio, tokens = cost.bought == "audio", cost.bought == "tokens"
             out.append(
                 {
                     "item_id": row["item_id"],
@@ -117,35 +131,17 @@ def build_ledger(
                     "seconds": float(seconds),
                     "price_per_hour_usd": hourly,
                     "cost_usd": float(seconds) * units * hourly / 3600.0,
-                    "audio_s": None if text_stage else row.get("duration_s"),
-                    "input_tokens": row.get("input_tokens") if text_stage else None,
-                    "output_tokens": row.get("output_tokens") if text_stage else None,
+                    "audio_s": row.get("duration_s") if audio else None,
+                    "input_tokens": row.get("input_tokens") if tokens else None,
+                    "output_tokens": row.get("output_tokens") if tokens else None,
                     "recorded_at": now,
                 }
             )
     return pa.Table.from_pylist(out, schema=COSTS)
 
 
-# What the ledger reads of a result row: who and how much, and every stage's columns.
-LEDGER_COLUMNS = (
-    "item_id",
-    "run_id",
-    "tenant",
-    "submission_id",
-    "duration_s",
-    "input_tokens",
-    "output_tokens",
-    *dict.fromkeys(
-        column
-        for stage in (*TRANSCRIBE_STAGES, *PROBE_STAGES, *DOCUMENT_STAGES)
-        for column in stage[1:]
-        if column is not None
-    ),
-)
-
-
 def catch_up(
-    output: storage.Location, results_dir: str, prices: dict[str, float], stages=TRANSCRIBE_STAGES
+    output: storage.Location, results_dir: str, prices: dict[str, float], costs: Sequence[Cost]
 ) -> pa.Table:
     """Write ledger rows for every result item of a flat (unpartitioned) output that has
     none yet; ``commits.publish`` prices partitioned rows as it publishes them.
@@ -154,12 +150,12 @@ def catch_up(
     so every result row ends with its cost rows exactly once.
     """
     costs_loc = output.join("costs")
-    results = read_results(output.join(results_dir), list(LEDGER_COLUMNS), flat_only=True)
+    results = read_results(output.join(results_dir), columns(costs), flat_only=True)
     if results is None or results.num_rows == 0:
         return pa.Table.from_pylist([], schema=COSTS)
     priced = committed_ids(costs_loc)
     missing = [r for r in results.to_pylist() if r["item_id"] not in priced]
-    ledger = build_ledger(missing, prices, stages)
+    ledger = build_ledger(missing, prices, costs)
     if ledger.num_rows:
         write_table(costs_loc, ledger)
     return ledger

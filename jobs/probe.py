@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from overnight.jobs import commits, ledger, preflight, runner, sizing, storage
+from overnight.jobs import commits, preflight, runner, sizing, storage
 from overnight.jobs.ledger import Cost
 from overnight.jobs.manifest import Selection, select_items
 from overnight.jobs.spec import JobSpec
@@ -163,8 +163,6 @@ def probe_plan(spec: JobSpec) -> runner.JobPlan:
         device="cpu",
         size=lambda device, nodes: probe_pool(nodes),
         build=build,
-        ledger_stages=ledger.PROBE_STAGES,
-        resource_column="probe_resource",
         describe=lambda pool: f"{pool.actors} probe actor(s) of {_ACTOR_CPUS:g} CPU",
         summary=summary,
     )

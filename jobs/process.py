@@ -28,7 +28,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from overnight.jobs import documents, ledger, preflight, runner, sizing, storage
+from overnight.jobs import documents, preflight, runner, sizing, storage
 from overnight.jobs.errors import ConfigError
 from overnight.jobs.ledger import Cost
 from overnight.jobs.manifest import Listing, Selection, select_items
@@ -331,8 +331,6 @@ def process_plan(
         device=opts.device,
         size=lambda device, nodes: llm_pool(opts, device, nodes),
         build=build,
-        ledger_stages=ledger.DOCUMENT_STAGES,
-        resource_column="llm_resource",
         # One call per Ray task, a task being one manifest block (the LLM stage takes whole
         # blocks). A task runs its batches one after another: blocks of 8, or a batch_size
         # with which Ray Data bundled a 3-row block into the next 4-row one, made a task two

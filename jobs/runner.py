@@ -14,8 +14,9 @@
       → run summary (OUTPUT/runs/<run_id>.json)
 
 A job is a plan factory (``jobs.transcribe``, ``jobs.process``, ``jobs.probe``): it lists the
-records and declares its stages (``jobs.stage.Stage``), result dataset and ledger stages; the
-runner knows nothing about audio, documents or models.
+records and declares its stages (``jobs.stage.Stage``: callable, contracts, placement, cost)
+and result dataset; the ledger's stages are its stages' costs. The runner knows nothing about
+audio, documents or models.
 """
 
 from __future__ import annotations
@@ -76,8 +77,6 @@ class JobPlan:
     device: str  # auto | cpu | cuda
     size: Callable[[str, list[sizing.Node]], sizing.Pool]
     build: Callable[[Placement], Build]
-    ledger_stages: tuple = ledger.TRANSCRIBE_STAGES
-    resource_column: str = "asr_resource"  # where rows name the model stage's resource
     rows_per_block: int = 8  # manifest rows per CPU task
     load_errors: tuple[type[BaseException], ...] = ()  # a model that cannot load: exit 5
     # The start-up line printed with progress, from the resolved pool.
@@ -89,6 +88,16 @@ class JobPlan:
     # Error codes that record an upstream failure: a row of one of them is redone by any run
     # whose listing has the item fine now (a chained task once its transcript is there).
     upstream_codes: tuple[str, ...] = ()
+
+    @functools.cached_property
+    def costs(self) -> tuple[ledger.Cost, ...]:
+        """What the ledger prices: the costs of the plan's stages. Their names and columns do
+        not depend on where the stages run, so they are read off the stages as a run with
+        nothing to do builds them (no Ray): a killed run's rows are priced at the claim,
+        before this run has placed anything."""
+        device = resolve_device(self.device, lambda: False)
+        stages = self.build(Placement(device, self.size(device, []), 0)).stages
+        return tuple(s.cost for s in stages if s.cost is not None)
 
 
 @dataclass
@@ -240,13 +249,16 @@ def run(plan: JobPlan) -> dict[str, Any]:
     # output written before partitions.
     costs = pa.concat_tables(
         [
-            ledger.catch_up(output, plan.dataset, plan.spec.prices, plan.ledger_stages),
+            ledger.catch_up(output, plan.dataset, plan.spec.prices, plan.costs),
             *leftover.derived,
             *published.derived,
         ],
         promote_options="default",
     )
-    resource = next((r[plan.resource_column] for r in rows if r.get(plan.resource_column)), None)
+    # What the model stage's rows say it ran on (the GPU its actors found).
+    model_cost = next(s.cost for s in build.stages if s.placement == "model")
+    column = model_cost.resource_column if model_cost is not None else None
+    resource = next((r[column] for r in rows if column and r.get(column)), None)
     summary = ledger.summarize_run(
         run_id=run_id,
         kind=plan.kind,
@@ -328,10 +340,8 @@ def _price(
     output: storage.Location, plan: JobPlan, rows: pa.Table
 ) -> tuple[storage.Location, pa.Table]:
     """The cost ledger rows of rows being published, for ``commits.publish``."""
-    wanted = [c for c in ledger.LEDGER_COLUMNS if c in rows.column_names]
-    priced = ledger.build_ledger(
-        rows.select(wanted).to_pylist(), plan.spec.prices, plan.ledger_stages
-    )
+    wanted = [c for c in ledger.columns(plan.costs) if c in rows.column_names]
+    priced = ledger.build_ledger(rows.select(wanted).to_pylist(), plan.spec.prices, plan.costs)
     return output.join("costs"), priced
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from overnight.jobs import ledger, models, pipeline, preflight, redaction, runner, sizing, storage
+from overnight.jobs import models, pipeline, preflight, redaction, runner, sizing, storage
 from overnight.jobs.ledger import Cost
 from overnight.jobs.manifest import Selection, select_items
 from overnight.jobs.spec import JobSpec, TranscribeOptions
@@ -332,8 +332,6 @@ def transcribe_plan(spec: JobSpec, *, dry: bool = False) -> runner.JobPlan:
         device=opts.device,
         size=lambda device, nodes: whisper_pool(opts, device, nodes),
         build=build,
-        ledger_stages=ledger.TRANSCRIBE_STAGES,
-        resource_column="asr_resource",
         load_errors=(ModelLoadError,),
         describe=lambda pool: pool.describe("Whisper", "decode"),
         summary=summary,

@@ -19,6 +19,7 @@ import pytest
 
 from overnight.jobs import ledger, storage
 from overnight.jobs.cli import main
+from overnight.jobs.ledger import Cost
 from overnight.jobs.report import build_report, load, parse_since, write
 from overnight.jobs.spec import DEFAULT_PRICES
 from overnight.schemas import DOCUMENT_RESULTS, TRANSCRIPTS
@@ -87,15 +88,24 @@ def _document_rows(run_id: str, n: int, when: datetime) -> list[dict]:
     ]
 
 
+# The costs of the jobs' stages as their plans declare them (jobs.transcribe, jobs.process):
+# which columns are which ledger stage.
+AUDIO_COSTS = (Cost("decode", "decode", parts=("fetch",)), Cost("transcribe", "asr"))
+TEXT_COSTS = (
+    Cost("extract", "extract", parts=("fetch",), bought=None),
+    Cost("generate", "llm", bought="tokens"),
+)
+
+
 def _write_run(
     out: Path, run_id: str, kind: str, rows: list[dict], when: datetime, pipeline_s: float
 ) -> dict:
     """Commit results, ledger and summary with the project's own ledger code."""
     loc = storage.resolve(str(out))
     schema, folder, stages = (
-        (TRANSCRIPTS, "transcripts", ledger.TRANSCRIBE_STAGES)
+        (TRANSCRIPTS, "transcripts", AUDIO_COSTS)
         if kind == "transcribe"
-        else (DOCUMENT_RESULTS, "results", ledger.DOCUMENT_STAGES)
+        else (DOCUMENT_RESULTS, "results", TEXT_COSTS)
     )
     ledger.write_table(loc.join(folder), pa.Table.from_pylist(rows, schema=schema))
     costs = ledger.build_ledger(rows, DEFAULT_PRICES, stages)

@@ -17,8 +17,10 @@ import pytest
 from overnight.jobs import commits, runner, storage
 from overnight.jobs.dryrun import dry_run
 from overnight.jobs.errors import ConfigError
+from overnight.jobs.ledger import Cost
 from overnight.jobs.process import run_process
 from overnight.jobs.spec import build_spec
+from overnight.jobs.stage import Stage
 from overnight.jobs.transcribe import run_transcribe
 from overnight.jobs.vacuum import vacuum
 from overnight.schemas import MANIFEST
@@ -248,6 +250,10 @@ def test_a_manifest_row_whose_object_was_missing_then_restored_ends_as_one_row(
 COSTED = SCHEMA.append(pa.field("asr_s", pa.float64()))  # priced into costs/ at publish
 
 
+def _no_model() -> None:
+    """The retry below stages its rows itself: its plan's model stage only declares a cost."""
+
+
 def _retry_run(output: Path, run_id: str, records: list[dict]) -> None:
     """A rerun with ``--retry-errors fetch_failed``, as ``runner.run`` does it, whose model
     makes every pending item an ok row: claim, finish what a killed run left, forget the
@@ -258,9 +264,11 @@ def _retry_run(output: Path, run_id: str, records: list[dict]) -> None:
             | {"run_date": "2026-11-03", "retry_errors": ["fetch_failed"]}
         }
     )
+    model = Stage("model", _no_model, COSTED, COSTED, placement="model", actors=1,
+                  cost=Cost("transcribe", "asr", timed_by_worker=True))  # fmt: skip
     plan = runner.JobPlan(
         spec, "transcribe", run_id, "results", COSTED, ["item_id"], records, MANIFEST, "cpu",
-        size=lambda device, nodes: None, build=lambda at: None,
+        size=lambda device, nodes: None, build=lambda at: runner.Build([model], "cpu", 1.0, {}),
     )  # fmt: skip
     claimed = runner.claim_and_subtract(plan)
     rows = [

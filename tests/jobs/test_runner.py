@@ -167,6 +167,13 @@ def test_a_toy_job_of_plain_python_stages_runs_through_the_runner(tmp_path):
     # Timed and priced by the runner: a call's time shared by its rows; what the stage held.
     assert all(r["double_s"] > 0 and r["add_s"] > 0 for r in rows)
     assert {(r["add_resource"], r["add_units"]) for r in rows} == {("cpu", 0.5)}
+    # And in the ledger, under the names the stages' records give: nothing else declares them.
+    costs = pads.dataset(str(tmp_path / "costs"), partitioning="hive").to_table().to_pylist()
+    priced = {(c["item_id"], c["stage"]): c for c in costs}
+    assert sorted(priced) == [(i, s) for i in ("i0", "i1", "i2") for s in ("add", "double")]
+    assert {(c["resource"], c["units"]) for c in costs if c["stage"] == "add"} == {("cpu", 0.5)}
+    add = priced["i0", "add"]
+    assert add["seconds"] == rows[0]["add_s"] and add["cost_usd"] > 0
     # Resumed as any job: nothing left to do, nothing started.
     assert runner.run(toy_plan(tmp_path, "toy-2"))["items"] == 0
 
