@@ -119,7 +119,7 @@ def probe_plan(spec: JobSpec) -> runner.JobPlan:
     listing = select_items(spec.job.input, selection)
     max_bytes = int(spec.transcribe.max_file_mb * 2**20)
 
-    def build(at: runner.Placement) -> runner.Build:
+    def build(at: runner.Resolved) -> runner.Build:
         prober = Stage.on_pool(
             "probe",
             Prober,

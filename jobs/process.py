@@ -241,7 +241,7 @@ def process_plan(
     input_kind = "transcripts" if transcripts else "documents"
     items_per_call, calls_per_actor = opts.call_shape
 
-    def build(at: runner.Placement) -> runner.Build:
+    def build(at: runner.Resolved) -> runner.Build:
         pool = at.pool
         config = replace(_worker_config(opts, task, at.device, pool), model_path=model_path)
         generate = Cost(

@@ -41,7 +41,7 @@ from overnight.workers.devices import resolve_device
 
 
 @dataclass(frozen=True)
-class Placement:
+class Resolved:
     """What the runner resolved before the stages are built: the device and the pool."""
 
     device: str
@@ -76,7 +76,7 @@ class JobPlan:
     manifest_schema: pa.Schema
     device: str  # auto | cpu | cuda
     size: Callable[[str, list[sizing.Node]], sizing.Pool]
-    build: Callable[[Placement], Build]
+    build: Callable[[Resolved], Build]
     rows_per_block: int = 8  # manifest rows per CPU task
     load_errors: tuple[type[BaseException], ...] = ()  # a model that cannot load: exit 5
     # The start-up line printed with progress, from the resolved pool.
@@ -96,7 +96,7 @@ class JobPlan:
         nothing to do builds them (no Ray): a killed run's rows are priced at the claim,
         before this run has placed anything."""
         device = resolve_device(self.device, lambda: False)
-        stages = self.build(Placement(device, self.size(device, []), 0)).stages
+        stages = self.build(Resolved(device, self.size(device, []), 0)).stages
         return tuple(s.cost for s in stages if s.cost is not None)
 
 
@@ -208,7 +208,7 @@ def run(plan: JobPlan) -> dict[str, Any]:
         )
     if job.progress and pending and plan.describe is not None:
         print(f"[overnight] {plan.describe(pool)}", file=sys.stderr, flush=True)
-    build = plan.build(Placement(device, pool, len(pending)))
+    build = plan.build(Resolved(device, pool, len(pending)))
 
     outcome = pipeline.Outcome()
     progressive = _Progressive(
@@ -302,7 +302,7 @@ def run_task_stages(plan: JobPlan, records: list[dict[str, Any]]) -> list[dict[s
     pipeline.ensure_ray(job.ray_address, verbose=job.verbose)
     device = resolve_device(plan.device, pipeline.cluster_has_gpu)
     pool = plan.size(device, sizing.nodes_of_cluster())
-    stages = plan.build(Placement(device, pool, len(records))).stages
+    stages = plan.build(Resolved(device, pool, len(records))).stages
     before = [s for s in stages if s.placement == "before"]
     table = pa.Table.from_pylist(records, schema=plan.manifest_schema)
     per_block = plan.rows_per_block

@@ -219,7 +219,7 @@ def transcribe_plan(spec: JobSpec, *, dry: bool = False) -> runner.JobPlan:
             flush=True,
         )
 
-    def build(at: runner.Placement) -> runner.Build:
+    def build(at: runner.Resolved) -> runner.Build:
         pool = at.pool
         w_opts = whisper_options(opts, at.device, pool)
         a_opts = audio_options(opts, model_ref.feature_size)

@@ -105,7 +105,7 @@ def toy_plan(output: Path, run_id: str, broken: str | None = None) -> runner.Job
         basis="a toy",
     )
 
-    def build(at: runner.Placement) -> runner.Build:
+    def build(at: runner.Resolved) -> runner.Build:
         stages = [
             Stage(
                 "double",

@@ -639,7 +639,7 @@ def test_each_model_worker_prices_its_batches_at_its_share_of_the_actor(
     write_wav(tmp_path / "a.wav", silence(1.0))
     spec = build_spec(overrides={"job": {"input": str(tmp_path), "output": str(tmp_path / "out")}})
     pool = sizing.Pool(1, 2.0, 0.0, 1.0, model_workers, 1)
-    stages = transcribe_plan(spec, dry=True).build(runner.Placement("cpu", pool, 1)).stages
+    stages = transcribe_plan(spec, dry=True).build(runner.Resolved("cpu", pool, 1)).stages
     costs = {s.name: s.cost for s in stages if s.cost is not None}
     assert (costs["whisper"].resource, costs["whisper"].units) == ("cpu", units)
     assert (costs["decode"].resource, costs["decode"].units) == ("cpu", 1.0)
