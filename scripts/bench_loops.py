@@ -46,7 +46,7 @@ def plain(paths: list[Path], batched: bool) -> dict[str, tuple[str, float]]:
     """(text, speech seconds after its VAD) per file name, from faster-whisper itself."""
     from faster_whisper import BatchedInferencePipeline, WhisperModel
 
-    from overnight.workers.whisper import bundled_model_path
+    from overnight.workers.whisper_models import bundled_model_path
 
     model = WhisperModel(bundled_model_path(), device="cpu", compute_type="int8", cpu_threads=2)
     pipeline = BatchedInferencePipeline(model)

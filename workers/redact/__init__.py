@@ -6,7 +6,8 @@
 Presidio and spaCy load on first use, in the process that redacts (never on import).
 """
 
-from overnight.workers.redact.redactor import Entity, Redactor
+from typing import Any
+
 from overnight.workers.redact.types import (
     PRESETS,
     TYPES,
@@ -16,3 +17,13 @@ from overnight.workers.redact.types import (
 )
 
 __all__ = ["PRESETS", "TYPES", "Entity", "RedactionConfigError", "Redactor", "resolve_types", "tag"]
+
+
+def __getattr__(name: str) -> Any:
+    # The recognizers (and text2num) load on first use: the command line reads the type
+    # names from .types for --help, and must not pay for, or depend on, the rest.
+    if name in ("Entity", "Redactor"):
+        from overnight.workers.redact import redactor
+
+        return getattr(redactor, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
