@@ -360,7 +360,7 @@ def analyse_sources(audio_dir: Path, threads: int) -> list[dict[str, Any]]:
     from faster_whisper import WhisperModel
     from faster_whisper.audio import decode_audio
 
-    from overnight.workers.whisper import bundled_model_path
+    from overnight.workers.whisper_models import bundled_model_path
 
     model = WhisperModel(
         bundled_model_path(), device="cpu", compute_type="int8", cpu_threads=threads
@@ -667,7 +667,7 @@ Runner = Callable[[int], tuple[dict[str, str], dict[str, Any]]]
 def run_plain(files: list[Path], threads: int) -> dict[str, str]:
     from faster_whisper import WhisperModel
 
-    from overnight.workers.whisper import bundled_model_path
+    from overnight.workers.whisper_models import bundled_model_path
 
     model = WhisperModel(
         bundled_model_path(), device="cpu", compute_type="int8", cpu_threads=threads
@@ -691,7 +691,7 @@ def run_plain(files: list[Path], threads: int) -> dict[str, str]:
 def run_batched(files: list[Path], threads: int) -> dict[str, str]:
     from faster_whisper import BatchedInferencePipeline, WhisperModel
 
-    from overnight.workers.whisper import bundled_model_path
+    from overnight.workers.whisper_models import bundled_model_path
 
     model = WhisperModel(
         bundled_model_path(), device="cpu", compute_type="int8", cpu_threads=threads

@@ -58,7 +58,7 @@ LOAD_FAILED = 5  # the job's exit code for a model that cannot load
 
 
 def prepare(folder: Path) -> None:
-    from overnight.workers.whisper import bundled_model_path
+    from overnight.workers.whisper_models import bundled_model_path
 
     target = folder / "whisper"
     target.mkdir(parents=True, exist_ok=True)

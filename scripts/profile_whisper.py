@@ -34,8 +34,9 @@ def main() -> int:
     from faster_whisper.transcribe import get_suppressed_tokens
 
     from overnight.workers.audio import FRAMES_PER_SECOND, AudioChunker, AudioOptions
-    from overnight.workers.whisper import bundled_model_path, encode_in_parts
+    from overnight.workers.whisper import encode_in_parts
     from overnight.workers.whisper import window_frames as window
+    from overnight.workers.whisper_models import bundled_model_path
 
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

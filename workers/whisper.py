@@ -43,9 +43,6 @@ from overnight.workers.whisper_guard import (
     token_cap,
 )
 from overnight.workers.whisper_models import ModelLoadError, resolve_model
-from overnight.workers.whisper_models import (  # scripts/ import it from here
-    bundled_model_path as bundled_model_path,
-)
 from overnight.workers.whisper_options import WhisperOptions, is_english
 
 
