@@ -167,6 +167,7 @@ def measure(
         # chunks); faster-whisper and overnight import it at module level. Its wheel (36 MB)
         # does not fit beside CTranslate2's in one 64 MiB carry.
         sys.modules["av"] = types.ModuleType("av")
+    from overnight.workers.devices import detect_gpu_kind
     from overnight.workers.whisper import ModelLoadError, WhisperWorker, WhisperWorkerConfig
     from overnight.workers.whisper_options import WhisperOptions
 
@@ -195,7 +196,8 @@ def measure(
         "s": round(time.perf_counter() - started, 1),
         "device": w1.device,
         "compute_type": w1.compute_type,
-        "resource": w1.resource,
+        # What the job would price it as (the runner labels rows so; the worker no longer).
+        "resource": detect_gpu_kind() if w1.device == "cuda" else "cpu",
     }
     table = _rows(chunks, w1.model.model.n_mels)
     audio_s = chunks * 30.0
