@@ -33,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
+from overnight.workers.redact.speech import luhn_ok
+
 WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 TEENS = [
     "ten",
@@ -196,16 +198,6 @@ def _digits(rng: random.Random, n: int, first_nonzero: bool = True) -> str:
         rng.choice("123456789") if (i == 0 and first_nonzero) else rng.choice("0123456789")
         for i in range(n)
     )
-
-
-def luhn_ok(digits: str) -> bool:
-    total = 0
-    for i, ch in enumerate(reversed(digits)):
-        d = int(ch)
-        if i % 2:
-            d = d * 2 - 9 if d > 4 else d * 2
-        total += d
-    return total % 10 == 0
 
 
 def card_number(rng: random.Random) -> str:

@@ -67,49 +67,14 @@ LAST = [
     "Martin",
     "Clark",
 ]
-STREETS = ["Oak", "Maple", "Pine", "Cedar", "Elm", "Lake", "Hill", "Park", "Washington", "Lincoln"]
-STREET_TYPES = ["Street", "Avenue", "Road", "Drive", "Lane"]
-CITIES = ["Springfield", "Portland", "Denver", "Boston", "Austin", "Seattle"]
-MONTHS = [
-    "January",
-    "February",
-    "March",
-    "April",
-    "May",
-    "June",
-    "July",
-    "August",
-    "September",
-    "October",
-    "November",
-    "December",
-]
+STREETS, STREET_TYPES, CITIES = (
+    number_speech.STREETS,
+    number_speech.STREET_TYPES,
+    number_speech.CITIES,
+)
+MONTHS, WORDS = number_speech.MONTHS, number_speech.WORDS
+TEENS_WORDS, TENS_WORDS = number_speech.TEENS, number_speech.TENS
 DOMAINS = ["gmail", "yahoo", "outlook", "example"]
-WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
-TEENS_WORDS = [
-    "ten",
-    "eleven",
-    "twelve",
-    "thirteen",
-    "fourteen",
-    "fifteen",
-    "sixteen",
-    "seventeen",
-    "eighteen",
-    "nineteen",
-]
-TENS_WORDS = [
-    "_",
-    "_",
-    "twenty",
-    "thirty",
-    "forty",
-    "fifty",
-    "sixty",
-    "seventy",
-    "eighty",
-    "ninety",
-]
 
 
 @dataclass
