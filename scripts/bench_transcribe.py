@@ -77,6 +77,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))  # number_speech, beside this file
+
+from number_speech import write_wav  # noqa: E402
 
 from overnight.jobs.wer import word_errors, words  # noqa: E402
 
@@ -420,15 +423,6 @@ def telephone(audio: np.ndarray) -> np.ndarray:
     return np.clip(narrow, -1, 1).astype(np.float32)
 
 
-def write_wav_at(path: Path, audio: np.ndarray, rate: int) -> None:
-    pcm = (np.clip(audio, -1, 1) * 32767).astype(np.int16)
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(pcm.tobytes())
-
-
 def _fade(audio: np.ndarray) -> np.ndarray:
     n = min(int(FADE_S * SAMPLE_RATE), len(audio) // 2)
     out = audio.astype(np.float32).copy()
@@ -553,8 +547,8 @@ def make_real_corpus(
             "duration_s": round(len(window["audio"]) / SAMPLE_RATE, 3),
         }
         wide, narrow = f"real_{w:03d}_16k.wav", f"real_{w:03d}_8k.wav"
-        write_wav_at(folder / wide, window["audio"], SAMPLE_RATE)
-        write_wav_at(folder / narrow, telephone(window["audio"]), TELEPHONE_RATE)
+        write_wav(folder / wide, window["audio"], SAMPLE_RATE)
+        write_wav(folder / narrow, telephone(window["audio"]), TELEPHONE_RATE)
         clips[wide] = {**common, "sample_rate": SAMPLE_RATE, "band": "16k"}
         clips[narrow] = {**common, "sample_rate": TELEPHONE_RATE, "band": "8k"}
     meta = {
@@ -664,51 +658,51 @@ WORD_TIMESTAMPS = False
 Runner = Callable[[int], tuple[dict[str, str], dict[str, Any]]]
 
 
-def run_plain(files: list[Path], threads: int) -> dict[str, str]:
+def _bundled_model(threads: int) -> Any:
+    """The bundled Whisper model in faster-whisper itself, int8 on the CPU."""
     from faster_whisper import WhisperModel
 
     from overnight.workers.whisper_models import bundled_model_path
 
-    model = WhisperModel(
+    return WhisperModel(
         bundled_model_path(), device="cpu", compute_type="int8", cpu_threads=threads
     )
+
+
+def _file_by_file(
+    transcribe: Callable[..., Any], files: list[Path], **options: Any
+) -> dict[str, str]:
+    """Each file through ``transcribe`` (faster-whisper's), English, the benchmark's beam, VAD
+    and word timestamps plus ``options``; file name -> the segments' text joined."""
     out = {}
     for f in files:
-        segments, _ = model.transcribe(
+        segments, _ = transcribe(
             str(f),
             beam_size=BEAM,
             vad_filter=VAD,
-            temperature=0.0,
-            condition_on_previous_text=False,
-            without_timestamps=True,
             language="en",
             word_timestamps=WORD_TIMESTAMPS,
+            **options,
         )
         out[f.name] = " ".join(s.text.strip() for s in segments)
     return out
+
+
+def run_plain(files: list[Path], threads: int) -> dict[str, str]:
+    return _file_by_file(
+        _bundled_model(threads).transcribe,
+        files,
+        temperature=0.0,
+        condition_on_previous_text=False,
+        without_timestamps=True,
+    )
 
 
 def run_batched(files: list[Path], threads: int) -> dict[str, str]:
-    from faster_whisper import BatchedInferencePipeline, WhisperModel
+    from faster_whisper import BatchedInferencePipeline
 
-    from overnight.workers.whisper_models import bundled_model_path
-
-    model = WhisperModel(
-        bundled_model_path(), device="cpu", compute_type="int8", cpu_threads=threads
-    )
-    pipe = BatchedInferencePipeline(model)
-    out = {}
-    for f in files:
-        segments, _ = pipe.transcribe(
-            str(f),
-            beam_size=BEAM,
-            vad_filter=VAD,
-            batch_size=BATCH,
-            language="en",
-            word_timestamps=WORD_TIMESTAMPS,
-        )
-        out[f.name] = " ".join(s.text.strip() for s in segments)
-    return out
+    pipe = BatchedInferencePipeline(_bundled_model(threads))
+    return _file_by_file(pipe.transcribe, files, batch_size=BATCH)
 
 
 # The file-by-file baselines, by their --skip / --scale-baselines key.
