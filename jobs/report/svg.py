@@ -10,6 +10,10 @@ from collections.abc import Callable
 _PALETTE = ("#2563eb", "#f59e0b", "#10b981", "#ef4444", "#8b5cf6", "#64748b")
 _W, _H, _L, _R, _T, _B = 560, 260, 70, 16, 28, 58
 
+# A value's label on an axis or a tooltip; the series of a chart, (name, one value per label).
+Fmt = Callable[[float], str]
+Series = list[tuple[str, list[float | None]]]
+
 
 def _nice_max(value: float) -> float:
     """Top of an axis with four ticks at round numbers."""
@@ -23,7 +27,7 @@ def _nice_max(value: float) -> float:
     return 40 * exp
 
 
-def _axis(ymax: float, fmt: Callable[[float], str]) -> list[str]:
+def _axis(ymax: float, fmt: Fmt) -> list[str]:
     parts = []
     for k in range(5):
         v = ymax * k / 4
@@ -71,13 +75,7 @@ def _svg(chart_id: str, title: str, body: list[str], empty: bool) -> str:
     )
 
 
-def bar_chart(
-    chart_id: str,
-    title: str,
-    labels: list[str],
-    series: list[tuple[str, list[float | None]]],
-    fmt: Callable[[float], str],
-) -> str:
+def bar_chart(chart_id: str, title: str, labels: list[str], series: Series, fmt: Fmt) -> str:
     """Grouped vertical bars, one group per label, one bar per series."""
     values = [v or 0.0 for _, vs in series for v in vs]
     ymax = _nice_max(max(values, default=0.0))
@@ -101,13 +99,7 @@ def bar_chart(
     return _svg(chart_id, title, body, not labels)
 
 
-def line_chart(
-    chart_id: str,
-    title: str,
-    labels: list[str],
-    series: list[tuple[str, list[float | None]]],
-    fmt: Callable[[float], str],
-) -> str:
+def line_chart(chart_id: str, title: str, labels: list[str], series: Series, fmt: Fmt) -> str:
     """Lines with a dot per point; a missing value breaks the line."""
     values = [v for _, vs in series for v in vs if v is not None]
     ymax = _nice_max(max(values, default=0.0))
@@ -137,9 +129,7 @@ def line_chart(
     return _svg(chart_id, title, body, not values)
 
 
-def hbar_chart(
-    chart_id: str, title: str, labels: list[str], values: list[float], fmt: Callable[[float], str]
-) -> str:
+def hbar_chart(chart_id: str, title: str, labels: list[str], values: list[float], fmt: Fmt) -> str:
     """Horizontal bars, largest first (for categories such as tenants)."""
     pairs = sorted(zip(labels, values, strict=True), key=lambda kv: -kv[1])[:15]
     h_row = 22
