@@ -125,8 +125,13 @@ def _cut(seg: dict) -> dict:
     if words:
         import difflib
 
-        said = [w["word"].strip() for w in words]
-        matcher = difflib.SequenceMatcher(None, said, text.split(), autojunk=False)
+        def key(word: str) -> str:  # the cut may drop a comma after the word it keeps
+            return word.strip().strip(",.;:!?")
+
+        said = [key(w["word"]) for w in words]
+        matcher = difflib.SequenceMatcher(
+            None, said, [key(w) for w in text.split()], autojunk=False
+        )
         keep = {i for a, _, n in matcher.get_matching_blocks() for i in range(a, a + n)}
         words = [w for i, w in enumerate(words) if i in keep]
     return {**seg, "text": text, "words": words, "degenerate": True}
@@ -703,12 +708,13 @@ class WhisperWorker:
         those that do not compress too well, as faster-whisper picks) with the repetition cut,
         and its segments are marked ``degenerate``."""
         full = 30 * FRAMES_PER_SECOND
-        failing = [i for i, out in enumerate(outputs) if _degenerate(batch[i], out)]
+        why = {
+            i: _degenerate(c, out) for i, (c, out) in enumerate(zip(batch, outputs, strict=True))
+        }
+        failing = [i for i, reason in why.items() if reason]
         if not failing:
             return
-        tried: dict[int, list[tuple[list[dict], str]]] = {
-            i: [(outputs[i], _degenerate(batch[i], outputs[i]) or "")] for i in failing
-        }
+        tried = {i: [(outputs[i], why[i] or "")] for i in failing}
         encoded = [c.encoded for c in batch]  # language detection's, when it ran
         todo = [i for i in failing if encoded[i] is None]
         if todo:
@@ -723,9 +729,9 @@ class WhisperWorker:
             )
             still = []
             for i, out in zip(failing, redone, strict=True):
-                why = _degenerate(batch[i], out)
-                tried[i].append((out, why or ""))
-                if why is None:
+                reason = _degenerate(batch[i], out)
+                tried[i].append((out, reason or ""))
+                if reason is None:
                     outputs[i] = out
                 else:
                     still.append(i)

@@ -54,3 +54,15 @@ def test_more_tokens_than_the_speech_can_hold_is_degenerate():
     assert check(words, 20, speech_s=3.0) is None
     assert check(words, 80, speech_s=3.0) == "too_many_tokens"
     assert check("", 0, speech_s=0.0) is None
+
+
+def test_a_segment_that_looped_on_every_attempt_keeps_the_words_of_its_cut_text_and_is_marked():
+    from overnight.workers.whisper import _cut
+
+    said = ["It", "is", "$200,000,"] + ["$10,000,"] * 12
+    words = [{"word": " " + w, "start": k * 0.3, "end": k * 0.3 + 0.25} for k, w in enumerate(said)]
+    seg = {"text": " " + " ".join(said), "start": 0.0, "end": 6.0, "words": words}
+    cut = _cut(seg)
+    assert cut["text"] == " It is $200,000, $10,000" and cut["degenerate"] is True
+    assert [w["word"].strip() for w in cut["words"]] == ["It", "is", "$200,000,", "$10,000,"]
+    assert seg["text"].startswith(" It is $200,000, $10,000, $10,000")  # the decode's own
