@@ -12,8 +12,11 @@ says, and at nothing the model may have garbled:
   more right before the card's expiration date or security code is asked for.
 - ``ssn`` or ``bank_account`` chosen: any run of 9 or more digits, and every number after an
   SSN, account or routing cue up to the end of its sentence when they say four digits or
-  more in all (an amount of money under 9 digits excepted: "the account balance is fifty
-  dollars").
+  more in all (years, and amounts of money and round numbers under 9 digits, excepted: "the
+  account balance is fifty dollars"); where the cue's sentence holds none, the other
+  speaker's answer (its first sentence).
+- The rest of a long number read over two turns of one speaker (within 15 s), whatever the
+  first part was named: both parts together decide its type.
 - A segment the worker marked ``degenerate`` (the decoder looped on every attempt) that holds
   digits: from its first digit to its end. What a loop says is no reading of anything, and its
   digits may be the secret's.
