@@ -184,3 +184,33 @@ def killed_at_write(n: int) -> Iterator[WritePoint]:
             patch.setattr(storage, name, fault(getattr(storage, name)))
         with contextlib.suppress(Killed):
             yield point
+
+
+class LoopbackProxy:
+    """A TCP proxy on a loopback port in front of ``upstream`` (``http://host:port``, the
+    moto server) that hands each accepted connection to ``accepted``: the tests' way of
+    making an S3 endpoint fail at a chosen request. ``url`` is where clients connect."""
+
+    def __init__(self, upstream: str):
+        import socket
+        import threading
+
+        host, port = upstream.rsplit(":", 1)
+        self.upstream = (host.split("//")[-1], int(port))
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            self.accepted(conn)
+
+    def accepted(self, conn) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.server.close()

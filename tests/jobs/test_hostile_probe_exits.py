@@ -11,7 +11,7 @@ import pytest
 
 from overnight.jobs.cli import main
 from overnight.jobs.demo import espeak_available, noise, stereo_dialogue, write_wav
-from tests.conftest import upload_folder
+from tests.conftest import LoopbackProxy, upload_folder
 from tests.jobs.test_cli_messages import assert_one_clean_paragraph
 
 
@@ -120,7 +120,7 @@ def test_an_output_bucket_that_does_not_exist_is_exit_11_in_one_paragraph_also_w
     assert "no-such-bucket" not in {b["Name"] for b in s3.list_buckets()["Buckets"]}
 
 
-class _StorageDownAtPublish:
+class _StorageDownAtPublish(LoopbackProxy):
     """An S3 endpoint in front of moto that goes down at the publish's first write to
     ``costs/``: every open connection is cut, and from then on each new one is accepted and
     dropped at once (a load balancer whose backends are gone), which is how an outage met
@@ -128,32 +128,22 @@ class _StorageDownAtPublish:
 
     def __init__(self, upstream: str):
         import socket
-        import threading
 
-        host, port = upstream.rsplit(":", 1)
-        self.upstream = (host.split("//")[-1], int(port))
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
         self.down = False
         self.open: list[socket.socket] = []
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__(upstream)
 
-    def _serve(self) -> None:
+    def accepted(self, conn) -> None:
         import socket
         import threading
 
-        while True:
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                return
-            if self.down:
-                conn.close()
-                continue
-            up = socket.create_connection(self.upstream)
-            self.open += [conn, up]
-            threading.Thread(target=self._pump, args=(conn, up, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(up, conn, False), daemon=True).start()
+        if self.down:
+            conn.close()
+            return
+        up = socket.create_connection(self.upstream)
+        self.open += [conn, up]
+        threading.Thread(target=self._pump, args=(conn, up, True), daemon=True).start()
+        threading.Thread(target=self._pump, args=(up, conn, False), daemon=True).start()
 
     def _pump(self, src, dst, requests: bool) -> None:
         import contextlib
@@ -171,9 +161,6 @@ class _StorageDownAtPublish:
         for s in (src, dst):
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        self.server.close()
 
 
 def test_an_outage_during_the_publish_is_exit_3_in_one_line_and_the_rerun_repairs_it(

@@ -23,7 +23,7 @@ from overnight.jobs.spec import build_spec
 from overnight.jobs.transcribe import run_transcribe, transcribe_plan
 from overnight.workers.whisper import repeats_itself
 from overnight.workers.whisper_guard import looks_degenerate
-from tests.conftest import REPO, secrets_in, upload_folder, wer
+from tests.conftest import REPO, LoopbackProxy, secrets_in, upload_folder, wer
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -547,30 +547,19 @@ def test_a_superseded_run_exits_8_through_the_cli(tmp_path):
     assert "Failed to apply UDF transform" not in err
 
 
-class _StorageDownForReads:
+class _StorageDownForReads(LoopbackProxy):
     """An S3 endpoint in front of moto that goes down at the first object read: it answers
     the listing, drops that read and refuses every connection after it (storage that fails
     between the listing and the fetch)."""
 
     def __init__(self, upstream: str):
-        import socket
-        import threading
-
-        self.upstream = upstream.rsplit(":", 1)
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
         self.reads_dropped = 0
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__(upstream)
 
-    def _serve(self) -> None:
+    def accepted(self, conn) -> None:
         import threading
 
-        while True:
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+        threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
 
     def _handle(self, conn) -> None:
         import socket
@@ -592,7 +581,7 @@ class _StorageDownForReads:
             return
         lines = [x for x in head.split(b"\r\n") if not x.lower().startswith(b"connection:")]
         head = b"\r\n".join(lines).replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n", 1)
-        up = socket.create_connection((self.upstream[0].split("//")[-1], int(self.upstream[1])))
+        up = socket.create_connection(self.upstream)
         up.sendall(head)
 
         def pump(a, b) -> None:
@@ -605,9 +594,6 @@ class _StorageDownForReads:
 
         threading.Thread(target=pump, args=(conn, up), daemon=True).start()
         pump(up, conn)
-
-    def close(self) -> None:
-        self.server.close()
 
 
 def test_a_storage_outage_during_fetch_exits_3_through_the_cli(s3, s3_server, tmp_path):
