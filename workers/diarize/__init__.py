@@ -1,0 +1,1 @@
+"""Speaker diarization of mono recordings (issue #37)."""
