@@ -1,6 +1,6 @@
 """Every list and default the command line offers, from its one source.
 
-The job-level lists are declared here (``jobs.report``, ``jobs.tune`` and ``jobs.export``
+The job-level lists are declared here (``jobs.ops.report``, ``jobs.ops.tune`` and ``jobs.ops.export``
 import them); the workers' lists are their registries' own, which are light modules. So
 ``overnight --help`` builds every parser without loading the libraries (pyarrow, Ray,
 pydantic, the engines) that the commands themselves need.

@@ -12,8 +12,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from overnight.jobs import commits, pipeline, storage
-from overnight.jobs.manifest import Listing
+from overnight.jobs.dataset import commits, storage
+from overnight.jobs.dataset.manifest import Listing
+from overnight.jobs.run import on_ray
 from overnight.jobs.spec import ProcessOptions
 from overnight.schemas import ErrorCode
 from overnight.schemas.stages import DOC_INPUT
@@ -131,7 +132,7 @@ def fetch_and_extract(
             out.append(row)
             continue
         row.update(status="ok", fetch_s=0.0, extract_s=0.0)
-        data = pipeline.fetch_item(row, max_bytes, storage_config)
+        data = on_ray.fetch_item(row, max_bytes, storage_config)
         if data is None:
             out.append(row)
             continue

@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from overnight.jobs import storage
+from overnight.jobs.dataset import storage
 
 
 def model_cache_dir(url: str) -> Path:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from overnight.jobs import storage
+from overnight.jobs.dataset import storage
 from overnight.jobs.errors import ModelNotFound, OutputNotWritable
 from overnight.workers.whisper_models import (
     BUNDLED_MODEL,

@@ -1,4 +1,4 @@
-"""The probe job, as a plan for the runner (``jobs.runner``): each recording's container
+"""The probe job, as a plan for the runner (``jobs.run.runner``): each recording's container
 header (duration, channels, sample rate, codec, size) into OUTPUT/probes/, without decoding.
 
     manifest blocks (recorded in OUTPUT/_manifests/)
@@ -19,11 +19,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from overnight.jobs import commits, preflight, runner, sizing, storage
-from overnight.jobs.ledger import Cost
-from overnight.jobs.manifest import Selection, select_items
+from overnight.jobs import preflight
+from overnight.jobs.accounting.ledger import Cost
+from overnight.jobs.dataset import commits, storage
+from overnight.jobs.dataset.manifest import Selection, select_items
+from overnight.jobs.run import runner, sizing
+from overnight.jobs.run.stage import Stage
 from overnight.jobs.spec import JobSpec
-from overnight.jobs.stage import Stage
 from overnight.schemas import MANIFEST, PROBES, ErrorCode
 from overnight.schemas.stages import PROBE_OUTPUT
 from overnight.workers.audio import MEDIA_EXTENSIONS

@@ -1,4 +1,4 @@
-"""The document job, as a plan for the runner (``jobs.runner``): documents or transcripts →
+"""The document job, as a plan for the runner (``jobs.run.runner``): documents or transcripts →
 text → LLM actors → OUTPUT/results, costs, summary.
 
     manifest blocks (recorded in OUTPUT/_manifests/)    documents, or transcript rows
@@ -28,12 +28,14 @@ from typing import Any
 
 import pyarrow as pa
 
-from overnight.jobs import documents, preflight, runner, sizing, storage
+from overnight.jobs import documents, preflight
+from overnight.jobs.accounting.ledger import Cost
+from overnight.jobs.dataset import storage
+from overnight.jobs.dataset.manifest import Listing, Selection, select_items
 from overnight.jobs.errors import ConfigError
-from overnight.jobs.ledger import Cost
-from overnight.jobs.manifest import Listing, Selection, select_items
+from overnight.jobs.run import runner, sizing
+from overnight.jobs.run.stage import Stage
 from overnight.jobs.spec import JobSpec, ProcessOptions
-from overnight.jobs.stage import Stage
 from overnight.schemas import DOCUMENT_RESULTS
 from overnight.schemas.errors import ErrorCode
 from overnight.schemas.stages import DOC_INPUT, LLM_OUTPUT
@@ -108,7 +110,7 @@ class _TaskRows:
         return out
 
 
-# The spec's names for the pool fields that jobs.sizing fills.
+# The spec's names for the pool fields that jobs.run.sizing fills.
 POOL_NAMES = {"task_cpus": "extract_cpus", "threads": "cpu_threads"}
 
 

@@ -1,5 +1,5 @@
 """The redaction stage of the transcription job: CPU tasks between the Whisper actor and the
-commit (``jobs.runner`` runs a plan's stages after the model stage as Ray tasks from the
+commit (``jobs.run.runner`` runs a plan's stages after the model stage as Ray tasks from the
 committing actor, so the model keeps decoding other calls meanwhile and each finished batch
 is still committed at once).
 
@@ -23,7 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from overnight.jobs import commits, storage
+from overnight.jobs.dataset import commits, storage
 from overnight.jobs.errors import OvernightError
 from overnight.schemas import TRANSCRIPTS, TRANSCRIPTS_UNREDACTED, ErrorCode
 from overnight.workers.redact import Redactor

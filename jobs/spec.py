@@ -120,7 +120,7 @@ class TranscribeOptions(DecodingOptions):
         None,
         ge=1,
         description="Whisper actors, one model each (unset: auto, one per GPU, or one per "
-        "CPU-only node; see jobs/sizing.py)",
+        "CPU-only node; see jobs/run/sizing.py)",
     )
     gpus_per_actor: float | None = Field(
         None, ge=0, description="GPUs per actor; default 1 when device is cuda, else 0"
@@ -244,7 +244,7 @@ class ProcessOptions(EngineOptions):
         None,
         ge=1,
         description="LLM actors, one model each (unset: auto, one per GPU, or one per "
-        "CPU-only node; see jobs/sizing.py)",
+        "CPU-only node; see jobs/run/sizing.py)",
     )
     gpus_per_actor: float | None = Field(None, ge=0, description="default 1 on cuda, else 0")
     cpus_per_actor: float | None = Field(

@@ -1,4 +1,4 @@
-"""The transcription job, as a plan for the runner (``jobs.runner``):
+"""The transcription job, as a plan for the runner (``jobs.run.runner``):
 
     manifest blocks (recorded in OUTPUT/_manifests/)    a few items per decode task
       → fetch_and_decode                                 CPU tasks: bytes → feature chunks
@@ -25,11 +25,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from overnight.jobs import models, pipeline, preflight, redaction, runner, sizing, storage
-from overnight.jobs.ledger import Cost
-from overnight.jobs.manifest import Selection, select_items
+from overnight.jobs import models, preflight, redaction
+from overnight.jobs.accounting.ledger import Cost
+from overnight.jobs.dataset import storage
+from overnight.jobs.dataset.manifest import Selection, select_items
+from overnight.jobs.run import on_ray, runner, sizing
+from overnight.jobs.run.stage import Stage
 from overnight.jobs.spec import JobSpec, TranscribeOptions
-from overnight.jobs.stage import Stage
 from overnight.schemas import MANIFEST, TRANSCRIPTS, TRANSCRIPTS_UNREDACTED
 from overnight.schemas.stages import DECODED, WHISPER_OUTPUT
 from overnight.workers.audio import MEDIA_EXTENSIONS, AudioChunker, AudioOptions
@@ -65,7 +67,7 @@ def audio_options(opts: TranscribeOptions, feature_size: int) -> AudioOptions:
     return AudioOptions(**opts.model_dump(include=names), feature_size=feature_size)
 
 
-# The spec's names for the pool fields that jobs.sizing fills.
+# The spec's names for the pool fields that jobs.run.sizing fills.
 POOL_NAMES = {"task_cpus": "decode_cpus", "threads": "cpu_threads"}
 
 
@@ -121,7 +123,7 @@ def fetch_and_decode(
     options: AudioOptions,
     max_bytes: int,
     storage_config: storage.StorageConfig,
-    fetch_timeout_s: float = pipeline.FETCH_TIMEOUT_S,
+    fetch_timeout_s: float = on_ray.FETCH_TIMEOUT_S,
     allowed_input_prefixes: list[str] | None = None,
 ) -> pa.Table:
     """CPU stage: object bytes → feature chunks; every failure becomes the row's error.
@@ -143,7 +145,7 @@ def fetch_and_decode(
             _split=split,
             chunks=[],
         )
-        data = pipeline.fetch_item(
+        data = on_ray.fetch_item(
             row, max_bytes, storage_config, fetch_timeout_s, allowed_input_prefixes
         )
         if data is None:

@@ -25,6 +25,5 @@ __all__ = [*_API, "__version__"]
 def __getattr__(name: str):
     if name in _API:
         from overnight.jobs import api
-
         return getattr(api, name)
     raise AttributeError(f"module 'overnight' has no attribute {name!r}")

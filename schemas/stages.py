@@ -1,7 +1,7 @@
 """Arrow contracts of the in-flight stage rows (never written as datasets) and of the probe
 dataset: what each stage consumes and produces, declared once, beside the datasets.
 
-A stage record (``jobs.stage.Stage``) names these as its ``consumes``/``produces``; the
+A stage record (``jobs.run.stage.Stage``) names these as its ``consumes``/``produces``; the
 decode stage builds ``DECODED`` rows and the Whisper worker reads them, the extraction stage
 builds ``DOC_INPUT`` rows and the LLM worker reads them.
 """
@@ -79,7 +79,7 @@ LLM_OUTPUT = pa.schema(
 
 # What the Whisper worker returns per DECODED row: its own columns only. The runner adds
 # the provenance (source_*, metadata, run_id, processed_at) and the decode stage's columns
-# when it commits; asr_resource and asr_units are the runner's (jobs.stage), asr_s the
+# when it commits; asr_resource and asr_units are the runner's (jobs.run.stage), asr_s the
 # worker's (a model batch's time shared by the recordings in it, by their audio).
 WHISPER_OUTPUT = pa.schema(
     [

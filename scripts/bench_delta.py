@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import bench_history as bh  # noqa: E402
 
-from overnight.jobs import commits, storage  # noqa: E402
+from overnight.jobs.dataset import commits, storage  # noqa: E402
 
 
 def median_time(fn, repeats: int) -> float:

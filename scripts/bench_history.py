@@ -4,7 +4,7 @@
 1. History: ``--nights`` nights of ``--items`` schema-valid transcript rows each (no model:
    rows generated with pyarrow), committed the way the job commits them (files in the run's
    staging folder, ``--rows-per-commit`` rows each; the job's actors write about 8) and then
-   published by ``jobs.commits.publish``, the job's own code path: compacted into
+   published by ``jobs.dataset.commits.publish``, the job's own code path: compacted into
    ``transcripts/run_date=<night>/``, priced into ``costs/`` and added to the done-index.
 2. A new night of ``--new`` recordings (tiny files, never decoded), on an empty OUTPUT and on
    the OUTPUT with the history, taking turns ``--repeats`` times, on local disk and on a moto
@@ -43,8 +43,9 @@ import pyarrow.compute as pc
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from overnight.jobs import commits, runner, storage  # noqa: E402
-from overnight.jobs.manifest import write_manifest  # noqa: E402
+from overnight.jobs.dataset import commits, storage  # noqa: E402
+from overnight.jobs.dataset.manifest import write_manifest  # noqa: E402
+from overnight.jobs.run import runner  # noqa: E402
 from overnight.schemas import COSTS, TRANSCRIPTS  # noqa: E402
 
 PRICES = {"cpu": 0.05, "gpu": 2.5}

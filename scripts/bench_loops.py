@@ -17,7 +17,7 @@ A transcript loops when ``workers.whisper_guard.looks_degenerate`` says so (comp
 over 2.4, a run of words repeated back to back more than speech does, or more tokens than its
 speech seconds can hold), the same check for every variant. (c) also reports its rows
 flagged ``degenerate``: chunks that looped on every attempt, stored with the repetition cut.
-WER (``jobs.wer``: Whisper's English normaliser, jiwer) is reported over every item and over
+WER (``jobs.ops.wer``: Whisper's English normaliser, jiwer) is reported over every item and over
 the items on which no variant loops.
 
     python scripts/bench_loops.py --seed 1 --n 300          # the README figures
@@ -89,7 +89,7 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=8)
     args = parser.parse_args()
 
-    from overnight.jobs.wer import corpus_wer
+    from overnight.jobs.ops.wer import corpus_wer
     from overnight.workers.whisper_guard import looks_degenerate
 
     root = args.keep or Path(tempfile.mkdtemp(prefix="bench-loops-"))

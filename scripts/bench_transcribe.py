@@ -81,7 +81,7 @@ sys.path.insert(0, str(REPO / "scripts"))  # number_speech, beside this file
 
 from number_speech import write_wav  # noqa: E402
 
-from overnight.jobs.wer import word_errors, words  # noqa: E402
+from overnight.jobs.ops.wer import word_errors, words  # noqa: E402
 
 DEFAULT_REAL_AUDIO = Path(__file__).resolve().parents[2] / "shared" / "data" / "audio"
 SAMPLE_RATE = 16_000
@@ -91,7 +91,7 @@ TELEPHONE_RATE = 8_000
 # Word error rate
 # ---------------------------------------------------------------------------------------------
 
-# jobs.wer: Whisper's English normaliser (British spellings, numbers and currency written as
+# jobs.ops.wer: Whisper's English normaliser (British spellings, numbers and currency written as
 # digits either way) and jiwer's word edits, the same metric as the tests' and `overnight tune`'s.
 
 
@@ -138,7 +138,7 @@ def make_corpus(folder: Path, n: int, seed: int = 0) -> dict[str, str]:
     The references are kept in ``_references.json``: names starting with ``_`` are not
     listed as input by the job, so the folder can be given to the CLI as it is.
     """
-    from overnight.jobs.demo import silence, speak, write_wav
+    from overnight.jobs.ops.demo import silence, speak, write_wav
 
     refs_path = folder / "_references.json"
     if refs_path.exists():
@@ -723,7 +723,7 @@ def read_transcripts(output: Path) -> dict[str, str]:
 
 def chosen_options(summary: dict[str, Any]) -> dict[str, Any]:
     """The pool shape the job ran with: the summary's options hold what ``auto`` resolved
-    (jobs/sizing.py), and which fields it chose."""
+    (jobs/run/sizing.py), and which fields it chose."""
     opts = summary.get("options") or {}
     keys = ("actors", "cpus_per_actor", "decode_cpus", "model_workers", "cpu_threads", "auto")
     return {k: opts.get(k) for k in (*keys, "items_per_call", "calls_per_actor")}

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_transcribe as bench
 
-from overnight.jobs.wer import wer
+from overnight.jobs.ops.wer import wer
 
 WINDOW = 3000  # feature frames in Whisper's 30 s window
 

@@ -508,7 +508,7 @@ def synthesize(
 ) -> list[Recording]:
     """``n`` number utterances as WAV files in ``folder``, each with a voice, rate and audio
     condition drawn with ``seed``."""
-    from overnight.jobs.demo import silence, speak
+    from overnight.jobs.ops.demo import silence, speak
 
     rng = random.Random(seed * 7919 + 1)
     out = []
@@ -556,7 +556,7 @@ def real_speech(
 ) -> list[Recording]:
     """The real recordings with a reference, each in every audio condition, and each spliced
     before a synthesized number utterance (a real voice, then a number read out)."""
-    from overnight.jobs.demo import silence, speak
+    from overnight.jobs.ops.demo import silence, speak
 
     rng = random.Random(seed * 31 + 5)
     refs = real_references(audio_dir)

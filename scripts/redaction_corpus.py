@@ -348,7 +348,7 @@ def synthesize(call: Call, gap_s: float = 0.4) -> Any:
     """The call as (2, samples) float32: agent left, customer right, one turn after another."""
     import numpy as np
 
-    from overnight.jobs.demo import silence, speak
+    from overnight.jobs.ops.demo import silence, speak
 
     channels: dict[str, list[Any]] = {"agent": [], "customer": []}
     for speaker, text in call.turns:
@@ -512,7 +512,7 @@ def transcribe(calls: Sequence[Call], batch_size: int = 16, threads: int = 2) ->
 
     import pyarrow as pa
 
-    from overnight.jobs.demo import write_wav
+    from overnight.jobs.ops.demo import write_wav
     from overnight.schemas.stages import DECODED
     from overnight.workers.audio import AudioChunker, AudioOptions
     from overnight.workers.whisper import WhisperOptions, WhisperWorker, WhisperWorkerConfig

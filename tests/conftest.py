@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-# The one WER (jobs.wer), under the name the tests import it by.
-from overnight.jobs.wer import wer  # noqa: F401
+# The one WER (jobs.ops.wer), under the name the tests import it by.
+from overnight.jobs.ops.wer import wer  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -83,7 +83,7 @@ def ray_local():
 
 @pytest.fixture(scope="session")
 def synth_calls(tmp_path_factory) -> tuple[Path, dict[str, str]]:
-    from overnight.jobs.demo import espeak_available, make_demo_calls
+    from overnight.jobs.ops.demo import espeak_available, make_demo_calls
 
     if not espeak_available():
         pytest.skip("espeak-ng is not installed (apt-get install espeak-ng)")
@@ -166,7 +166,7 @@ def killed_at_write(n: int) -> Iterator[WritePoint]:
     every change a job or vacuum makes to an output goes through the two) never happens,
     nor anything after it: the output is left as a kill between writes ``n - 1`` and ``n``
     leaves it. Loop ``n`` up from 0 until the block ends without dying to try every point."""
-    from overnight.jobs import storage
+    from overnight.jobs.dataset import storage
 
     point, count = WritePoint(), itertools.count()
 

@@ -47,7 +47,7 @@ _AUDIO_MAGIC: tuple[tuple[int, bytes], ...] = (
 )
 
 # File extensions of the audio and video containers FFmpeg reads: a folder or prefix listing
-# takes these as recordings by default (jobs.manifest.Selection); a manifest row or a file
+# takes these as recordings by default (jobs.dataset.manifest.Selection); a manifest row or a file
 # named as the input is a recording whatever its name, and is judged by its bytes.
 _MEDIA = (
     ".wav .wave .flac .mp3 .mpga .mp2 .m4a .aac .ogg .oga .opus .spx .wma .amr .awb .aif .aiff "

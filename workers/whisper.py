@@ -479,7 +479,7 @@ def micro_batched_model(model_cls: type, micro: int) -> type:
 class WhisperWorker:
     """``map_batches`` callable: decoded recordings in (``schemas.stages.DECODED``), this
     worker's transcript columns out (``WHISPER_OUTPUT``), one row per input row, in order; the
-    runner adds the run's provenance when it commits (``jobs.commits.with_provenance``)."""
+    runner adds the run's provenance when it commits (``jobs.dataset.commits.with_provenance``)."""
 
     def __init__(self, config: WhisperWorkerConfig, model_path: str | None = None):
         """``model_path``: a local copy of ``config.whisper.model`` (which may be a URL that
@@ -959,6 +959,6 @@ class WhisperWorker:
             "model": self.config.whisper.model,
             "options": self.options_json,
             "worker": self.worker,
-            "asr_s": asr_s,  # asr_resource and asr_units are the runner's (jobs.stage)
+            "asr_s": asr_s,  # asr_resource and asr_units are the runner's (jobs.run.stage)
             "batch_fill": float(np.mean(fills)) if fills else None,
         }

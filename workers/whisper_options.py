@@ -135,7 +135,7 @@ class DecodingOptions(BaseModel):
 
 class WhisperOptions(DecodingOptions):
     """What one Whisper actor runs with: the decoding options plus the job's resolved pool
-    share (``jobs.sizing``) and pricing labels."""
+    share (``jobs.run.sizing``) and pricing labels."""
 
     # CTranslate2 intra-op threads per model worker on CPU (0: its default).
     cpu_threads: int = 0

@@ -1,7 +1,7 @@
 """The ``overnight`` command: parse flags, call the command's handler, turn errors into exit codes.
 
 All argparse and printing live in this package, one module per command or group; the
-libraries (``jobs.plan``, ``jobs.tune``, ...) take plain arguments. No business logic here.
+libraries (``jobs.ops.plan``, ``jobs.ops.tune``, ...) take plain arguments. No business logic here.
 Systemic failures arrive as ``OvernightError`` and are turned into one clear message and an
 exit status; per-item failures are in the output, exit status 0.
 """
@@ -161,8 +161,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _stop_local_ray() -> None:
     """The command's local Ray, stopped faster than Ray's exit hook does it (see
-    ``jobs.pipeline.stop_local_ray``). Only a command that ran a job has it imported."""
-    pipeline = sys.modules.get("overnight.jobs.pipeline")
+    ``jobs.run.on_ray.stop_local_ray``). Only a command that ran a job has it imported."""
+    pipeline = sys.modules.get("overnight.jobs.run.on_ray")
     if pipeline is not None:
         # The result stands whatever happens here; Ray's own exit hook still stops it.
         with contextlib.suppress(Exception):
@@ -174,8 +174,8 @@ def _main(argv: list[str] | None) -> int:
     try:
         return int(args.handler(args))
     except OvernightError as exc:
-        from overnight.jobs.console import printable
-        from overnight.jobs.storage import redact
+        from overnight.jobs.dataset.storage import redact
+        from overnight.jobs.run.console import printable
 
         # One line, whatever names the message quotes (a file name may hold a newline).
         print(f"overnight: error: {printable(redact(str(exc)))}", file=sys.stderr)

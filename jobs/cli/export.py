@@ -30,7 +30,7 @@ def add_parser(subparsers) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from overnight.jobs.export import export
+    from overnight.jobs.ops.export import export
 
     done = export(args.output, args.dest, args.format, redacted_only=args.redacted_only)
     print(

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from overnight.jobs.accounting.money import money
 from overnight.jobs.choices import (
     BACKENDS,
     DEVICES,
@@ -21,7 +22,6 @@ from overnight.jobs.choices import (
     REDACTION_TYPES,
     WHISPER_TASKS,
 )
-from overnight.jobs.money import money
 
 if TYPE_CHECKING:
     from overnight.jobs.spec import JobSpec
@@ -230,7 +230,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _run_or_dry(spec: JobSpec, dry: bool) -> int:
     if dry:
-        from overnight.jobs.dryrun import dry_run, render
+        from overnight.jobs.ops.dryrun import dry_run, render
 
         print(render(dry_run(spec)))
         return 0
@@ -281,7 +281,7 @@ def _overrides(
 
 def run_spec(spec: JobSpec) -> dict[str, Any]:
     from overnight.jobs.api import execute
-    from overnight.jobs.console import quiet_native_stderr
+    from overnight.jobs.run.console import quiet_native_stderr
 
     with contextlib.nullcontext() if spec.job.verbose else quiet_native_stderr():
         return execute(spec)
@@ -289,7 +289,7 @@ def run_spec(spec: JobSpec) -> dict[str, Any]:
 
 def print_probe_summary(summary: dict[str, Any], out=None) -> None:
     """A probe's run: how many items, and the audio hours that ``overnight plan`` sizes."""
-    from overnight.jobs.console import printable
+    from overnight.jobs.run.console import printable
 
     out = out or sys.stdout
     hours = summary.get("audio_hours")
@@ -313,7 +313,7 @@ def print_probe_summary(summary: dict[str, Any], out=None) -> None:
 
 
 def print_summary(summary: dict[str, Any], out=None) -> None:
-    from overnight.jobs.console import printable
+    from overnight.jobs.run.console import printable
 
     out = out or sys.stdout
     for stage in summary.get("stages", []):
@@ -397,8 +397,8 @@ def print_summary(summary: dict[str, Any], out=None) -> None:
 
 
 def _demo(args: argparse.Namespace) -> dict[str, Any]:
-    from overnight.jobs.demo import comparison_table, demo_scripts, make_demo_calls
-    from overnight.jobs.show import COLUMNS, width
+    from overnight.jobs.ops.demo import comparison_table, demo_scripts, make_demo_calls
+    from overnight.jobs.ops.show import COLUMNS, width
     from overnight.jobs.spec import build_spec
 
     # The calls live with the results they explain (OUTPUT/calls/), not in a temporary
@@ -416,7 +416,8 @@ def _demo(args: argparse.Namespace) -> dict[str, Any]:
     print(f"[overnight] synthesized {len(refs)} calls in {calls}", file=sys.stderr)
     spec = build_spec(overrides=_overrides(args, None, input=str(manifest), output=str(output)))
     summary = run_spec(spec)
-    from overnight.jobs import ledger, storage
+    from overnight.jobs.accounting import ledger
+    from overnight.jobs.dataset import storage
 
     table = ledger.read_results(storage.resolve(summary["transcripts"]), COLUMNS["transcripts"])
     rows = [

@@ -63,7 +63,7 @@ def handle(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from overnight.jobs.errors import ConfigError
-    from overnight.jobs.plan import (
+    from overnight.jobs.ops.plan import (
         adjust_profiles,
         load_profiles,
         make_plan,

@@ -40,7 +40,7 @@ def handle(args: argparse.Namespace) -> int:
     import json
     import sys
 
-    from overnight.jobs.report import (
+    from overnight.jobs.ops.report import (
         build_report,
         load,
         parse_since,

@@ -41,7 +41,7 @@ def handle(args: argparse.Namespace) -> int:
     import os
     import sys
 
-    from overnight.jobs.show import Selection, as_json, read, render, width
+    from overnight.jobs.ops.show import Selection, as_json, read, render, width
 
     selection = Selection(args.source, args.item, args.status, args.task)
     found = read(args.output, selection)

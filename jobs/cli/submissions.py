@@ -20,7 +20,7 @@ _COLUMNS = (
 
 
 def _table(records: list[dict]) -> str:
-    from overnight.jobs.submissions import shown
+    from overnight.jobs.ops.submissions import shown
 
     rows = [[*_COLUMNS, "reason"]]
     for r in records:
@@ -38,7 +38,7 @@ def _table(records: list[dict]) -> str:
 
 
 def _cmd_add(args: argparse.Namespace) -> int:
-    from overnight.jobs.submissions import add, load_config
+    from overnight.jobs.ops.submissions import add, load_config
 
     result = add(load_config(args.config), args.tenant, args.manifest)
     print(json.dumps(result, sort_keys=True))
@@ -46,8 +46,8 @@ def _cmd_add(args: argparse.Namespace) -> int:
 
 
 def _cmd_process(args: argparse.Namespace) -> int:
-    from overnight.jobs.console import quiet_native_stderr
-    from overnight.jobs.submissions import FAILED, load_config, process
+    from overnight.jobs.ops.submissions import FAILED, load_config, process
+    from overnight.jobs.run.console import quiet_native_stderr
 
     config = load_config(args.config)
     # The same terminal as `overnight transcribe`: Ray's C++ notices filtered unless verbose.
@@ -70,7 +70,7 @@ def _cmd_process(args: argparse.Namespace) -> int:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from overnight.jobs.submissions import SubmissionStore, load_config
+    from overnight.jobs.ops.submissions import SubmissionStore, load_config
 
     config = load_config(args.config)
     records = SubmissionStore(config.submissions.state).all(args.tenant)

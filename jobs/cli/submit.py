@@ -18,7 +18,7 @@ def _print_status(st: dict[str, Any], out=None) -> None:
 
 def _cmd_submit(args: argparse.Namespace) -> int:
     from overnight.jobs.errors import ClusterJobFailed
-    from overnight.jobs.submit import TERMINAL, api_address, logs, submit, wait
+    from overnight.jobs.ops.remote import TERMINAL, api_address, logs, submit, wait
 
     result = submit(
         args.job_file,
@@ -64,7 +64,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from overnight.jobs.submit import status
+    from overnight.jobs.ops.remote import status
 
     st = status(args.address, args.submission_id)
     if args.json:
@@ -75,7 +75,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_logs(args: argparse.Namespace) -> int:
-    from overnight.jobs.submit import follow_logs, logs
+    from overnight.jobs.ops.remote import follow_logs, logs
 
     if args.follow:
         follow_logs(args.address, args.submission_id)

@@ -47,10 +47,10 @@ def handle(args: argparse.Namespace) -> int:
     import sys
     from datetime import UTC, datetime
 
-    from overnight.jobs.console import quiet_native_stderr
-    from overnight.jobs.plan import parse_duration
+    from overnight.jobs.ops.plan import parse_duration
+    from overnight.jobs.ops.tune import parse_sla, read_grid, render, tune
+    from overnight.jobs.run.console import quiet_native_stderr
     from overnight.jobs.spec import read_job_file
-    from overnight.jobs.tune import parse_sla, read_grid, render, tune
 
     sla = parse_sla(args.sla, args.task)
     out = args.out or f"tune-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"

@@ -24,8 +24,8 @@ def add_parser(subparsers) -> None:
 def handle(args: argparse.Namespace) -> int:
     import sys
 
-    from overnight.jobs.plan import span_back
-    from overnight.jobs.vacuum import vacuum
+    from overnight.jobs.ops.plan import span_back
+    from overnight.jobs.ops.vacuum import vacuum
 
     before = span_back(args.older_than, "--older-than").date()
     done = vacuum(args.output, before, dry_run=args.dry_run)

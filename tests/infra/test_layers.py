@@ -3,6 +3,8 @@
 cli -> jobs -> workers -> schemas, never up: a worker never imports ``overnight.jobs``;
 ``schemas`` imports neither ``jobs`` nor ``workers``; nothing outside ``jobs/cli`` imports
 ``overnight.jobs.cli``, so that ``jobs`` works as a library without the command line.
+Inside ``jobs/`` the subpackages are layers too (``JOB_LAYERS``): cli -> api -> ops -> the job
+kinds -> run -> accounting -> dataset -> the spec and its lists, each importing only below.
 
 Every import counts, at module level or inside a function (the code imports lazily to keep
 ``--help`` and the workers light), under ``if TYPE_CHECKING:`` too, relative ones resolved.
@@ -42,6 +44,45 @@ RULES: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = [
         ("overnight.jobs.cli",),
     ),
 ]
+
+
+# Inside jobs/, top to bottom: a module may import its own layer and those below, never one
+# above. The job kinds are the modules left at the top of jobs/ (a job each, and the helpers
+# only they use); the base is the job spec and the lists and errors every layer shares.
+JOB_LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("cli", ("overnight.jobs.cli",)),
+    ("api", ("overnight.jobs.api",)),
+    ("ops", ("overnight.jobs.ops",)),
+    (
+        "job kinds",
+        tuple(
+            f"overnight.jobs.{m}"
+            for m in (
+                "transcribe",
+                "process",
+                "probe",
+                "documents",
+                "preflight",
+                "models",
+                "redaction",
+            )
+        ),
+    ),
+    ("run", ("overnight.jobs.run",)),
+    ("accounting", ("overnight.jobs.accounting",)),
+    ("dataset", ("overnight.jobs.dataset",)),
+    (
+        "base",
+        tuple(f"overnight.jobs.{m}" for m in ("spec", "config_model", "choices", "errors")),
+    ),
+]
+
+
+def job_layer(module: str) -> int | None:
+    for i, (_, prefixes) in enumerate(JOB_LAYERS):
+        if any(_under(module, p) for p in prefixes):
+            return i
+    return None
 
 
 def _under(module: str, prefix: str) -> bool:
@@ -107,7 +148,39 @@ def violations(path: Path) -> list[str]:
         for line, target, text in imports(path):
             if any(_under(target, f) for f in forbidden):
                 out.append(f"{path.relative_to(REPO)}:{line}: {text.strip()}  ({rule})")
+    mine = job_layer(name)
+    if mine is not None:
+        for line, target, text in imports(path):
+            theirs = job_layer(target)
+            if theirs is not None and theirs < mine:
+                out.append(
+                    f"{path.relative_to(REPO)}:{line}: {text.strip()}  (jobs layer "
+                    f"{JOB_LAYERS[mine][0]!r} imports {JOB_LAYERS[theirs][0]!r}, above it)"
+                )
     return sorted(set(out))
+
+
+def test_every_module_of_jobs_has_its_layer():
+    """A new module or subpackage of jobs/ is placed in JOB_LAYERS, or this fails."""
+    loose = [
+        name
+        for p in _sources()
+        if p.relative_to(REPO).parts[0] == "jobs"
+        and (name := _module_name(p)[0]) != "overnight.jobs"
+        and job_layer(name) is None
+    ]
+    assert not loose, f"modules of jobs/ in no layer of JOB_LAYERS: {loose}"
+
+
+def test_an_upward_import_inside_jobs_is_named(tmp_path, monkeypatch):
+    fake = tmp_path / "jobs" / "dataset"
+    fake.mkdir(parents=True)
+    module = fake / "fake.py"
+    module.write_text("from overnight.jobs.run import stage\nfrom overnight.jobs import errors\n")
+    monkeypatch.setattr(f"{__name__}.REPO", tmp_path)
+    found = violations(module)
+    assert len(found) == 1 and "fake.py:1:" in found[0], found
+    assert "'dataset' imports 'run', above it" in found[0]
 
 
 @pytest.mark.parametrize("package", PACKAGES)
@@ -128,7 +201,7 @@ def test_the_check_sees_lazy_relative_and_dynamic_imports(tmp_path, monkeypatch)
         "def f():\n"
         "    from overnight.jobs import runner\n"
         "    from ...jobs.cli import main\n"
-        "    return importlib.import_module('overnight.jobs.stage')\n"
+        "    return importlib.import_module('overnight.jobs.run.stage')\n"
         "from overnight.schemas import tables\n"
     )
     monkeypatch.setattr(f"{__name__}.REPO", tmp_path)

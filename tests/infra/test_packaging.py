@@ -18,9 +18,22 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_the_wheel_installs_only_the_overnight_package(tmp_path: Path) -> None:
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(tmp_path), str(REPO)],
-        check=True, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(REPO),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     [wheel] = tmp_path.glob("overnight-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
@@ -32,9 +45,11 @@ def test_the_wheel_installs_only_the_overnight_package(tmp_path: Path) -> None:
         for init in (REPO / folder).rglob("__init__.py"):
             rel = init.parent.relative_to(REPO).as_posix()
             assert f"overnight/{rel}" in packages, rel
-    entry = zipfile.ZipFile(wheel).read(
-        next(n for n in names if n.endswith("entry_points.txt"))
-    ).decode()
+    entry = (
+        zipfile.ZipFile(wheel)
+        .read(next(n for n in names if n.endswith("entry_points.txt")))
+        .decode()
+    )
     assert "overnight = overnight.jobs.cli:main" in entry
 
 
@@ -53,7 +68,11 @@ def test_pypi_packages_named_schemas_and_workers_do_not_shadow_overnights(tmp_pa
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
     done = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=120,
     )
     assert done.returncode == 0, done.stderr[-2000:]

@@ -10,8 +10,8 @@ import numpy as np
 import pyarrow.dataset as pads
 import pytest
 
-from overnight.jobs.demo import SAMPLE_RATE, espeak_available, speak, write_wav
-from overnight.jobs.report import build_report, load
+from overnight.jobs.ops.demo import SAMPLE_RATE, espeak_available, speak, write_wav
+from overnight.jobs.ops.report import build_report, load
 from overnight.jobs.spec import build_spec
 from overnight.jobs.transcribe import run_transcribe
 

@@ -66,7 +66,7 @@ def test_the_redact_help_lists_every_redaction_type_and_preset_redaction_takes()
 
 
 def test_every_export_format_offered_is_written_by_its_own_writer():
-    from overnight.jobs.export import FORMATS, render
+    from overnight.jobs.ops.export import FORMATS, render
 
     offered = tuple(_flag("export", "--format").choices)
     assert offered == FORMATS
@@ -83,7 +83,7 @@ def test_every_export_format_offered_is_written_by_its_own_writer():
 
 
 def test_report_and_tune_offer_what_their_libraries_take():
-    from overnight.jobs import report, tune
+    from overnight.jobs.ops import report, tune
 
     assert tuple(_flag("report", "--by").choices) == report.GROUPS
     assert tuple(_flag("report", "--format").choices) == report.FORMATS

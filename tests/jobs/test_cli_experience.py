@@ -21,9 +21,9 @@ import numpy as np
 import pyarrow.dataset as pads
 import pytest
 
-from overnight.jobs.demo import DIALOGUE, espeak_available, silence, speak, write_wav
+from overnight.jobs.dataset.manifest import Selection, select_items
 from overnight.jobs.errors import InputNotFound
-from overnight.jobs.manifest import Selection, select_items
+from overnight.jobs.ops.demo import DIALOGUE, espeak_available, silence, speak, write_wav
 from overnight.workers.audio import MEDIA_EXTENSIONS
 from tests.conftest import REPO
 
@@ -99,18 +99,18 @@ def test_a_no_op_rerun_starts_no_ray_and_takes_under_9_s(first_run):
 STOP_PROBE = """
 import json, time
 from ray._private import node, worker
-from overnight.jobs import pipeline
+from overnight.jobs.run import on_ray
 alive_at_rays_turn = {}
 kill = node.Node._kill_process_impl
 def spy(self, kind, **kwargs):
     alive_at_rays_turn[kind] = [i.process.poll() is None for i in self.all_processes.get(kind, [])]
     return kill(self, kind, **kwargs)
 node.Node._kill_process_impl = spy
-pipeline.ensure_ray(None)
+on_ray.ensure_ray(None)
 from ray._private.state import state
 system_config = state.get_system_config()
 procs = {kind: [i.process for i in infos] for kind, infos in worker._global_node.all_processes.items()}
-pipeline.stop_local_ray()
+on_ray.stop_local_ray()
 deadline = time.monotonic() + 10
 while any(p.poll() is None for ps in procs.values() for p in ps) and time.monotonic() < deadline:
     time.sleep(0.1)
@@ -142,7 +142,7 @@ def stop_probe() -> dict:
 
 
 def test_a_commands_local_ray_is_stopped_whole_without_waiting_on_its_monitor(stop_probe):
-    """The command line stops the Ray it started (jobs.pipeline.stop_local_ray): every one
+    """The command line stops the Ray it started (jobs.run.on_ray.stop_local_ray): every one
     of Ray's processes is gone, and the autoscaler monitor was killed (-9) before Ray's
     shutdown got to it. Ray sends it SIGTERM after stopping the GCS, and its handler then
     spends Ray's whole second of grace trying to report its death to that GCS (with the GCS
@@ -172,19 +172,20 @@ def test_a_local_rays_raylet_retries_its_store_connection_every_50_ms_not_every_
 
 def test_a_ray_the_process_already_had_is_left_running(ray_local):
     """A caller (a notebook, the suite) that started Ray keeps it after a job's end."""
-    from overnight.jobs import pipeline
+    from overnight.jobs.run import on_ray
 
-    pipeline.ensure_ray(None)
-    pipeline.stop_local_ray()
+    on_ray.ensure_ray(None)
+    on_ray.stop_local_ray()
     assert ray_local.is_initialized()
     assert ray_local.get(ray_local.put(1)) == 1
 
 
 def test_the_command_line_stops_its_ray_and_a_calling_program_keeps_its_own(monkeypatch):
-    from overnight.jobs import cli, pipeline
+    from overnight.jobs import cli
+    from overnight.jobs.run import on_ray
 
     stopped: list[int] = []
-    monkeypatch.setattr(pipeline, "stop_local_ray", lambda: stopped.append(1))
+    monkeypatch.setattr(on_ray, "stop_local_ray", lambda: stopped.append(1))
     monkeypatch.setattr(sys, "argv", ["overnight", "config"])
     monkeypatch.setattr(cli, "_interrupt_within_grace", lambda: None)
     assert cli.main() == 0  # the command line (argv None)
@@ -242,7 +243,7 @@ def test_a_folder_with_no_recording_left_is_exit_4_saying_what_was_skipped(tmp_p
 
 
 def test_submissions_process_prints_no_ray_notices_either(tmp_path):
-    from overnight.jobs.demo import noise
+    from overnight.jobs.ops.demo import noise
 
     (tmp_path / "calls").mkdir()
     (tmp_path / "inbox").mkdir()

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from overnight.jobs import errors, submit
+from overnight.jobs import errors
+from overnight.jobs.ops import remote as submit
 from tests.conftest import REPO, SHARED_DATA, _free_port
 
 
@@ -257,14 +258,14 @@ def test_rays_echo_of_a_remote_traceback_stays_off_the_terminal_and_other_report
 ):
     from ray._private import worker
 
-    from overnight.jobs import pipeline
+    from overnight.jobs.run import on_ray
 
     printed: list[list[str]] = []
     monkeypatch.setattr(
         worker, "print_to_stdstream", lambda data, **kw: printed.append(data["lines"])
     )
-    pipeline._quiet_raylet_echo()
-    pipeline._quiet_raylet_echo()  # a second job in the process: wrapped once
+    on_ray._quiet_raylet_echo()
+    on_ray._quiet_raylet_echo()  # a second job in the process: wrapped once
     traceback = ["Task X.get_location failed. Error: Traceback (most recent call last):", "..."]
     memory = ["Task was killed due to the node running low on memory."]
     # As Ray 2.60 reported a model actor killed with SIGKILL mid-run, then each of its calls.
@@ -333,7 +334,7 @@ def test_a_cached_hub_model_is_resolved_on_the_driver_without_network(tmp_path, 
         HF_HOME=str(tmp_path / "hf-home"),
     )
     code = (
-        "from overnight.jobs import preflight, transcribe; from overnight.jobs.storage import StorageConfig\n"
+        "from overnight.jobs import preflight, transcribe; from overnight.jobs.dataset.storage import StorageConfig\n"
         "from overnight.workers.whisper import WhisperOptions, WhisperWorkerConfig\n"
         "ref = preflight.whisper_model('tiny.en')\n"
         "import faster_whisper.transcribe as ft\n"

@@ -22,8 +22,8 @@ from pathlib import Path
 import pyarrow.dataset as pads
 import pytest
 
-from overnight.jobs import submit
 from overnight.jobs.cli import main
+from overnight.jobs.ops import remote as submit
 from tests.conftest import _free_port, wer
 
 pytestmark = pytest.mark.slow

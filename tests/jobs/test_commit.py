@@ -12,10 +12,11 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 
-from overnight.jobs import commits, pipeline, storage
-from overnight.jobs.commits import committed_files
+from overnight.jobs.dataset import commits, storage
+from overnight.jobs.dataset.commits import committed_files
+from overnight.jobs.dataset.manifest import manifest_table
 from overnight.jobs.errors import StorageUnavailable, Superseded
-from overnight.jobs.manifest import manifest_table
+from overnight.jobs.run import committing, on_ray
 from tests.conftest import secrets_in
 
 SCHEMA = pa.schema(
@@ -38,8 +39,8 @@ def batch(run_id: str, *items: str) -> pa.Table:
     )
 
 
-def actor(dataset: storage.Location, token: str) -> commits.CommittingActor:
-    return commits.CommittingActor(
+def actor(dataset: storage.Location, token: str) -> committing.CommittingActor:
+    return committing.CommittingActor(
         lambda: lambda table: table, dataset, SCHEMA, ["item_id", "status"], token
     )
 
@@ -127,7 +128,7 @@ def test_an_item_longer_than_rays_no_progress_timeout_does_not_stop_the_job(ray_
     with pytest.raises(ExecutionTimeoutError):
         ray.data.range(1).map_batches(_slow_call).take_all()
     # ... and a job's Ray set-up turns it off: the slow item ends as its row.
-    pipeline.ensure_ray(None)
+    on_ray.ensure_ray(None)
     assert ray.data.range(1).map_batches(_slow_call).take_all() == [{"id": 0}]
 
 
@@ -151,10 +152,10 @@ def test_the_driver_counts_each_committed_block_when_it_is_done_not_when_the_nex
     )
     seen: list[float] = []
     started = time.monotonic()
-    outcome = pipeline.execute(
+    outcome = on_ray.execute(
         ds,
         {"first", "slow"},
-        pipeline.Progress(2, enabled=False),
+        on_ray.Progress(2, enabled=False),
         (),
         on_rows=lambda n: seen.append(time.monotonic() - started),
     )
@@ -167,7 +168,7 @@ def test_the_driver_counts_each_committed_block_when_it_is_done_not_when_the_nex
 def test_progress_lines_keep_coming_while_nothing_is_committed_and_count_tokens(capsys):
     import time
 
-    progress = pipeline.Progress(3, enabled=True, every_s=0.5)
+    progress = on_ray.Progress(3, enabled=True, every_s=0.5)
     with progress:
         time.sleep(2.2)  # a long first document: no row yet
         progress.update([{"status": "ok", "input_tokens": 900, "output_tokens": 100}])
@@ -243,7 +244,7 @@ def test_our_error_raised_in_an_actors_constructor_stops_the_job_as_itself(ray_l
         _StorageGoneAtStart, batch_format="pyarrow", concurrency=1, num_cpus=0.5
     )
     with pytest.raises(StorageUnavailable) as caught:
-        pipeline.execute(ds, {"a"}, pipeline.Progress(1, enabled=False), ())
+        on_ray.execute(ds, {"a"}, on_ray.Progress(1, enabled=False), ())
     assert str(caught.value) == "cannot reach s3://night/out: check the endpoint and rerun"
     assert caught.value.exit_code == StorageUnavailable.exit_code
 
@@ -266,14 +267,14 @@ def test_the_manifest_is_recorded_and_handed_to_ray_data_in_blocks_without_a_ray
     records = [{"item_id": f"i{n:02d}", "uri": f"/in/{n}.wav"} for n in range(20)]
     table = manifest_table(records).append_column("status", pa.array(["ok"] * 20))
     output = storage.resolve(str(tmp_path / "out"))
-    ds = pipeline.manifest_dataset(output, "run-1", table, rows_per_block=8)
+    ds = on_ray.manifest_dataset(output, "run-1", table, rows_per_block=8)
     blocks = ray.get(ds.to_arrow_refs())
     assert [b.num_rows for b in blocks] == [8, 8, 4]
     assert pa.concat_tables(blocks).equals(table)
     recorded = pq.read_table(tmp_path / "out" / "_manifests" / "run-1.parquet")
     assert recorded.equals(manifest_table(records))  # the items, not the stage's columns
 
-    empty = pipeline.manifest_dataset(output, "run-2", table.schema.empty_table())
+    empty = on_ray.manifest_dataset(output, "run-2", table.schema.empty_table())
     assert [b.schema for b in ray.get(empty.to_arrow_refs())] == [table.schema]
 
 
@@ -306,7 +307,7 @@ def test_a_call_that_kills_its_model_process_every_time_ends_as_error_rows_and_t
     items[4:6] = ["poison", "mate"]  # one call of two: the poison and an innocent item
     blocks = [batch("nightly", *items[i : i + 2]) for i in range(0, len(items), 2)]
     ds = ray.data.from_blocks(blocks).map_batches(
-        commits.CommittingActor,
+        committing.CommittingActor,
         fn_constructor_kwargs={
             "make_worker": _dies_on_poison,
             "dataset": dataset,
@@ -322,7 +323,7 @@ def test_a_call_that_kills_its_model_process_every_time_ends_as_error_rows_and_t
         ),
         num_cpus=0.5,
     )
-    outcome = pipeline.execute(ds, set(items), pipeline.Progress(len(items), enabled=False), ())
+    outcome = on_ray.execute(ds, set(items), on_ray.Progress(len(items), enabled=False), ())
     assert sorted(r["item_id"] for r in outcome.rows) == sorted(items)
     rows = {r["item_id"]: r for r in read_all(dataset)}
     assert sorted(rows) == sorted(items)  # each item committed once

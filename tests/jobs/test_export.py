@@ -13,7 +13,7 @@ import srt
 import webvtt
 
 from overnight.jobs.errors import ConfigError, InputNotFound
-from overnight.jobs.export import export
+from overnight.jobs.ops.export import export
 from overnight.schemas.tables import TRANSCRIPTS
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from overnight.jobs.cli import main
-from overnight.jobs.demo import espeak_available, noise, stereo_dialogue, write_wav
+from overnight.jobs.ops.demo import espeak_available, noise, stereo_dialogue, write_wav
 from tests.conftest import LoopbackProxy, upload_folder
 from tests.jobs.test_cli_messages import assert_one_clean_paragraph
 
@@ -60,8 +60,8 @@ def test_a_251_character_name_with_redacted_audio_is_an_ok_row_and_a_bad_item_an
 ):
     """A legal long name once failed its whole batch (exit 6, no rows); a recording whose
     redacted audio cannot be written (here a folder in the way) is that item's error row."""
-    from overnight.jobs import storage
-    from overnight.jobs.manifest import item_id
+    from overnight.jobs.dataset import storage
+    from overnight.jobs.dataset.manifest import item_id
     from overnight.jobs.redaction import audio_name
     from tests.jobs.test_redaction_job import TURNS
     from tests.jobs.test_transcribe import by_name, rows

@@ -17,8 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 import tomli_w
 
-from overnight.jobs import commits, storage
 from overnight.jobs.cli import main
+from overnight.jobs.dataset import commits, storage
 from overnight.jobs.errors import ConfigError
 from overnight.jobs.spec import build_spec
 
@@ -122,7 +122,7 @@ def test_a_tenant_config_whose_places_lie_in_another_tenants_inputs_is_refused_w
 
 
 def test_a_tenants_results_under_its_own_input_prefix_are_its_own_to_read(tmp_path):
-    from overnight.jobs.submissions.config import TenantsConfig
+    from overnight.jobs.ops.submissions.config import TenantsConfig
 
     data = _tenants(acme__output="s3://acme-calls/rec/results/")
     assert sorted(TenantsConfig.model_validate(data).tenants) == ["acme", "globex"]
@@ -167,7 +167,7 @@ def two_redacted_nights(tmp_path_factory, ray_local):
     """A card-number call transcribed on night one and a second recording on night two,
     redacted with the originals kept and redacted audio written: every kind of file a
     night leaves under OUTPUT."""
-    from overnight.jobs.demo import espeak_available, stereo_dialogue, write_wav
+    from overnight.jobs.ops.demo import espeak_available, stereo_dialogue, write_wav
     from overnight.jobs.transcribe import run_transcribe
     from tests.jobs.test_redaction_job import TURNS
 
@@ -209,7 +209,7 @@ def _night_rows(root: Path, dataset: str) -> list[dict]:
 def test_vacuum_removes_a_nights_redacted_audio_and_originals_and_keeps_the_other_nights(
     two_redacted_nights, tmp_path
 ):
-    from overnight.jobs.vacuum import vacuum
+    from overnight.jobs.ops.vacuum import vacuum
 
     built, (one, two) = two_redacted_nights
     out = tmp_path / "out"
@@ -240,7 +240,7 @@ def test_a_vacuum_killed_at_any_write_is_finished_by_the_next_vacuum(two_redacte
     """Vacuum learned which runs a night held from run_table/ and deleted that first: killed
     after it, the night's originals and summaries stayed forever, and a rerun found nothing
     to do. Killed at each of its writes in turn, a rerun ends as one uninterrupted vacuum."""
-    from overnight.jobs.vacuum import vacuum
+    from overnight.jobs.ops.vacuum import vacuum
     from tests.conftest import killed_at_write
 
     built, _ = two_redacted_nights

@@ -20,7 +20,7 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 
-from overnight.jobs import commits, storage
+from overnight.jobs.dataset import commits, storage
 from overnight.jobs.spec import build_spec
 from overnight.jobs.transcribe import run_transcribe
 from overnight.schemas import TRANSCRIPTS
@@ -247,7 +247,7 @@ def _copy(two_nights, tmp_path: Path) -> tuple[Path, dict, dict, dict]:
 
 
 def test_report_since_a_date_does_not_open_the_files_of_earlier_run_dates(two_nights, tmp_path):
-    from overnight.jobs.report import build_report, load
+    from overnight.jobs.ops.report import build_report, load
 
     out, _, _, two = _copy(two_nights, tmp_path)
     since = datetime(2026, 11, 2, tzinfo=UTC)
@@ -261,8 +261,8 @@ def test_report_since_a_date_does_not_open_the_files_of_earlier_run_dates(two_ni
 
 
 def test_vacuum_removes_old_nights_and_the_report_of_the_others_stays_exact(two_nights, tmp_path):
-    from overnight.jobs.report import build_report, load
-    from overnight.jobs.vacuum import vacuum
+    from overnight.jobs.ops.report import build_report, load
+    from overnight.jobs.ops.vacuum import vacuum
 
     out, refs, one, two = _copy(two_nights, tmp_path)
     kept = datetime(2026, 11, 2, tzinfo=UTC)
@@ -313,7 +313,7 @@ def test_a_long_run_publishes_as_it_goes_and_still_writes_one_row_per_item(
 
 
 def test_report_until_a_date_does_not_open_the_files_of_later_run_dates(two_nights, tmp_path):
-    from overnight.jobs.report import build_report, load, parse_until
+    from overnight.jobs.ops.report import build_report, load, parse_until
 
     out, _, one, _ = _copy(two_nights, tmp_path)
     for name in ("transcripts", "costs"):  # unreadable: opening one would fail the report

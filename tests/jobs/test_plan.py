@@ -9,7 +9,7 @@ import pytest
 
 from overnight.jobs.cli import main
 from overnight.jobs.errors import ConfigError
-from overnight.jobs.plan import (
+from overnight.jobs.ops.plan import (
     WorkerProfile,
     load_profiles,
     make_plan,

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow.dataset as pads
 import pytest
 
-from overnight.jobs.demo import noise, silence, write_wav
+from overnight.jobs.ops.demo import noise, silence, write_wav
 from overnight.jobs.probe import run_probe
 from overnight.jobs.spec import build_spec
 from overnight.jobs.transcribe import run_transcribe

@@ -12,12 +12,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from overnight.jobs import storage
 from overnight.jobs.cli import main
-from overnight.jobs.commits import write_table
-from overnight.jobs.demo import espeak_available, stereo_dialogue, write_wav
+from overnight.jobs.dataset import storage
+from overnight.jobs.dataset.commits import write_table
 from overnight.jobs.documents import transcript_records
 from overnight.jobs.errors import ConfigError
+from overnight.jobs.ops.demo import espeak_available, stereo_dialogue, write_wav
 from overnight.jobs.process import task_spec
 from overnight.jobs.spec import build_spec
 from overnight.schemas import TRANSCRIPTS
@@ -164,7 +164,7 @@ def test_redacted_chain_writes_tags_entities_a_ledger_stage_and_no_card_digits_a
     # Retention reaches the originals: vacuuming the run's night removes its unredacted rows.
     from datetime import UTC, datetime, timedelta
 
-    from overnight.jobs.vacuum import vacuum
+    from overnight.jobs.ops.vacuum import vacuum
 
     tomorrow = datetime.now(UTC).date() + timedelta(days=1)
     assert unredacted[0] in vacuum(str(out), tomorrow).files

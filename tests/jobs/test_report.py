@@ -17,10 +17,11 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 
-from overnight.jobs import ledger, storage
+from overnight.jobs.accounting import ledger
+from overnight.jobs.accounting.ledger import Cost
 from overnight.jobs.cli import main
-from overnight.jobs.ledger import Cost
-from overnight.jobs.report import build_report, load, parse_since, write
+from overnight.jobs.dataset import storage
+from overnight.jobs.ops.report import build_report, load, parse_since, write
 from overnight.jobs.spec import DEFAULT_PRICES
 from overnight.schemas import DOCUMENT_RESULTS, TRANSCRIPTS
 from tests.conftest import upload_folder
@@ -513,7 +514,7 @@ def test_a_tenant_report_is_that_tenants_row_of_the_report_by_tenant(outputs, ca
 
 
 def test_a_tenant_name_with_control_characters_prints_escaped_in_the_table(tmp_path):
-    from overnight.jobs.report import render_table
+    from overnight.jobs.ops.report import render_table
 
     rows = _speech_rows("night-x", 3, 0, DAY1, "h100")
     for row in rows:
@@ -528,7 +529,7 @@ def test_a_tenant_name_with_control_characters_prints_escaped_in_the_table(tmp_p
 def test_report_over_a_backfilled_nights_date_counts_its_items_and_cost(tmp_path, capsys):
     """A backfill runs today for an older night (``[job] run_date``): its rows are recorded
     today and still belong to that night, in the report as in the partitions."""
-    from overnight.jobs.demo import noise, write_wav
+    from overnight.jobs.ops.demo import noise, write_wav
     from tests.jobs.test_layout import transcribe
 
     calls = tmp_path / "calls"

@@ -14,15 +14,16 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 
-from overnight.jobs import commits, runner, storage
-from overnight.jobs.dryrun import dry_run
+from overnight.jobs.accounting.ledger import Cost
+from overnight.jobs.dataset import commits, storage
 from overnight.jobs.errors import ConfigError
-from overnight.jobs.ledger import Cost
+from overnight.jobs.ops.dryrun import dry_run
+from overnight.jobs.ops.vacuum import vacuum
 from overnight.jobs.process import run_process
+from overnight.jobs.run import runner
+from overnight.jobs.run.stage import Stage
 from overnight.jobs.spec import build_spec
-from overnight.jobs.stage import Stage
 from overnight.jobs.transcribe import run_transcribe
-from overnight.jobs.vacuum import vacuum
 from overnight.schemas import MANIFEST
 from tests.conftest import killed_at_write
 

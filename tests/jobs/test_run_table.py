@@ -13,18 +13,29 @@ import polars as pl
 import pyarrow.dataset as pads
 import pytest
 
-from overnight.jobs import storage
-from overnight.jobs.ledger import write_summary
+from overnight.jobs.accounting.ledger import write_summary
+from overnight.jobs.dataset import storage
 
 DAYS = [date(2026, 11, 30), date(2026, 12, 1), date(2026, 12, 2)]
 
 
 def _summary(run_id: str, cost: float) -> dict:
     return {
-        "run_id": run_id, "kind": "transcribe", "finished_at": datetime.now(UTC).isoformat(),
-        "output": "s3://acme-out/nightly", "items_listed": 10, "items_already_done": 0,
-        "items": 10, "succeeded": 9, "failed": 1, "audio_seconds": 600.0, "wall_seconds": 42.0,
-        "accelerator": "cpu", "device": "cpu", "cost_usd": cost, "reserved_cost_usd": cost * 2,
+        "run_id": run_id,
+        "kind": "transcribe",
+        "finished_at": datetime.now(UTC).isoformat(),
+        "output": "s3://acme-out/nightly",
+        "items_listed": 10,
+        "items_already_done": 0,
+        "items": 10,
+        "succeeded": 9,
+        "failed": 1,
+        "audio_seconds": 600.0,
+        "wall_seconds": 42.0,
+        "accelerator": "cpu",
+        "device": "cpu",
+        "cost_usd": cost,
+        "reserved_cost_usd": cost * 2,
         "errors_by_code": {"decode_failed": 1},
     }
 

@@ -1,6 +1,6 @@
 """The runner on its own: a toy job of plain Python stages, no model, on a local Ray.
 
-What a job declares is its stages (``jobs.stage.Stage``); claim, manifest, the chain of
+What a job declares is its stages (``jobs.run.stage.Stage``); claim, manifest, the chain of
 ``map_batches``, commit, publish and summary are the runner's. These tests hold the runner
 to its record: every batch into and out of every stage is checked against what the stage
 declares, wherever the stage runs.
@@ -15,10 +15,10 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pytest
 
-from overnight.jobs import runner, sizing
-from overnight.jobs.ledger import Cost
+from overnight.jobs.accounting.ledger import Cost
+from overnight.jobs.run import runner, sizing
+from overnight.jobs.run.stage import Stage, StageContractError
 from overnight.jobs.spec import build_spec
-from overnight.jobs.stage import Stage, StageContractError
 from overnight.schemas import MANIFEST
 
 pytestmark = pytest.mark.usefixtures("ray_local")

@@ -22,7 +22,10 @@ COUNTS = ("items", "succeeded", "failed", "errors_by_code", "audio_seconds", "ki
 
 def _cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "overnight.jobs.cli", *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "overnight.jobs.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -81,13 +84,15 @@ def test_max_error_rate_fails_the_run_after_writing_it_in_the_api_and_the_cli(
 
 def _spec_file(tmp_path: Path, input: Path, output: Path) -> str:
     path = tmp_path / "job.toml"
-    path.write_text(f'[job]\nkind = "transcribe"\ninput = "{input}"\noutput = "{output}"\n'
-                    "progress = false\n")
+    path.write_text(
+        f'[job]\nkind = "transcribe"\ninput = "{input}"\noutput = "{output}"\nprogress = false\n'
+    )
     return str(path)
 
 
-def test_dry_run_counts_pending_against_done_and_prices_from_past_runs(api_run, synth_calls,
-                                                                         tmp_path):
+def test_dry_run_counts_pending_against_done_and_prices_from_past_runs(
+    api_run, synth_calls, tmp_path
+):
     folder, _ = synth_calls
     out, summary = api_run
     fresh = _cli("transcribe", str(folder), str(tmp_path / "new"), "--dry-run")

@@ -17,7 +17,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from overnight.jobs import ledger, storage
+from overnight.jobs.accounting import ledger
+from overnight.jobs.dataset import storage
 from overnight.schemas import DOCUMENT_RESULTS, TRANSCRIPTS
 from tests.conftest import REPO, upload_folder
 
@@ -272,7 +273,7 @@ def test_a_name_with_glob_characters_is_selected_by_its_own_name_or_uri(tmp_path
 
 
 def test_a_transcript_the_model_looped_on_says_so_in_its_heading():
-    from overnight.jobs.show import render_transcript
+    from overnight.jobs.ops.show import render_transcript
 
     row = {
         "source_uri": "/calls/ssn.wav",

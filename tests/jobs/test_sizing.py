@@ -1,10 +1,10 @@
-"""``auto`` pool sizing (jobs/sizing.py): the model gets what the CPU stage does not need,
+"""``auto`` pool sizing (jobs/run/sizing.py): the model gets what the CPU stage does not need,
 one actor per GPU, and an explicit value always wins."""
 
 from __future__ import annotations
 
-from overnight.jobs import sizing
 from overnight.jobs.process import llm_pool
+from overnight.jobs.run import sizing
 from overnight.jobs.spec import ProcessOptions, TranscribeOptions
 from overnight.jobs.transcribe import whisper_options, whisper_pool
 

@@ -8,10 +8,10 @@ import os
 
 import pytest
 
-from overnight.jobs import storage
 from overnight.jobs.cli import main as cli_main
+from overnight.jobs.dataset import storage
+from overnight.jobs.dataset.manifest import item_id, list_items
 from overnight.jobs.errors import ConfigError, InputNotFound, StorageUnavailable
-from overnight.jobs.manifest import item_id, list_items
 from overnight.jobs.spec import build_spec, read_job_file
 from tests.conftest import loaded_by
 

@@ -20,10 +20,10 @@ import pytest
 import tomli_w
 from pydantic import ValidationError
 
-from overnight.jobs import storage
 from overnight.jobs.cli import main
+from overnight.jobs.dataset import storage
 from overnight.jobs.errors import ConfigError
-from overnight.jobs.submissions import (
+from overnight.jobs.ops.submissions import (
     Rejected,
     Tenant,
     UriRejected,
@@ -435,7 +435,7 @@ def test_brief_storage_outage_is_retried_with_backoff(s3, s3_server, monkeypatch
     proxy = SwitchableEndpoint(s3_server)
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
     proxy.down()
-    # Longer than botocore's own retries: jobs.storage.with_retries must bridge it.
+    # Longer than botocore's own retries: jobs.dataset.storage.with_retries must bridge it.
     threading.Timer(3.0, proxy.up).start()
     started = time.monotonic()
     assert [o.uri for o in storage.list_objects(f"s3://{b['inbox']}/acme/")] == [
@@ -531,7 +531,7 @@ def test_tenants_config_refuses_overlapping_input_prefixes_unless_declared_share
 
 @pytest.mark.usefixtures("ray_local")
 def test_a_bad_tenant_row_or_a_failing_submission_never_stops_another_tenants(tmp_path, capsys):
-    from overnight.jobs.demo import noise, write_wav
+    from overnight.jobs.ops.demo import noise, write_wav
 
     def folder(*parts: str) -> Path:
         path = tmp_path.joinpath(*parts)
@@ -573,7 +573,7 @@ def test_a_bad_tenant_row_or_a_failing_submission_never_stops_another_tenants(tm
 
 def _two_tenants(tmp_path: Path, model: str) -> Path:
     """acme and globex, one one-recording submission each in their inbox."""
-    from overnight.jobs.demo import noise, write_wav
+    from overnight.jobs.ops.demo import noise, write_wav
 
     for tenant in ("acme", "globex"):
         (tmp_path / "calls" / tenant).mkdir(parents=True, exist_ok=True)
@@ -645,8 +645,8 @@ def test_a_model_that_fails_to_load_stops_the_step_without_spending_an_attempt(t
 def test_a_folder_swapped_for_a_link_after_the_check_does_not_lead_to_another_tenants_file(
     tmp_path, capsys, monkeypatch
 ):
-    from overnight.jobs.demo import noise, write_wav
-    from overnight.jobs.submissions import run as submissions
+    from overnight.jobs.ops.demo import noise, write_wav
+    from overnight.jobs.ops.submissions import run as submissions
 
     for tenant, seconds in (("acme", 1.0), ("globex", 3.0)):
         (tmp_path / "calls" / tenant / "batch").mkdir(parents=True)

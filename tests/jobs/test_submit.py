@@ -9,25 +9,25 @@ import tomllib
 
 import pytest
 
-from overnight.jobs import submit
 from overnight.jobs.cli import main
 from overnight.jobs.errors import ConfigError
+from overnight.jobs.ops import remote
 from overnight.jobs.spec import build_spec
 from tests.conftest import _free_port, secrets_in
 
 
 def test_submission_id_is_the_same_for_the_same_night_and_job_file():
-    a = submit.submission_id_for("/etc/overnight/jobs/nightly.toml", date="2026-12-01")
-    b = submit.submission_id_for("other/place/nightly.toml", date="2026-12-01")
+    a = remote.submission_id_for("/etc/overnight/jobs/nightly.toml", date="2026-12-01")
+    b = remote.submission_id_for("other/place/nightly.toml", date="2026-12-01")
     assert a == b == "overnight-nightly-20261201"
     assert (
-        submit.submission_id_for("Nightly Calls.toml", run_id="Run 7/b")
+        remote.submission_id_for("Nightly Calls.toml", run_id="Run 7/b")
         == "overnight-nightly-calls-run-7-b"
     )
     with pytest.raises(ConfigError, match="YYYY-MM-DD"):
-        submit.submission_id_for("nightly.toml", date="01/12/2026")
+        remote.submission_id_for("nightly.toml", date="01/12/2026")
     with pytest.raises(ConfigError, match="not valid"):
-        submit.check_submission_id("../etc; rm -rf")
+        remote.check_submission_id("../etc; rm -rf")
 
 
 def test_shipped_job_file_is_the_validated_spec_with_absolute_paths_and_no_ray_address(
@@ -45,7 +45,7 @@ def test_shipped_job_file_is_the_validated_spec_with_absolute_paths_and_no_ray_a
             "transcribe": {"actors": 8, "accelerator_type": "H100"},
         }
     )
-    shipped = submit.cluster_job_file(spec)
+    shipped = remote.cluster_job_file(spec)
     assert shipped["job"]["input"] == str(tmp_path / "calls")
     assert shipped["job"]["output"] == "s3://results/nightly"
     assert "ray_address" not in shipped["job"]
@@ -60,8 +60,8 @@ def test_shipped_job_file_is_the_validated_spec_with_absolute_paths_and_no_ray_a
 
 
 def test_only_non_secret_settings_travel_in_the_runtime_env(s3):
-    env = submit.runtime_env_vars()
-    assert {"AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION"} <= set(env) <= set(submit.FORWARDED_ENV)
+    env = remote.runtime_env_vars()
+    assert {"AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION"} <= set(env) <= set(remote.FORWARDED_ENV)
     assert not secrets_in(str(env))
 
 
@@ -69,7 +69,7 @@ def test_unreachable_cluster_exits_with_a_clear_message_and_no_credentials(tmp_p
     job = tmp_path / "nightly.toml"
     job.write_text('[job]\ninput = "s3://calls/x/"\noutput = "s3://out/y"\n')
     address = f"http://127.0.0.1:{_free_port()}"
-    assert main(["submit", str(job), "--address", address]) == submit.ClusterUnreachable.exit_code
+    assert main(["submit", str(job), "--address", address]) == remote.ClusterUnreachable.exit_code
     err = capsys.readouterr().err
     assert f"cannot reach the Ray Jobs API at {address}" in err and "dashboard port" in err
     assert not secrets_in(err)

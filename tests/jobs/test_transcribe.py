@@ -17,8 +17,9 @@ import numpy as np
 import pyarrow.dataset as pads
 import pytest
 
-from overnight.jobs import commits, runner, sizing, storage
-from overnight.jobs.demo import noise, silence, speak, stereo_dialogue, write_wav
+from overnight.jobs.dataset import commits, storage
+from overnight.jobs.ops.demo import noise, silence, speak, stereo_dialogue, write_wav
+from overnight.jobs.run import runner, sizing
 from overnight.jobs.spec import build_spec
 from overnight.jobs.transcribe import run_transcribe, transcribe_plan
 from overnight.workers.whisper import repeats_itself

@@ -9,10 +9,9 @@ import pytest
 
 from overnight.jobs.cli import main
 from overnight.jobs.errors import ConfigError
-from overnight.jobs.plan import load_profiles, make_plan
-from overnight.jobs.report import build_report, load
-from overnight.jobs.spec import build_spec, read_job_file
-from overnight.jobs.tune import (
+from overnight.jobs.ops.plan import load_profiles, make_plan
+from overnight.jobs.ops.report import build_report, load
+from overnight.jobs.ops.tune import (
     Candidate,
     Measurement,
     corpus_wer,
@@ -22,6 +21,7 @@ from overnight.jobs.tune import (
     score,
     tune,
 )
+from overnight.jobs.spec import build_spec, read_job_file
 
 LIBRISPEECH = ("1089-134686-0001", "1221-135766-0002")  # the two shortest: 6.6 s and 4.8 s
 
@@ -275,7 +275,7 @@ def test_without_references_the_most_accurate_configuration_is_the_reference():
 
 
 def test_word_error_rate_is_corpus_level_and_a_missing_transcript_counts_as_deletions():
-    # Not number words: Whisper's normaliser (jobs.wer) writes "one two three four" as "1234".
+    # Not number words: Whisper's normaliser (jobs.ops.wer) writes "one two three four" as "1234".
     refs = {"a": "Hello, World!", "b": "the cat sat down"}
     assert corpus_wer(refs, {"a": "hello world", "b": "the cat sat down"}) == (0.0, 2)
     assert corpus_wer(refs, {"a": "hello world"}) == (4 / 6, 2)

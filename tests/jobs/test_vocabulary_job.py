@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from overnight.jobs.demo import espeak_available, silence, speak, stereo_dialogue, write_wav
+from overnight.jobs.ops.demo import espeak_available, silence, speak, stereo_dialogue, write_wav
 from tests.jobs.test_transcribe import by_name, rows, transcribe
 
 pytestmark = [

@@ -1,4 +1,4 @@
-"""jobs.wer: the one word error rate of the tests, the benchmarks and ``overnight tune``."""
+"""jobs.ops.wer: the one word error rate of the tests, the benchmarks and ``overnight tune``."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import random
 
 import pytest
 
-from overnight.jobs.wer import corpus_wer, normalize, wer, word_errors
+from overnight.jobs.ops.wer import corpus_wer, normalize, wer, word_errors
 
 
 def _levenshtein(ref: list[str], hyp: list[str]) -> int:
-    """The hand-written word edit distance jobs.wer replaced, kept here as the reference."""
+    """The hand-written word edit distance jobs.ops.wer replaced, kept here as the reference."""
     d = list(range(len(hyp) + 1))
     for i, r in enumerate(ref, 1):
         prev, d[0] = d[0], i

@@ -7,7 +7,7 @@ import io
 import numpy as np
 import pytest
 
-from overnight.jobs.demo import noise, silence, write_wav
+from overnight.jobs.ops.demo import noise, silence, write_wav
 from overnight.workers.audio import (
     SAMPLE_RATE,
     AudioChunker,
@@ -84,7 +84,7 @@ _UTTERANCE = "Please call me back tomorrow morning."
 
 @pytest.fixture(scope="module")
 def utterance() -> np.ndarray:
-    from overnight.jobs.demo import espeak_available, speak
+    from overnight.jobs.ops.demo import espeak_available, speak
 
     if not espeak_available():
         pytest.skip("espeak-ng is not installed (apt-get install espeak-ng)")
@@ -158,7 +158,7 @@ def _whole_file_chunks(data: bytes, options: AudioOptions) -> list[tuple[int, li
 
 
 def test_streamed_decoding_makes_exactly_the_chunks_of_the_whole_file_decode(utterance):
-    from overnight.jobs.demo import stereo_dialogue
+    from overnight.jobs.ops.demo import stereo_dialogue
 
     # 330 s: Silero runs 320 s (10,000 windows) per call, and the second utterance of the
     # long recording straddles that boundary.

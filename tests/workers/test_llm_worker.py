@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from overnight.jobs.process import _worker_config, task_spec
-from overnight.jobs.sizing import Pool
+from overnight.jobs.run.sizing import Pool
 from overnight.jobs.spec import build_spec
 from overnight.schemas import DOCUMENT_RESULTS
 from overnight.workers.devices import gpu_kind, resolve_device, worker_id
@@ -71,7 +71,7 @@ def test_worker_returns_the_same_rows_in_order_and_passes_error_rows_through(
         assert ok["status"] == "ok" and ok["label"] in LABELS
         assert ok["task"] == "classify" and ok["num_chunks"] == 1
         assert ok["input_tokens"] > 0 and ok["output_tokens"] > 0
-        assert ok["llm_s"] > 0  # what it ran on is the runner's to write (jobs.stage)
+        assert ok["llm_s"] > 0  # what it ran on is the runner's to write (jobs.run.stage)
         assert ok["model"].startswith("ctranslate2:") and ok["worker"]
     # Already failed upstream: untouched, and no LLM columns filled in.
     assert (b["status"], b["error_code"], b["error_message"]) == (

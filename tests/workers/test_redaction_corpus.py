@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from overnight.jobs.demo import espeak_available
+from overnight.jobs.ops.demo import espeak_available
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.skipif(not espeak_available(), reason="espeak-ng not installed")

@@ -10,8 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from overnight.jobs.commits import Provenance, with_provenance
-from overnight.jobs.demo import espeak_available, noise, silence, speak
+from overnight.jobs.dataset.commits import Provenance, with_provenance
+from overnight.jobs.ops.demo import espeak_available, noise, silence, speak
 from overnight.schemas import TRANSCRIPTS
 from overnight.schemas.stages import DECODED, WHISPER_OUTPUT
 from overnight.workers.audio import AudioChunker, AudioOptions
@@ -42,7 +42,7 @@ TEXTS = [
 def _wav_bytes(audio: np.ndarray) -> bytes:
     import io
 
-    from overnight.jobs.demo import write_wav
+    from overnight.jobs.ops.demo import write_wav
 
     buf = io.BytesIO()
     write_wav(buf, audio)

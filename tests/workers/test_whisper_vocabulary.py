@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from overnight.jobs.demo import espeak_available, silence, speak
+from overnight.jobs.ops.demo import espeak_available, silence, speak
 from overnight.workers.whisper import (
     ContinuousBatcher,
     WhisperOptions,

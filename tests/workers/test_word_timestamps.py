@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from overnight.jobs.demo import espeak_available, silence, speak, write_wav
+from overnight.jobs.ops.demo import espeak_available, silence, speak, write_wav
 from overnight.schemas.stages import DECODED
 from overnight.workers.audio import AudioChunker, AudioOptions
 from overnight.workers.whisper import WhisperOptions, WhisperWorker, WhisperWorkerConfig

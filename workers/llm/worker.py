@@ -55,7 +55,7 @@ class LLMWorkerConfig:
     max_new_tokens: overrides the task's cap on generated tokens per call.
 
     What the worker holds and is priced at (``llm_resource``, ``llm_units``) is the job
-    runner's to write (``jobs.stage``), as it is for every stage; the worker writes ``llm_s``,
+    runner's to write (``jobs.run.stage``), as it is for every stage; the worker writes ``llm_s``,
     each document's share of its model batches by tokens, finer than the runner can time.
     """
 

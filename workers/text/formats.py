@@ -40,7 +40,7 @@ _EXTENSIONS = {
     ".docx": "docx",
 }
 # A folder or prefix listing of the process job takes these as documents by default
-# (jobs.manifest.Selection); a manifest row is a document whatever its name.
+# (jobs.dataset.manifest.Selection); a manifest row is a document whatever its name.
 DOCUMENT_EXTENSIONS = frozenset(_EXTENSIONS)
 
 # Formats recognised only to say clearly that they are not read.

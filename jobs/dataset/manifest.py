@@ -1,0 +1,266 @@
+"""Item ids, run manifests, and the set of items already committed (resume).
+
+An item is one input object as listed: its id hashes the URI, the size and the ETag (or mtime)
+plus the submission/external ids, so a rerun recognises it and a replaced object is new work.
+An object that is missing when listed has no size or ETag: its record also carries that
+"missing" id (``missing_id``), under which a row recorded while it was missing stands for the
+same manifest row once the object is back (done; ``--retry-errors`` redoes it), so that a
+restored object is not a second item beside its ``fetch_failed`` row.
+"""
+
+from __future__ import annotations
+
+import csv
+import fnmatch
+import hashlib
+import io
+import json
+import posixpath
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from overnight.jobs.dataset import storage
+from overnight.jobs.errors import ConfigError, InputNotFound
+from overnight.schemas import MANIFEST, METADATA_COLUMNS
+
+MANIFEST_SUFFIXES = (".csv", ".jsonl", ".parquet")
+# Per-item decoding vocabulary: a non-empty value overrides the job's option of that name.
+PROMPT_COLUMNS: tuple[str, ...] = ("hotwords", "initial_prompt")
+_KNOWN = {"uri", "language", "channel_labels", *PROMPT_COLUMNS, *METADATA_COLUMNS}
+
+
+def item_id(
+    uri: str,
+    size: int | None,
+    etag: str | None,
+    submission_id: str | None = None,
+    external_id: str | None = None,
+) -> str:
+    key = "\n".join([uri, str(size), etag or "", submission_id or "", external_id or ""])
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def is_manifest(url: str) -> bool:
+    return url.lower().endswith(MANIFEST_SUFFIXES)
+
+
+def _read_manifest_records(url: str) -> list[dict[str, Any]]:
+    data = storage.read_bytes(url)
+    lower = url.lower()
+    try:
+        if lower.endswith(".parquet"):
+            return pq.read_table(io.BytesIO(data)).to_pylist()
+        text = data.decode("utf-8-sig")
+        if lower.endswith(".csv"):
+            return list(csv.DictReader(io.StringIO(text)))
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    except (ValueError, pa.ArrowInvalid, UnicodeDecodeError) as exc:
+        raise ConfigError(f"manifest {url!r} cannot be parsed: {exc}") from None
+
+
+def _labels(value: Any) -> list[str] | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        parts = [p.strip() for p in value.replace(";", ",").split(",")]
+        return [p for p in parts if p] or None
+    if not isinstance(value, list | tuple):
+        raise ValueError(
+            f"channel_labels must be text such as 'agent,customer' or a list of names, "
+            f"not {value!r}"
+        )
+    return [str(v) for v in value] or None
+
+
+def _resolve_uri(uri: str, manifest_url: str) -> str:
+    """The absolute URI of a manifest row; relative ones are relative to the manifest's folder.
+
+    A local file has one spelling, the absolute normalised path (``file://`` dropped), the one
+    folder listing gives: the item id hashes the URI, so the same recording read through a
+    relative, absolute or ``file://`` manifest path must come out the same.
+    """
+    if "://" not in uri and not uri.startswith("/"):
+        base = manifest_url.rsplit("/", 1)[0]
+        uri = f"{base}/{uri}"
+    if "://" not in uri or uri.startswith("file://"):
+        return storage.resolve(uri).url()
+    return uri
+
+
+def records_from_manifest(url: str) -> list[dict[str, Any]]:
+    """Manifest rows as item records (uri, size, etag, metadata); stats every object."""
+    if "://" not in url or url.startswith("file://"):
+        url = storage.resolve(url).url()  # absolute, so that relative rows resolve absolute
+    rows = _read_manifest_records(url)
+    if not rows:
+        raise InputNotFound(f"manifest {url!r} has no rows")
+    if "uri" not in rows[0]:
+        raise ConfigError(f"manifest {url!r} needs a 'uri' column; it has {sorted(rows[0])}")
+    uris = [_resolve_uri(str(r["uri"]).strip(), url) for r in rows]
+    for i, row in enumerate(rows):
+        try:
+            _labels(row.get("channel_labels"))
+        except ValueError as exc:
+            raise ConfigError(f"manifest {url!r} row {i + 1}: {exc}") from None
+    infos = storage.map_threads(storage.stat, uris)
+    return [
+        _record(row, uri, info.size, info.etag)
+        for row, uri, info in zip(rows, uris, infos, strict=True)
+    ]
+
+
+def _record(row: dict[str, Any], uri: str, size: int | None, etag: str | None) -> dict[str, Any]:
+    def text(key: str) -> str | None:
+        value = row.get(key)
+        return None if value is None or value == "" else str(value)
+
+    extra = {str(k): "" if v is None else str(v) for k, v in row.items() if k not in _KNOWN}
+    record = {
+        "uri": uri,
+        "size": size,
+        "etag": etag,
+        **{key: text(key) for key in METADATA_COLUMNS},
+        "metadata": sorted(extra.items()) or None,
+        "language": text("language"),
+        "channel_labels": _labels(row.get("channel_labels")),
+        **{key: text(key) for key in PROMPT_COLUMNS},
+    }
+    ids = (text("submission_id"), text("external_id"))
+    record["item_id"] = item_id(uri, size, etag, *ids)
+    record["missing_id"] = item_id(uri, None, None, *ids)  # see the module docstring
+    return record
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which files of a folder or prefix listing are items; a manifest's rows always are,
+    and so is a single file named as the input.
+
+    Without ``include`` globs a file is taken when its extension is one of ``extensions``
+    (the job's known kinds: a transcript folder's ``librispeech_trans.txt`` is no
+    recording); with them, when one matches. ``exclude`` globs then leave files out. A glob
+    matches the path under the input or the file name, case-insensitively, and its ``*``
+    crosses folders.
+    """
+
+    extensions: frozenset[str]
+    # Names the skip reason ``not_<kind>_extension``: "media" or "document".
+    kind: str
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+    @classmethod
+    def of(
+        cls,
+        extensions: Iterable[str],
+        kind: str,
+        include: Sequence[str] | None = None,
+        exclude: Sequence[str] | None = None,
+    ) -> Selection:
+        return cls(
+            frozenset(e.lower() for e in extensions),
+            kind,
+            tuple(g.lower() for g in include or ()),
+            tuple(g.lower() for g in exclude or ()),
+        )
+
+    def skip_reason(self, relative: str) -> str | None:
+        """Why the file at ``relative`` (its path under the input) is no item, or None."""
+        path = relative.lower()
+        name = posixpath.basename(path)
+
+        def matches(globs: tuple[str, ...]) -> bool:
+            return any(fnmatch.fnmatchcase(path, g) or fnmatch.fnmatchcase(name, g) for g in globs)
+
+        if self.include:
+            if not matches(self.include):
+                return "not_included"
+        elif posixpath.splitext(name)[1] not in self.extensions:
+            return f"not_{self.kind}_extension"
+        if matches(self.exclude):
+            return "excluded"
+        return None
+
+
+@dataclass
+class Listing:
+    """The items of an input, and the files of a folder listing that are not items."""
+
+    items: list[dict[str, Any]]
+    # reason -> how many files; see Selection.skip_reason.
+    skipped: dict[str, int] = field(default_factory=dict)
+    # A few of the skipped paths (under the input), for the message that names them.
+    skipped_examples: list[str] = field(default_factory=list)
+
+
+def list_items(input_url: str, defaults: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """All items of an input: a manifest's rows, or every file under a folder/prefix/file."""
+    return select_items(input_url, None, defaults).items
+
+
+def select_items(
+    input_url: str, selection: Selection | None, defaults: dict[str, Any] | None = None
+) -> Listing:
+    """The items of an input: a manifest's rows, or the files under a folder or prefix that
+    ``selection`` takes (None: every file), or the one file ``input_url`` names.
+
+    Duplicate items (the same object listed twice with the same ids) are kept once. A
+    listing that leaves no item but skipped files is an ``InputNotFound`` that says why.
+    """
+    skipped: Counter[str] = Counter()
+    examples: list[str] = []
+    if is_manifest(input_url):
+        records = records_from_manifest(input_url)
+    else:
+        root = storage.resolve(input_url).url().rstrip("/")
+        records = []
+        for o in storage.list_objects(input_url):
+            relative = o.uri[len(root) :].lstrip("/") if o.uri.startswith(root) else o.uri
+            reason = selection.skip_reason(relative) if selection and relative else None
+            if reason is not None:
+                skipped[reason] += 1
+                if len(examples) < 5:
+                    examples.append(relative)
+                continue
+            records.append(_record(dict(defaults or {}), o.uri, o.size, o.etag))
+        if not records and skipped and selection is not None:
+            raise InputNotFound(
+                f"input {storage.redact(input_url)!r} holds no {_KINDS.get(selection.kind, selection.kind)}: "
+                f"{sum(skipped.values())} skipped ({_reasons(skipped)}), e.g. "
+                f"{', '.join(examples[:3])}. --include GLOB takes other files ('*': every file)"
+            )
+    seen: set[str] = set()
+    unique = []
+    for r in records:
+        if r["item_id"] not in seen:
+            seen.add(r["item_id"])
+            unique.append(r)
+    return Listing(unique, dict(sorted(skipped.items())), examples)
+
+
+_KINDS = {"media": "audio or video files", "document": "documents"}
+
+
+def _reasons(skipped: Counter[str]) -> str:
+    return ", ".join(f"{n} {reason}" for reason, n in sorted(skipped.items()))
+
+
+def manifest_table(records: Iterable[dict[str, Any]]) -> pa.Table:
+    return pa.Table.from_pylist(list(records), schema=MANIFEST)
+
+
+def write_manifest(output: storage.Location, run_id: str, table: pa.Table) -> str:
+    """OUTPUT/_manifests/<run_id>.parquet: what this run set out to do, the items in the
+    ``schemas.MANIFEST`` columns. A stage's payload in the rows (the transcript text a
+    process job over transcripts carries) is no part of it: a manifest holds no text, so a
+    redacted output keeps no copy of its transcripts outside their dataset."""
+    loc = output.join("_manifests", f"{run_id}.parquet")
+    buf = io.BytesIO()
+    pq.write_table(table.select(MANIFEST.names).cast(MANIFEST), buf)
+    storage.write_bytes_atomic(loc, buf.getvalue())
+    return loc.url()

@@ -1,0 +1,620 @@
+"""Capacity planning: how many workers finish a backlog by a deadline, at what cost.
+
+Pure arithmetic over *measured* throughput profiles; nothing here runs a model. A profile
+says, for one configuration on one kind of hardware, how much work one worker does per
+second while busy. Profiles come from ``overnight tune`` (``profile.json``) or from past runs'
+summaries (``OUTPUT/runs/*.json``).
+
+For each configuration (one "option"), with ``B`` the backlog (audio seconds or documents),
+``T`` the per-worker busy throughput, ``u`` the expected utilization (busy share of the
+reserved time: batches waiting for decode, stragglers at the end), ``D`` the deadline, ``h``
+the headroom kept for retries and surprises, and ``s`` the start-up time of a worker::
+
+    window   = D * (1 - h) - s                      seconds each worker can work
+    workers  = ceil(B / (T * u * window))          the fewest that finish inside the window
+    finish   = s + B / (workers * T * u)           when the last worker is done
+    compute  = workers * units * price * finish / 3600
+    total    = compute + B * other                 other: measured CPU (fetch, decode) cost per unit
+    headroom = 1 - finish / D                      what is left of the deadline
+
+Workers are released when the backlog is done, so they are paid for ``finish``, not for the
+whole deadline. An option *meets the deadline* when ``window > 0`` and, if a worker limit is
+given, ``workers <= max_workers``. The cheapest option that meets it is the answer; ties go
+to the one that finishes first. A configuration ``tune`` measured but found not accurate
+enough for its SLA (``accuracy.acceptable`` false in the profile) is sized and shown, never
+chosen.
+
+A profile file (JSON)::
+
+    {"profile_version": 1, "task": "transcribe", "unit": "audio_s",
+     "configurations": [{"name": "...", "resource": "cpu", "units_per_worker": 1.0,
+                         "throughput": 14.2, "price_per_unit_hour_usd": 0.0425,
+                         "utilization": null, "other_cost_per_unit_usd": 1.2e-06,
+                         "hardware": "...", "source": "...", "options": {...},
+                         "accuracy": {...}}]}
+
+``throughput`` is in units of work (``unit``: ``audio_s`` or ``documents``) per busy second
+of one worker; ``units_per_worker`` GPUs or CPU cores are priced at
+``price_per_unit_hour_usd`` each. ``utilization`` is null when it was not measured on a
+long enough run (a tuning sample); the plan then assumes ``DEFAULT_UTILIZATION``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from overnight.jobs.accounting.ledger import price as price_of
+from overnight.jobs.choices import DEFAULT_HEADROOM, DEFAULT_UTILIZATION
+from overnight.jobs.dataset import storage
+from overnight.jobs.errors import ConfigError, InputNotFound
+
+PROFILE_VERSION = 1
+UNITS = ("audio_s", "documents")
+# Utilization measured over less reserved time than this carries a run's start-up (actor
+# start, model load, the first decode) at a weight a night does not: the plan says so under
+# the figure it uses.
+SHORT_MEASUREMENT_S = 600.0
+# A ratio like 30.000000000004 from float division must not become 31 workers.
+_CEIL_SLACK = 1e-9
+
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(d|h|m|s)", re.IGNORECASE)
+_SECONDS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+
+
+def parse_duration(text: str, what: str = "duration") -> float:
+    """Seconds in ``"6h"``, ``"90m"``, ``"1h30m"``, ``"45s"``, ``"2d"`` (a unit is required)."""
+    cleaned = str(text).strip().replace(" ", "")
+    pos, total = 0, 0.0
+    for match in _DURATION.finditer(cleaned):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * _SECONDS[match.group(2).lower()]
+        pos = match.end()
+    if not cleaned or pos != len(cleaned):
+        raise ConfigError(
+            f"{what} {text!r} is not a duration: write e.g. 6h, 90m, 1h30m, 45s or 2d"
+        )
+    if total <= 0:
+        raise ConfigError(f"{what} {text!r} must be longer than zero")
+    return total
+
+
+def span_back(text: str, what: str, now: datetime | None = None) -> datetime:
+    """The time ``text`` (a duration, as ``parse_duration`` reads it) before ``now`` (UTC)."""
+    now = now or datetime.now(UTC)
+    try:
+        return now - timedelta(seconds=parse_duration(text, what))
+    except OverflowError:  # before the year 1: no date can hold it
+        days = (now - datetime.min.replace(tzinfo=UTC)).days
+        raise ConfigError(
+            f"{what} {text!r} reaches back before the year 1; give at most {days}d"
+        ) from None
+
+
+def fmt_duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.2f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.1f} s"
+
+
+@dataclass(frozen=True)
+class WorkerProfile:
+    """One measured configuration: what one worker of it does per busy second, and its price."""
+
+    name: str
+    task: str  # transcribe | process
+    unit: str  # audio_s | documents
+    resource: str  # a price-table key: cpu, h100, ...
+    units_per_worker: float  # GPUs or CPU cores one worker holds
+    throughput: float  # units of work per busy second of one worker
+    price_per_unit_hour_usd: float
+    utilization: float | None = None  # measured busy / reserved; None: not measured
+    # The reserved seconds that utilization was measured over (past runs, pooled).
+    measured_reserved_s: float | None = None
+    other_cost_per_unit_usd: float = 0.0  # CPU stages (fetch, decode, extract) per unit of work
+    hardware: str = ""
+    source: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+    accuracy: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def worker_price_per_hour_usd(self) -> float:
+        return self.units_per_worker * self.price_per_unit_hour_usd
+
+
+@dataclass(frozen=True)
+class Option:
+    """One configuration sized for one backlog and deadline, with its arithmetic."""
+
+    profile: WorkerProfile
+    backlog: float
+    deadline_s: float
+    headroom_target: float
+    utilization: float
+    utilization_assumed: bool
+    startup_s: float
+    max_workers: int | None
+    window_s: float
+    workers: int | None  # None: no number of workers can meet the deadline (window <= 0)
+    finish_s: float | None
+    compute_cost_usd: float | None
+    other_cost_usd: float
+    cost_usd: float | None
+    meets_deadline: bool
+    reason: str  # why it does not meet the deadline ("" when it does)
+    arithmetic: tuple[str, ...]
+
+    @property
+    def accuracy_rejected(self) -> str:
+        """Why the tuner found this configuration not accurate enough ("" when it did not)."""
+        acc = self.profile.accuracy or {}
+        if acc.get("acceptable") is False:
+            return f"accuracy: WER {acc.get('wer', float('nan')):.3f} above the {acc.get('allowed_wer', float('nan')):.3f} tune allowed"
+        return ""
+
+    @property
+    def eligible(self) -> bool:
+        return self.meets_deadline and self.cost_usd is not None and not self.accuracy_rejected
+
+    @property
+    def headroom(self) -> float | None:
+        return None if self.finish_s is None else 1.0 - self.finish_s / self.deadline_s
+
+    @property
+    def cost_per_unit_usd(self) -> float | None:
+        return None if self.cost_usd is None else self.cost_usd / self.backlog
+
+    @property
+    def cost_per_audio_minute_usd(self) -> float | None:
+        if self.cost_usd is None or self.profile.unit != "audio_s":
+            return None
+        return self.cost_usd / (self.backlog / 60.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.profile.name,
+            "resource": self.profile.resource,
+            "units_per_worker": self.profile.units_per_worker,
+            "throughput": self.profile.throughput,
+            "price_per_unit_hour_usd": self.profile.price_per_unit_hour_usd,
+            "utilization": self.utilization,
+            "utilization_assumed": self.utilization_assumed,
+            "workers": self.workers,
+            "finish_s": self.finish_s,
+            "headroom": self.headroom,
+            "compute_cost_usd": self.compute_cost_usd,
+            "other_cost_usd": self.other_cost_usd,
+            "cost_usd": self.cost_usd,
+            "cost_per_unit_usd": self.cost_per_unit_usd,
+            "cost_per_audio_minute_usd": self.cost_per_audio_minute_usd,
+            "meets_deadline": self.meets_deadline,
+            "reason": self.reason,
+            "accuracy_rejected": self.accuracy_rejected,
+            "arithmetic": list(self.arithmetic),
+        }
+
+
+def _n(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:,.6g}"
+
+
+def _work(backlog: float, unit: str) -> str:
+    if unit == "audio_s":
+        return f"{backlog / 3600:,.6g} audio hours = {backlog:,.0f} audio s"
+    return f"{_n(backlog)} documents"
+
+
+def _short_measurement(p: WorkerProfile) -> bool:
+    return (
+        p.utilization is not None
+        and p.measured_reserved_s is not None
+        and p.measured_reserved_s < SHORT_MEASUREMENT_S
+    )
+
+
+def size_option(
+    profile: WorkerProfile,
+    backlog: float,
+    deadline_s: float,
+    *,
+    headroom: float = DEFAULT_HEADROOM,
+    utilization: float | None = None,
+    startup_s: float = 0.0,
+    max_workers: int | None = None,
+) -> Option:
+    """Size one configuration for a backlog (see the module docstring for the formulas)."""
+    if backlog <= 0:
+        raise ConfigError(f"the backlog must be larger than zero (got {backlog})")
+    if not 0 <= headroom < 1:
+        raise ConfigError(f"headroom must be in [0, 1) (got {headroom})")
+    if profile.throughput <= 0:
+        raise ConfigError(f"profile {profile.name!r} has no throughput (got {profile.throughput})")
+    assumed = utilization is None and profile.utilization is None
+    u = utilization if utilization is not None else (profile.utilization or DEFAULT_UTILIZATION)
+    if not 0 < u <= 1:
+        raise ConfigError(f"utilization must be in (0, 1] (got {u})")
+    p = profile
+    per = "audio s" if p.unit == "audio_s" else "documents"
+    lines = [
+        f"backlog   {_work(backlog, p.unit)}",
+        f"worker    {p.units_per_worker:g} x {p.resource} at ${p.price_per_unit_hour_usd:g}/h = "
+        f"${p.worker_price_per_hour_usd:.6g}/h; {p.throughput:,.6g} {per} per busy second"
+        + (" (real-time factor)" if p.unit == "audio_s" else ""),
+        f"          x utilization {u:g}"
+        + (" (assumed: not measured on a long run)" if assumed else "")
+        + f" = {p.throughput * u:,.6g} {per}/s per worker",
+        *(
+            [
+                f"          (measured over {p.measured_reserved_s or 0:,.0f} s of reserved "
+                "time: a short run, in which start-up weighs more than in a full night; state "
+                "a night's utilization with --utilization)"
+            ]
+            if utilization is None and _short_measurement(p)
+            else []
+        ),
+        f"window    {deadline_s:,.0f} s deadline x (1 - {headroom:g} headroom) - {startup_s:,.0f} s start-up"
+        f" = {deadline_s * (1 - headroom) - startup_s:,.0f} s",
+    ]
+    window = deadline_s * (1 - headroom) - startup_s
+    other = backlog * p.other_cost_per_unit_usd
+
+    def sized(
+        workers: int | None,
+        finish: float | None,
+        compute: float | None,
+        total: float | None,
+        reason: str,
+    ) -> Option:
+        """The Option: these inputs, the outcome, and the arithmetic's lines so far."""
+        return Option(
+            p,
+            backlog,
+            deadline_s,
+            headroom,
+            u,
+            assumed,
+            startup_s,
+            max_workers,
+            window,
+            workers,
+            finish,
+            compute,
+            other,
+            total,
+            not reason,
+            reason,
+            tuple(lines),
+        )
+
+    if window <= 0:
+        lines.append("workers   none: start-up alone takes the whole window")
+        return sized(None, None, None, None, "start-up exceeds the deadline window")
+    per_worker = p.throughput * u * window
+    workers = max(1, math.ceil(backlog / per_worker - _CEIL_SLACK))
+    finish = startup_s + backlog / (workers * p.throughput * u)
+    compute = workers * p.units_per_worker * p.price_per_unit_hour_usd * finish / 3600.0
+    total = compute + other
+    lines += [
+        f"workers   ceil({_n(backlog)} / ({p.throughput * u:,.6g} x {window:,.0f})) = "
+        f"ceil({backlog / per_worker:,.4f}) = {workers}",
+        f"finish    {startup_s:,.0f} s + {_n(backlog)} / ({workers} x {p.throughput * u:,.6g}) = "
+        f"{finish:,.0f} s ({fmt_duration(finish)}); headroom 1 - {finish:,.0f} / {deadline_s:,.0f} = "
+        f"{1 - finish / deadline_s:.1%}",
+        f"compute   {workers} x ${p.worker_price_per_hour_usd:.6g}/h x {finish / 3600:.4f} h = ${compute:,.4f}",
+    ]
+    if p.other_cost_per_unit_usd:
+        lines.append(
+            f"other     {_n(backlog)} x ${p.other_cost_per_unit_usd:.4g} (CPU fetch/decode per unit) = ${other:,.4f}"
+        )
+    lines.append(
+        f"total     ${total:,.4f}"
+        + (
+            f" = ${total / (backlog / 60):.6f} per audio minute"
+            if p.unit == "audio_s"
+            else f" = ${total / backlog:.6f} per document"
+        )
+    )
+    reason = ""
+    if max_workers is not None and workers > max_workers:
+        best = startup_s + backlog / (max_workers * p.throughput * u)
+        reason = (
+            f"needs {workers} workers, more than the {max_workers} available; "
+            f"{max_workers} would finish in {fmt_duration(best)}"
+        )
+        lines.append(f"limit     {reason}")
+    return sized(workers, finish, compute, total, reason)
+
+
+@dataclass(frozen=True)
+class Plan:
+    options: tuple[Option, ...]
+    cheapest: Option | None  # the cheapest option that meets the deadline
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "options": [o.to_dict() for o in self.options],
+            "cheapest": None if self.cheapest is None else self.cheapest.profile.name,
+            "notes": list(self.notes),
+        }
+
+
+def cheapest(options: list[Option] | tuple[Option, ...]) -> Option | None:
+    """The cheapest option that meets the deadline (and that tune did not reject for accuracy)."""
+    ok = [o for o in options if o.eligible]
+    return min(ok, key=lambda o: (o.cost_usd, o.finish_s, o.profile.name)) if ok else None
+
+
+def make_plan(
+    profiles: list[WorkerProfile],
+    backlog: float,
+    unit: str,
+    deadline_s: float,
+    *,
+    headroom: float = DEFAULT_HEADROOM,
+    utilization: float | None = None,
+    startup_s: float = 0.0,
+    max_workers: int | None = None,
+) -> Plan:
+    usable = [p for p in profiles if p.unit == unit]
+    if not usable:
+        have = sorted({p.unit for p in profiles}) or ["nothing"]
+        raise ConfigError(
+            f"no profile measures {unit} (the profiles measure {', '.join(have)}): tune on a sample "
+            "of this workload first (overnight tune) or point --profile at past runs of it"
+        )
+    options = tuple(
+        size_option(
+            p,
+            backlog,
+            deadline_s,
+            headroom=headroom,
+            utilization=utilization,
+            startup_s=startup_s,
+            max_workers=max_workers,
+        )
+        for p in usable
+    )
+    return Plan(options, cheapest(options))
+
+
+# -- profiles -------------------------------------------------------------------------------
+
+
+def profile_document(
+    profiles: list[WorkerProfile], task: str, unit: str, **extra: Any
+) -> dict[str, Any]:
+    """The JSON document ``load_profiles`` reads back."""
+    return {
+        "profile_version": PROFILE_VERSION,
+        "task": task,
+        "unit": unit,
+        **extra,
+        "configurations": [asdict(p) for p in profiles],
+    }
+
+
+def _from_document(doc: dict[str, Any], where: str) -> list[WorkerProfile]:
+    if doc.get("profile_version") != PROFILE_VERSION or not isinstance(
+        doc.get("configurations"), list
+    ):
+        raise ConfigError(
+            f"{where} is not an overnight profile (version {PROFILE_VERSION}, 'configurations' list)"
+        )
+    known = set(WorkerProfile.__dataclass_fields__)
+    out = []
+    for i, conf in enumerate(doc["configurations"]):
+        data = {"task": doc.get("task", "transcribe"), "unit": doc.get("unit", "audio_s"), **conf}
+        data = {k: v for k, v in data.items() if k in known}
+        try:
+            out.append(WorkerProfile(**data))
+        except TypeError as exc:
+            raise ConfigError(f"{where}: configuration {i} is incomplete: {exc}") from None
+    return out
+
+
+def _read_text(loc: storage.Location) -> str:
+    return storage.with_retries(f"read {loc.url()}", lambda: loc.fs.cat_file(loc.path)).decode()
+
+
+def read_summaries(output: storage.Location) -> list[dict[str, Any]]:
+    """Every run summary under OUTPUT/runs/ (``*.json``)."""
+    files = storage.list_files(output.join("runs"), ".json")
+
+    def read(path: str) -> dict[str, Any]:
+        return json.loads(_read_text(storage.Location(output.fs, path, output.scheme)))
+
+    return list(storage.map_threads(read, files))
+
+
+def _option_key(summary: dict[str, Any]) -> tuple:
+    opts = summary.get("options") or {}
+    return (
+        summary.get("kind"),
+        summary.get("model") or opts.get("model"),
+        summary.get("accelerator"),
+        summary.get("device"),
+        opts.get("compute_type"),
+        opts.get("batch_size"),
+        opts.get("beam_size"),
+        _units(summary),
+    )
+
+
+def _units(summary: dict[str, Any]) -> float:
+    opts = summary.get("options") or {}
+    if summary.get("device") == "cuda":
+        return float(opts.get("gpus_per_actor") or 1.0)
+    return float(opts.get("cpus_per_actor") or 1.0)
+
+
+def profiles_from_runs(
+    summaries: list[dict[str, Any]], source: str = "runs"
+) -> list[WorkerProfile]:
+    """Throughput profiles from past runs, one per distinct configuration.
+
+    Runs of the same configuration pool: throughput = sum of work / sum of busy seconds,
+    utilization = sum of busy / sum of reserved seconds (both measured, so a plan from real
+    nightly runs carries their real idle time). Runs that processed nothing are ignored.
+    """
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for s in summaries:
+        if (s.get("accelerator_seconds") or 0) > 0:
+            groups[_option_key(s)].append(s)
+    out = []
+    for key, runs in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        kind, model, resource, device, compute_type, batch, beam, units = key
+        unit = "audio_s" if kind in ("transcribe", "chain", None) else "documents"
+        work = sum(
+            (r.get("audio_seconds") or 0.0) if unit == "audio_s" else (r.get("items") or 0)
+            for r in runs
+        )
+        busy = sum(r["accelerator_seconds"] for r in runs)
+        reserved = sum(r.get("accelerator_reserved_seconds") or 0.0 for r in runs)
+        if work <= 0:
+            continue
+        prices = runs[-1].get("prices") or {}
+        hourly = price_of(prices, resource) if prices else 0.0
+        busy_cost = busy * units * hourly / 3600.0
+        other = max(0.0, sum(r.get("cost_usd") or 0.0 for r in runs) - busy_cost) / work
+        name = f"{model} {compute_type} batch {batch} beam {beam} on {resource}"
+        out.append(
+            WorkerProfile(
+                name=name,
+                task="transcribe" if unit == "audio_s" else "process",
+                unit=unit,
+                resource=str(resource or "cpu"),
+                units_per_worker=units,
+                throughput=work / busy,
+                price_per_unit_hour_usd=hourly,
+                utilization=min(1.0, busy / reserved) if reserved else None,
+                measured_reserved_s=round(reserved, 3) if reserved else None,
+                other_cost_per_unit_usd=other,
+                hardware=f"{resource} ({device})",
+                source=f"{source}: {len(runs)} run(s), {', '.join(sorted(r['run_id'] for r in runs)[:5])}",
+                options=dict(runs[-1].get("options") or {}),
+            )
+        )
+    return out
+
+
+def load_profiles(paths: list[str]) -> list[WorkerProfile]:
+    """Profiles from ``profile.json`` files and/or OUTPUT folders holding runs/*.json."""
+    out: list[WorkerProfile] = []
+    for path in paths:
+        loc = storage.resolve(path)
+        if path.endswith(".json"):
+            try:
+                doc = json.loads(_read_text(loc))
+            except FileNotFoundError:
+                raise InputNotFound(f"profile {path!r} does not exist") from None
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"profile {path!r} is not JSON: {exc}") from None
+            out.extend(_from_document(doc, repr(path)))
+            continue
+        summaries = read_summaries(loc)
+        if not summaries:
+            raise InputNotFound(
+                f"{path!r} is neither a profile .json nor an output folder with runs/*.json summaries"
+            )
+        out.extend(profiles_from_runs(summaries, source=storage.redact(path)))
+    return out
+
+
+# -- command line -----------------------------------------------------------------------------
+
+
+def render(plan: Plan, unit: str) -> str:
+    lines = []
+    for o in plan.options:
+        mark = "  <- cheapest meeting the deadline" if o is plan.cheapest else ""
+        source = f"  [{o.profile.source}]" if o.profile.source else ""
+        lines.append(f"{o.profile.name}{source}{mark}")
+        lines.extend(f"  {line}" for line in o.arithmetic)
+        lines.append("")
+    per = "$/audio min" if unit == "audio_s" else "$/document"
+    w = max([len("option"), *(len(o.profile.name) for o in plan.options)])
+    header = f"{'option':<{w}} {'workers':>7} {'finish':>10} {'headroom':>8} {'cost':>11} {per:>12}  meets"
+    lines += [header, "-" * len(header)]
+    for o in sorted(plan.options, key=lambda o: (o.cost_usd is None, o.cost_usd or 0.0)):
+        per_unit = o.cost_per_audio_minute_usd if unit == "audio_s" else o.cost_per_unit_usd
+        lines.append(
+            f"{o.profile.name:<{w}} {o.workers if o.workers is not None else '-':>7} "
+            f"{fmt_duration(o.finish_s) if o.finish_s is not None else '-':>10} "
+            f"{f'{o.headroom:.0%}' if o.headroom is not None else '-':>8} "
+            f"{f'${o.cost_usd:,.2f}' if o.cost_usd is not None else '-':>11} "
+            f"{f'${per_unit:.6f}' if per_unit is not None else '-':>12}  "
+            f"{'yes' if o.eligible else 'no: ' + (o.reason or o.accuracy_rejected)}"
+        )
+    lines.append("")
+    if plan.cheapest is None:
+        lines.append(
+            "no option meets the deadline: raise the worker limit, extend the deadline or tune for more throughput"
+        )
+    else:
+        c = plan.cheapest
+        lines.append(
+            f"cheapest meeting the deadline: {c.profile.name}: {c.workers} x {c.profile.units_per_worker:g} "
+            f"{c.profile.resource}, done in {fmt_duration(c.finish_s or 0)} "
+            f"({c.headroom:.0%} headroom), ${c.cost_usd:,.2f}"
+        )
+    lines.extend(plan.notes)
+    return "\n".join(lines)
+
+
+def adjust_profiles(
+    profiles: list[WorkerProfile],
+    unit: str,
+    *,
+    gpu: str | None = None,
+    price: float | None = None,
+    cpu_price: float | None = None,
+    throughput: float | None = None,
+) -> tuple[list[WorkerProfile], list[str]]:
+    """Apply stated prices, keep only the asked GPU kind, and add a GPU kind stated without
+    a measurement; returns the profiles and notes for the plan."""
+    notes: list[str] = []
+    out = []
+    for p in profiles:
+        if cpu_price is not None and p.resource == "cpu":
+            p = replace(p, price_per_unit_hour_usd=cpu_price)
+        if price is not None and p.resource != "cpu" and (gpu is None or p.resource == gpu):
+            p = replace(p, price_per_unit_hour_usd=price)
+        if gpu is not None and p.resource not in ("cpu", gpu):
+            continue  # another GPU kind: not asked for
+        out.append(p)
+    if gpu is not None and not any(p.resource == gpu for p in out):
+        if throughput is None:
+            notes.append(
+                f"note: no profile was measured on {gpu}; tune there, or state its throughput "
+                f"with --throughput to include it"
+            )
+        else:
+            from overnight.jobs.spec import DEFAULT_PRICES
+
+            hourly = price if price is not None else price_of(DEFAULT_PRICES, gpu)
+            out.append(
+                WorkerProfile(
+                    name=f"{gpu} (stated {throughput:g}{'x' if unit == 'audio_s' else '/s'})",
+                    task="transcribe" if unit == "audio_s" else "process",
+                    unit=unit,
+                    resource=gpu,
+                    units_per_worker=1.0,
+                    throughput=throughput,
+                    price_per_unit_hour_usd=hourly,
+                    source="stated on the command line, not measured",
+                )
+            )
+    elif throughput is not None:
+        raise ConfigError(
+            "--throughput states the throughput of a GPU kind no profile measured: give --gpu too"
+        )
+    return out, notes

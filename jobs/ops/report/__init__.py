@@ -1,0 +1,81 @@
+"""Cost reports over the ledgers and run summaries of one or many runs.
+
+The package: ``aggregate`` (sources, grouping, sums), ``text``, ``svg`` and ``html``
+(rendering), ``files`` (csv, parquet, html on storage); ``jobs.cli.report`` is the command.
+
+``overnight report OUTPUT... [--by day|tenant|submission|model|run] [--since DATE] [--until DATE]
+[--tenant T]
+[--format table|html|csv|parquet] [--out PATH]``
+
+Sources, per OUTPUT (a folder or an object-storage prefix):
+
+* ``costs/*.parquet``: the cost ledger (``schemas.COSTS``), one row per item and stage. Every
+  money figure of a report is a sum of its ``cost_usd``; nothing is re-priced.
+* ``transcripts/`` and ``results/``: the result rows, for status, error codes and ``model``.
+* ``runs/*.json``: the run summaries, for what the ledger cannot know: the reserved
+  accelerator time (actors x pipeline wall), the reserved cost and the pipeline wall time.
+
+Definitions (each figure is computed per group and once more for the totals):
+
+* audio: each item's audio counts once, from its ``transcribe`` ledger row (an item's
+  fetch/decode rows repeat the same ``audio_s``); an item without one counts the largest
+  ``audio_s`` among its rows.
+* audio cost: the ``decode`` and ``transcribe`` rows, and the ``fetch`` rows of items that
+  have speech rows; document cost: the ``extract`` and ``generate`` rows and the other
+  ``fetch`` rows. Together they are exactly the ledger's total.
+* cost per audio minute = audio cost / audio minutes; per document = document cost /
+  documents (items with document rows); per million tokens = document cost / (input +
+  output tokens) x 1e6.
+* accelerator busy hours: the ``transcribe`` and ``generate`` rows' seconds; reserved hours,
+  reserved cost and pipeline wall come from each run's summary and are split between groups
+  in proportion to the busy seconds each group has in that run (by items when the run was
+  never busy). Utilization = busy / reserved, counted over runs that have a summary (a run
+  killed before its summary has priced rows but no reserved time).
+* rtfx = audio seconds / pipeline wall seconds (of transcription runs); busy_rtfx = audio seconds / speech-model busy
+  seconds (what one worker does while busy: the number ``plan`` sizes with).
+* day: a row's run date (its ``run_date=`` partition: the night it belongs to, which a
+  backfill sets); in the flat files of older outputs, the UTC date the ledger row was
+  recorded (the end of its run), and result rows take their item's ledger day, else their
+  ``processed_at``. ``--since``/``--until`` count rows of those days the same way.
+
+Sums use ``math.fsum``, which is exact up to the final rounding and independent of order, so
+a group's figure equals any independent ``fsum`` of the same ledger rows bit for bit.
+Ledger rows repeated across the given outputs (the same output given twice) count once.
+
+Formats: ``table`` prints the grouped table, failures and totals; ``csv`` and ``parquet``
+write every table of the report into the folder ``--out`` (``by_<group>``, ``failures``,
+``by_day``, ``by_tenant``, ``by_run``, ``totals``); ``html`` writes one self-contained file
+(inline CSS and SVG charts, no script, no network) to ``--out``.
+"""
+
+from overnight.jobs.choices import REPORT_FORMATS as FORMATS
+from overnight.jobs.choices import REPORT_GROUPS as GROUPS
+from overnight.jobs.ops.report.aggregate import (
+    FAILURES_SCHEMA,
+    REPORT_SCHEMA,
+    Report,
+    Sources,
+    build_report,
+    load,
+    parse_since,
+    parse_until,
+)
+from overnight.jobs.ops.report.files import write
+from overnight.jobs.ops.report.html import render_html
+from overnight.jobs.ops.report.text import render_table
+
+__all__ = [
+    "FAILURES_SCHEMA",
+    "FORMATS",
+    "GROUPS",
+    "REPORT_SCHEMA",
+    "Report",
+    "Sources",
+    "build_report",
+    "load",
+    "parse_since",
+    "parse_until",
+    "render_html",
+    "render_table",
+    "write",
+]
