@@ -27,7 +27,7 @@ __all__ = [
     "REDACTION_TYPES",
     "REPORT_FORMATS",
     "REPORT_GROUPS",
-    "TUNE_TASKS",
+    "TUNE_KINDS",
     "WHISPER_TASKS",
 ]
 
@@ -49,7 +49,7 @@ DEFAULT_UTILIZATION = 0.9
 DEFAULT_HEADROOM = 0.2
 
 # overnight tune
-TUNE_TASKS = ("transcribe", "process")
+TUNE_KINDS = ("transcribe", "process")
 DEFAULT_TUNE_BUDGET = "10m"
 
 # overnight show: rows per dataset unless --limit says otherwise

@@ -50,7 +50,7 @@ def check_output(url: str, what: str = "the output") -> None:
     checks its destination).
     """
     loc = storage.resolve(url)
-    shown = storage.redact(url)
+    shown = storage.scrub_secrets(url)
     if loc.scheme != "file":
         _check_bucket(loc, what, shown)
         return
@@ -371,13 +371,13 @@ def _hub_failure(exc: BaseException, repo: str, what: str, names: str) -> ModelN
         network = (errors.HTTPError, errors.LocalEntryNotFoundError, ConnectionError, TimeoutError)
         if not isinstance(exc, network) and not isinstance(inner, network):
             return ModelNotFound(  # not the network: a full disk, an unwritable cache, ...
-                storage.redact(
+                storage.scrub_secrets(
                     f"cannot fetch {what} into the Hugging Face cache ({constants.HF_HUB_CACHE}): "
                     f"{cause[:300]}. " + _predownload(repo)
                 )
             )
     return ModelNotFound(
-        storage.redact(
+        storage.scrub_secrets(
             f"cannot fetch {what}: could not reach the Hugging Face hub at {endpoint} "
             f"({cause[:300]}), so whether that name exists could not be checked, and the local "
             "cache does not hold it. Check the network (or HF_ENDPOINT). " + _predownload(repo)

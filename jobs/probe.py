@@ -83,13 +83,17 @@ class Prober:
             )
         except (ProbeError, storage.Unreadable) as exc:
             out.update(
-                status="error", error_code=exc.code.value, error_message=storage.redact(str(exc))
+                status="error",
+                error_code=exc.code.value,
+                error_message=storage.scrub_secrets(str(exc)),
             )
         except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
             out.update(
                 status="error",
                 error_code=ErrorCode.FETCH_FAILED.value,
-                error_message=storage.redact(f"cannot read the object: {type(exc).__name__}"),
+                error_message=storage.scrub_secrets(
+                    f"cannot read the object: {type(exc).__name__}"
+                ),
             )
         out["probe_s"] = time.perf_counter() - t0
         return out
@@ -133,7 +137,7 @@ def probe_plan(spec: JobSpec) -> runner.JobPlan:
                 "max_bytes": max_bytes,
                 "allowed_input_prefixes": spec.job.allowed_input_prefixes,
             },
-            batch_size=16,
+            rows_per_call=16,
             # Each header's own read: finer than the batch of 16 the runner times.
             cost=Cost("probe", "probe", timed_by_worker=True),
         )
@@ -147,7 +151,7 @@ def probe_plan(spec: JobSpec) -> runner.JobPlan:
 
     def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         return {
-            "input": storage.redact(spec.job.input),
+            "input": storage.scrub_secrets(spec.job.input),
             "audio_hours": audio_hours(spec.job.output, [r["item_id"] for r in listing.items]),
             "skipped": listing.skipped,
             "skipped_examples": listing.skipped_examples,

@@ -293,7 +293,7 @@ def process_plan(
             accelerator_type=opts.accelerator_type,
             calls_per_actor=calls_per_actor,
             # A call is one manifest block: see rows_per_block below.
-            batch_size=None,
+            rows_per_call=None,
             cost=generate,
         )
         return runner.Build(
@@ -312,7 +312,7 @@ def process_plan(
     def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         return {
             "task": task_name,
-            "input": storage.redact(input_url),
+            "input": storage.scrub_secrets(input_url),
             "input_kind": input_kind,
             "skipped": listing.skipped,
             "skipped_examples": listing.skipped_examples,

@@ -83,7 +83,7 @@ def redact_batch(
                     row.update(
                         status="error",
                         error_code=ErrorCode.REDACTION_FAILED.value,
-                        error_message=storage.redact(
+                        error_message=storage.scrub_secrets(
                             f"redacted audio could not be made or written: "
                             f"{type(exc).__name__}: {exc}"
                         ),

@@ -257,7 +257,7 @@ def transcribe_plan(spec: JobSpec, *, dry: bool = False) -> runner.JobPlan:
             },
             accelerator_type=opts.accelerator_type,
             calls_per_actor=calls_per_actor,
-            batch_size=items_per_call,
+            rows_per_call=items_per_call,
             cost=Cost(
                 "transcribe",
                 "asr",
@@ -305,7 +305,7 @@ def transcribe_plan(spec: JobSpec, *, dry: bool = False) -> runner.JobPlan:
 
     def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         return {
-            "input": storage.redact(spec.job.input),
+            "input": storage.scrub_secrets(spec.job.input),
             "model": opts.model,
             "speech_seconds": round(sum(r["speech_s"] or 0.0 for r in rows), 3),
             "no_speech": sum(1 for r in rows if r["status"] == "ok" and not (r["speech_s"] or 0)),

@@ -174,11 +174,11 @@ def _main(argv: list[str] | None) -> int:
     try:
         return int(args.handler(args))
     except OvernightError as exc:
-        from overnight.jobs.dataset.storage import redact
+        from overnight.jobs.dataset.storage import scrub_secrets
         from overnight.jobs.run.console import printable
 
         # One line, whatever names the message quotes (a file name may hold a newline).
-        print(f"overnight: error: {printable(redact(str(exc)))}", file=sys.stderr)
+        print(f"overnight: error: {printable(scrub_secrets(str(exc)))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from overnight.jobs.choices import DEFAULT_TUNE_BUDGET, TUNE_TASKS
+from overnight.jobs.choices import DEFAULT_TUNE_BUDGET, TUNE_KINDS
 
 
 def add_parser(subparsers) -> None:
@@ -18,7 +18,14 @@ def add_parser(subparsers) -> None:
         "sample",
         help="folder, prefix or manifest of sample recordings (references alongside, optional)",
     )
-    p.add_argument("--task", choices=TUNE_TASKS, default="transcribe")
+    p.add_argument(
+        "--kind",
+        choices=TUNE_KINDS,
+        default="transcribe",
+        help="the job kind tuned (default: transcribe)",
+    )
+    # The flag's name until 2026-12: --task also names Whisper's and the LLM's tasks.
+    p.add_argument("--task", dest="kind", choices=TUNE_KINDS, help=argparse.SUPPRESS)
     p.add_argument(
         "--sla",
         required=True,
@@ -52,7 +59,7 @@ def handle(args: argparse.Namespace) -> int:
     from overnight.jobs.run.console import quiet_native_stderr
     from overnight.jobs.spec import read_job_file
 
-    sla = parse_sla(args.sla, args.task)
+    sla = parse_sla(args.sla, args.kind)
     out = args.out or f"tune-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
     # Each measurement is a job: the same terminal as `overnight transcribe` (Ray's C++
     # notices stay in its session logs).
@@ -60,7 +67,7 @@ def handle(args: argparse.Namespace) -> int:
         result = tune(
             args.sample,
             sla,
-            task=args.task,
+            kind=args.kind,
             grid=read_grid(args.grid) if args.grid else None,
             budget_s=parse_duration(args.budget, "--budget"),
             out=out,

@@ -152,7 +152,7 @@ def check_claim(dataset: storage.Location, token: str) -> None:
     if current.get("token") != token:
         raise Superseded(
             f"a later run ({current.get('run_id', 'unknown')}) took over "
-            f"{storage.redact(dataset.url())}; this run stopped before writing an item twice. "
+            f"{storage.scrub_secrets(dataset.url())}; this run stopped before writing an item twice. "
             "Its finished items are kept. Run one job per output at a time."
         )
 

@@ -230,7 +230,7 @@ def select_items(
             records.append(_record(dict(defaults or {}), o.uri, o.size, o.etag))
         if not records and skipped and selection is not None:
             raise InputNotFound(
-                f"input {storage.redact(input_url)!r} holds no {_KINDS.get(selection.kind, selection.kind)}: "
+                f"input {storage.scrub_secrets(input_url)!r} holds no {_KINDS.get(selection.kind, selection.kind)}: "
                 f"{sum(skipped.values())} skipped ({_reasons(skipped)}), e.g. "
                 f"{', '.join(examples[:3])}. --include GLOB takes other files ('*': every file)"
             )

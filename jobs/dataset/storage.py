@@ -52,7 +52,7 @@ _SECRET_PATTERNS = (
 )
 
 
-def redact(text: str) -> str:
+def scrub_secrets(text: str) -> str:
     """Remove credentials from a message: known secret values and key-like patterns."""
     for name in _SECRET_ENV:
         value = os.environ.get(name)
@@ -208,7 +208,7 @@ def with_retries(
             if isinstance(exc, _credential_errors()):
                 # Not transient, and not the item's fault: no object can be read this way.
                 raise StorageUnavailable(
-                    redact(
+                    scrub_secrets(
                         f"no credentials to {what}: {type(exc).__name__}: {exc}. Set "
                         "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, an instance "
                         "profile or IRSA; GOOGLE_APPLICATION_CREDENTIALS for gs://), then "
@@ -221,7 +221,7 @@ def with_retries(
             if attempt < attempts - 1:
                 time.sleep(base_delay_s * (2**attempt) * (0.5 + random.random()))
     raise StorageUnavailable(
-        redact(
+        scrub_secrets(
             f"storage unreachable while trying to {what} ({attempts} attempts): "
             f"{type(last).__name__}: {last}. Check the endpoint, network and credentials "
             "(AWS_* / GOOGLE_* environment), then rerun: finished items are kept."
@@ -290,7 +290,7 @@ def list_objects(url: str) -> list[ObjectInfo]:
     except FileNotFoundError:
         found = {}
     except PermissionError as exc:
-        raise StorageUnavailable(redact(f"permission denied listing {url}: {exc}")) from None
+        raise StorageUnavailable(scrub_secrets(f"permission denied listing {url}: {exc}")) from None
     if not found:
         try:
             info = with_retries(f"stat {url}", lambda: loc.fs.info(loc.path))

@@ -122,7 +122,7 @@ def dry_run(spec: JobSpec) -> dict[str, Any]:
     return {
         "dry_run": True,
         "kind": spec.job.kind,
-        "output": storage.redact(spec.job.output),
+        "output": storage.scrub_secrets(spec.job.output),
         "stages": stages,
     }
 

@@ -110,7 +110,7 @@ def to_txt(row: Mapping[str, Any]) -> str:
 def to_json(row: Mapping[str, Any]) -> str:
     doc = {
         "item_id": row["item_id"],
-        "source_uri": storage.redact(row["source_uri"]),
+        "source_uri": storage.scrub_secrets(row["source_uri"]),
         "language": row.get("language"),
         "duration_s": row.get("duration_s"),
         "text": row.get("text"),
@@ -174,7 +174,7 @@ def _check_destination(output: str, dest: str, config: storage.StorageConfig | N
         folder = to.path[len(top) :].split("/", 1)[0]
         if folder in _OUTPUT_FOLDERS or folder.startswith(("_", ".")):
             raise ConfigError(
-                f"DEST {storage.redact(dest)!r} is inside {folder}/ of OUTPUT, which overnight "
+                f"DEST {storage.scrub_secrets(dest)!r} is inside {folder}/ of OUTPUT, which overnight "
                 "owns: files there break the readers of its datasets. Choose a folder outside "
                 "them (e.g. OUTPUT/subtitles); nothing was written."
             )
@@ -229,7 +229,7 @@ def export(
     transcripts = storage.resolve(output.rstrip("/") + "/transcripts", config)
     if not storage.exists(transcripts):
         raise InputNotFound(
-            f"{storage.redact(output)!r} holds no transcripts/ dataset: is it the OUTPUT of "
+            f"{storage.scrub_secrets(output)!r} holds no transcripts/ dataset: is it the OUTPUT of "
             "an `overnight transcribe` run?"
         )
     _check_destination(output, dest, config)
@@ -241,7 +241,7 @@ def export(
         if plain:
             raise ConfigError(
                 f"--redacted-only: {len(plain)} of {len(rows)} transcripts in "
-                f"{storage.redact(output)!r} were not redacted (their job had no `redact`); "
+                f"{storage.scrub_secrets(output)!r} were not redacted (their job had no `redact`); "
                 "nothing was written. Transcribe them again with --redact, or export without "
                 "--redacted-only"
             )
@@ -270,7 +270,7 @@ def export(
     exported = {r["item_id"] for r in rows}
     return {
         "format": fmt,
-        "destination": storage.redact(dest),
+        "destination": storage.scrub_secrets(dest),
         "files": written,
         # items whose every row is an error row: nothing to export
         "items_without_transcript": len({r["item_id"] for r in all_rows} - exported),

@@ -26,7 +26,7 @@ chosen.
 
 A profile file (JSON)::
 
-    {"profile_version": 1, "task": "transcribe", "unit": "audio_s",
+    {"profile_version": 1, "kind": "transcribe", "unit": "audio_s",
      "configurations": [{"name": "...", "resource": "cpu", "units_per_worker": 1.0,
                          "throughput": 14.2, "price_per_unit_hour_usd": 0.0425,
                          "utilization": null, "other_cost_per_unit_usd": 1.2e-06,
@@ -110,7 +110,7 @@ class WorkerProfile:
     """One measured configuration: what one worker of it does per busy second, and its price."""
 
     name: str
-    task: str  # transcribe | process
+    kind: str  # transcribe | process
     unit: str  # audio_s | documents
     resource: str  # a price-table key: cpu, h100, ...
     units_per_worker: float  # GPUs or CPU cores one worker holds
@@ -390,12 +390,12 @@ def make_plan(
 
 
 def profile_document(
-    profiles: list[WorkerProfile], task: str, unit: str, **extra: Any
+    profiles: list[WorkerProfile], kind: str, unit: str, **extra: Any
 ) -> dict[str, Any]:
     """The JSON document ``load_profiles`` reads back."""
     return {
         "profile_version": PROFILE_VERSION,
-        "task": task,
+        "kind": kind,
         "unit": unit,
         **extra,
         "configurations": [asdict(p) for p in profiles],
@@ -412,7 +412,11 @@ def _from_document(doc: dict[str, Any], where: str) -> list[WorkerProfile]:
     known = set(WorkerProfile.__dataclass_fields__)
     out = []
     for i, conf in enumerate(doc["configurations"]):
-        data = {"task": doc.get("task", "transcribe"), "unit": doc.get("unit", "audio_s"), **conf}
+        data = {
+            "kind": doc.get("kind", doc.get("task", "transcribe")),
+            "unit": doc.get("unit", "audio_s"),
+            **conf,
+        }
         data = {k: v for k, v in data.items() if k in known}
         try:
             out.append(WorkerProfile(**data))
@@ -489,7 +493,7 @@ def profiles_from_runs(
         out.append(
             WorkerProfile(
                 name=name,
-                task="transcribe" if unit == "audio_s" else "process",
+                kind="transcribe" if unit == "audio_s" else "process",
                 unit=unit,
                 resource=str(resource or "cpu"),
                 units_per_worker=units,
@@ -525,7 +529,7 @@ def load_profiles(paths: list[str]) -> list[WorkerProfile]:
             raise InputNotFound(
                 f"{path!r} is neither a profile .json nor an output folder with runs/*.json summaries"
             )
-        out.extend(profiles_from_runs(summaries, source=storage.redact(path)))
+        out.extend(profiles_from_runs(summaries, source=storage.scrub_secrets(path)))
     return out
 
 
@@ -604,7 +608,7 @@ def adjust_profiles(
             out.append(
                 WorkerProfile(
                     name=f"{gpu} (stated {throughput:g}{'x' if unit == 'audio_s' else '/s'})",
-                    task="transcribe" if unit == "audio_s" else "process",
+                    kind="transcribe" if unit == "audio_s" else "process",
                     unit=unit,
                     resource=gpu,
                     units_per_worker=1.0,

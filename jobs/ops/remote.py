@@ -30,7 +30,7 @@ from typing import Any
 
 import tomli_w
 
-from overnight.jobs.dataset.storage import redact
+from overnight.jobs.dataset.storage import scrub_secrets
 from overnight.jobs.errors import ClusterJobFailed, ClusterUnreachable, ConfigError
 from overnight.jobs.spec import JobSpec, build_spec, read_job_file
 
@@ -124,7 +124,7 @@ def client(address: str | None):
         return JobSubmissionClient(url)
     except Exception as exc:  # ConnectionError, RuntimeError (version check), auth errors
         raise ClusterUnreachable(
-            redact(
+            scrub_secrets(
                 f"cannot reach the Ray Jobs API at {url}: {type(exc).__name__}: {str(exc)[:500]}. "
                 "Check the address (the head node's dashboard port, usually 8265), that the "
                 "cluster runs ray[default], and a port-forward or tunnel if you use one."
@@ -139,10 +139,10 @@ def _job_info(cl, submission_id: str):
     except RuntimeError as exc:
         if "404" in str(exc) or "does not exist" in str(exc):
             return None
-        raise ClusterUnreachable(redact(f"the Jobs API failed: {str(exc)[:1000]}")) from None
+        raise ClusterUnreachable(scrub_secrets(f"the Jobs API failed: {str(exc)[:1000]}")) from None
     except OSError as exc:  # requests' ConnectionError: the head went away
         raise ClusterUnreachable(
-            redact(f"lost the Ray Jobs API: {type(exc).__name__}: {str(exc)[:500]}")
+            scrub_secrets(f"lost the Ray Jobs API: {type(exc).__name__}: {str(exc)[:500]}")
         ) from None
 
 
@@ -167,11 +167,11 @@ def _submit_once(
         if "already exists" in str(exc):
             return None
         raise ClusterUnreachable(
-            redact(f"the cluster refused the job: {str(exc)[:1000]}")
+            scrub_secrets(f"the cluster refused the job: {str(exc)[:1000]}")
         ) from None
     except OSError as exc:  # requests' ConnectionError
         raise ClusterUnreachable(
-            redact(f"lost the Ray Jobs API: {type(exc).__name__}: {str(exc)[:500]}")
+            scrub_secrets(f"lost the Ray Jobs API: {type(exc).__name__}: {str(exc)[:500]}")
         ) from None
     return Submitted(submission_id, metadata["run_id"], "PENDING", created=True)
 
@@ -230,7 +230,7 @@ def submit(
                     spec.run_id,
                     status,
                     created=False,
-                    message=redact(str(getattr(existing, "message", "") or "")),
+                    message=scrub_secrets(str(getattr(existing, "message", "") or "")),
                 )
         raise ClusterJobFailed(
             f"{base_id}: every retry up to {base_id}-retry{_MAX_RETRIES} has failed; "
@@ -274,7 +274,7 @@ def status(address: str | None, submission_id: str) -> dict[str, Any]:
     return {
         "submission_id": info.submission_id,
         "status": _status_text(info),
-        "message": redact(info.message or ""),
+        "message": scrub_secrets(info.message or ""),
         "start_time": when(info.start_time),
         "end_time": when(info.end_time),
         "entrypoint": info.entrypoint,
@@ -288,9 +288,11 @@ def logs(address: str | None, submission_id: str) -> str:
     if _job_info(cl, submission_id) is None:
         raise ConfigError(f"no job with submission id {submission_id!r} on this cluster")
     try:
-        return redact(cl.get_job_logs(submission_id))
+        return scrub_secrets(cl.get_job_logs(submission_id))
     except (RuntimeError, OSError) as exc:
-        raise ClusterUnreachable(redact(f"cannot read the job's logs: {str(exc)[:500]}")) from None
+        raise ClusterUnreachable(
+            scrub_secrets(f"cannot read the job's logs: {str(exc)[:500]}")
+        ) from None
 
 
 def follow_logs(address: str | None, submission_id: str, out=None) -> None:
@@ -301,7 +303,7 @@ def follow_logs(address: str | None, submission_id: str, out=None) -> None:
 
     async def tail() -> None:
         async for chunk in cl.tail_job_logs(submission_id):
-            out.write(redact(chunk))
+            out.write(scrub_secrets(chunk))
             out.flush()
 
     asyncio.run(tail())

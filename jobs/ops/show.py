@@ -121,7 +121,7 @@ def _clock(seconds: float | None) -> str:
 def locate(output: str) -> list[tuple[str, storage.Location]]:
     """The result datasets of ``output`` (OUTPUT, or OUTPUT/transcripts or OUTPUT/results
     itself); ``InputNotFound`` when it holds none."""
-    shown = storage.redact(output)
+    shown = storage.scrub_secrets(output)
     try:
         loc = storage.resolve(output)
         found = [
@@ -229,7 +229,7 @@ def read(output: str, selection: Selection) -> dict[str, tuple[list[dict[str, An
     if not any(rows for rows, _ in out.values()):
         held = ", ".join(f"{total} {name}" for name, (_, total) in out.items())
         raise InputNotFound(
-            f"nothing in {storage.redact(output)!r} matches {selection.describe()} ({held})"
+            f"nothing in {storage.scrub_secrets(output)!r} matches {selection.describe()} ({held})"
         )
     return out
 

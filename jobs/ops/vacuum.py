@@ -199,7 +199,7 @@ def _remove_partitions(
     dataset: storage.Location, before: date, done: Vacuumed, dry_run: bool
 ) -> None:
     for loc in _partitions(dataset, before):
-        done.partitions.append(storage.redact(loc.url()))
+        done.partitions.append(storage.scrub_secrets(loc.url()))
         if not dry_run:
             _remove_tree(loc)
 

@@ -232,14 +232,16 @@ def fetch_item(
         row.update(
             status="error",
             error_code=exc.code.value,
-            error_message=storage.redact(f"cannot read {row['uri']}: {exc}"),
+            error_message=storage.scrub_secrets(f"cannot read {row['uri']}: {exc}"),
         )
         return None
     except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
         row.update(
             status="error",
             error_code=ErrorCode.FETCH_FAILED.value,
-            error_message=storage.redact(f"cannot read the object: {type(exc).__name__}: {exc}"),
+            error_message=storage.scrub_secrets(
+                f"cannot read the object: {type(exc).__name__}: {exc}"
+            ),
         )
         return None
     finally:
@@ -476,7 +478,7 @@ def execute(
         if isinstance(inner, load_errors):
             raise ModelNotFound(str(inner)) from None
         raise EngineFailed(
-            storage.redact(
+            storage.scrub_secrets(
                 f"the pipeline failed: {type(inner).__name__}: {str(inner)[:2000]}. Finished items "
                 "are committed; fix the cause and rerun the same command to resume."
             )

@@ -276,7 +276,7 @@ def run(plan: JobPlan) -> dict[str, Any]:
         prices=plan.spec.prices,
         extra={
             **plan.summary(rows),
-            "output": storage.redact(job.output),
+            "output": storage.scrub_secrets(job.output),
             "device": device,
             "duplicates_removed": repaired,
             "errors_retried": claimed.retried,
@@ -381,7 +381,7 @@ def _chain(
             "after": tuple(s for s in stages if s.placement == "after"),
         },
         batch_format="pyarrow",
-        batch_size=model.batch_size,
+        batch_size=model.rows_per_call,
         # Several calls at once per actor: the worker batches their work together, so the
         # model starts on the first rows instead of waiting for a whole big call.
         compute=ray.data.ActorPoolStrategy(
@@ -401,7 +401,7 @@ def _map_tasks(ds: Any, stages: Sequence[Stage]) -> Any:
             run_task,
             fn_kwargs={"stage": stage},
             batch_format="pyarrow",
-            batch_size=stage.batch_size,
+            batch_size=stage.rows_per_call,
             **stage.resources(),
         )
     return ds

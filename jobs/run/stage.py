@@ -60,7 +60,7 @@ class Stage:
     num_cpus, num_gpus, accelerator_type: what each task or actor holds.
     actors: the model stage's pool size.
     calls_per_actor: actor calls in flight at once (their work batched together inside).
-    batch_size: rows per call; None: one manifest block per task.
+    rows_per_call: rows per call (Ray Data's batch_size, not the model's batch); None: one manifest block per task.
     cost: its ledger stage, and the seconds, resource and units the runner writes into its
     output for it (those of its columns that ``produces`` declares); None: not priced.
     """
@@ -76,7 +76,7 @@ class Stage:
     accelerator_type: str | None = None
     actors: int | None = None
     calls_per_actor: int = 1
-    batch_size: int | None = None
+    rows_per_call: int | None = None
     cost: Cost | None = None
 
     def __post_init__(self) -> None:
@@ -103,7 +103,7 @@ class Stage:
         kwargs: Mapping[str, Any],
         accelerator_type: str | None = None,
         calls_per_actor: int = 1,
-        batch_size: int | None = None,
+        rows_per_call: int | None = None,
         cost: Cost | None = None,
     ) -> Stage:
         """The model stage: an actor pool of the sized pool's shape (actors, CPUs, GPUs)."""
@@ -119,7 +119,7 @@ class Stage:
             accelerator_type=accelerator_type,
             actors=pool.actors,
             calls_per_actor=calls_per_actor,
-            batch_size=batch_size,
+            rows_per_call=rows_per_call,
             cost=cost,
         )
 

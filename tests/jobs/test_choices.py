@@ -87,4 +87,4 @@ def test_report_and_tune_offer_what_their_libraries_take():
 
     assert tuple(_flag("report", "--by").choices) == report.GROUPS
     assert tuple(_flag("report", "--format").choices) == report.FORMATS
-    assert tuple(_flag("tune", "--task").choices) == tune.TASKS
+    assert tuple(_flag("tune", "--kind").choices) == tune.KINDS

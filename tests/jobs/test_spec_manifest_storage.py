@@ -138,7 +138,7 @@ def test_listing_skips_hidden_and_bookkeeping_files_and_an_empty_input_is_an_err
 
 def test_redact_removes_secret_values_and_key_shaped_strings(monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "sup3r-s3cret-value")
-    text = storage.redact(
+    text = storage.scrub_secrets(
         "failed with sup3r-s3cret-value and AKIAABCDEFGHIJKLMNOP at https://x/?X-Amz-Signature=abc123&y=1 password=hunter2"
     )
     assert "sup3r-s3cret-value" not in text and "AKIAABCDEFGHIJKLMNOP" not in text

@@ -349,7 +349,7 @@ def test_tune_process_measures_the_document_job_on_the_real_smollm2_model(tmp_pa
     result = tune(
         str(docs),
         parse_sla("deadline=6h,backlog_documents=100000,max_error_increase=0.5", "process"),
-        task="process",
+        kind="process",
         grid=grid,
         base=base,
         budget_s=300,
@@ -366,7 +366,7 @@ def test_tune_process_measures_the_document_job_on_the_real_smollm2_model(tmp_pa
     assert spec.job.kind == "process" and spec.process.task == "classify"
     assert (spec.process.compute_type, spec.process.max_batch_size) == ("int8", 4)
     [profile] = load_profiles([str(tmp_path / "out" / "profile.json")])
-    assert profile.unit == "documents" and profile.task == "process"
+    assert profile.unit == "documents" and profile.kind == "process"
     plan = make_plan([profile], 100000.0, "documents", 6 * 3600.0)
     assert plan.cheapest is not None
     assert plan.cheapest.workers == result.decision.chosen.option.workers

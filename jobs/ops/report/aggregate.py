@@ -80,7 +80,7 @@ def load(
         if loc.url() in seen:
             continue
         seen.add(loc.url())
-        shown.append(storage.redact(url))
+        shown.append(storage.scrub_secrets(url))
         costs = read_results(loc.join("costs"), [*COSTS.names, PARTITION], dates=dates)
         found = costs is not None
         if costs is not None and costs.num_rows:
@@ -95,7 +95,7 @@ def load(
             summaries[s["run_id"]] = s
         if not found:
             raise InputNotFound(
-                f"{storage.redact(url)!r} holds no costs/, transcripts/, results/ or runs/"
+                f"{storage.scrub_secrets(url)!r} holds no costs/, transcripts/, results/ or runs/"
             )
     ledger = pa.concat_tables(ledgers, promote_options="default") if ledgers else _empty_ledger()
     before = ledger.num_rows

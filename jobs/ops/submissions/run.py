@@ -134,7 +134,7 @@ def process_one(
     ``echo`` gets a line (credentials redacted) when a submission starts, fails or is rejected."""
 
     def say(text: str) -> None:
-        echo(f"[submissions] {storage.redact(text)}")
+        echo(f"[submissions] {storage.scrub_secrets(text)}")
 
     tenant = config.tenants[name]
     try:
@@ -172,7 +172,7 @@ def process_one(
     except Rejected as exc:
         say(f"{name}/{sid}: rejected: {exc}")
         return store.put(
-            {**base, "status": REJECTED, "reason": storage.redact(str(exc)), "recordings": 0}
+            {**base, "status": REJECTED, "reason": storage.scrub_secrets(str(exc)), "recordings": 0}
         )
 
     out = output_for(tenant, sid)
@@ -208,7 +208,7 @@ def process_one(
                 **record,
                 "status": FAILED,
                 "attempts": attempt - 1,
-                "reason": storage.redact(f"not run: {exc}")[:2000],
+                "reason": storage.scrub_secrets(f"not run: {exc}")[:2000],
             }
         )
         raise ModelNotFound(
@@ -221,7 +221,9 @@ def process_one(
         # other tenants' submissions still run. Only storage that is down stops them all.
         reason = str(exc) if isinstance(exc, OvernightError) else f"{type(exc).__name__}: {exc}"
         say(f"{name}/{sid}: failed: {reason}")
-        return store.put({**record, "status": FAILED, "reason": storage.redact(reason)[:2000]})
+        return store.put(
+            {**record, "status": FAILED, "reason": storage.scrub_secrets(reason)[:2000]}
+        )
     return store.put(
         {
             **record,
@@ -325,7 +327,7 @@ def add(config: TenantsConfig, tenant: str, manifest: str) -> dict:
                 "received_at": _now(),
                 "attempts": 0,
                 "status": REJECTED,
-                "reason": storage.redact(str(exc)),
+                "reason": storage.scrub_secrets(str(exc)),
                 "recordings": 0,
             }
         )

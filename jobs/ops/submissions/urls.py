@@ -50,7 +50,7 @@ def shown(uri: str, limit: int = 160) -> str:
     """A URI as it may appear in messages: no user-info, no control characters, redacted."""
     text = re.sub(r"(?<=://)[^/@]*@", "***@", str(uri))
     text = "".join(ch if ch.isprintable() else "?" for ch in text)
-    text = storage.redact(text)
+    text = storage.scrub_secrets(text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -1,9 +1,9 @@
 """SLA-driven tuning: measure a grid of configurations on a sample, pick the cheapest that meets it.
 
-``overnight tune SAMPLE --task transcribe --sla "deadline=6h,backlog_hours=2000,max_wer_increase=0.01"
+``overnight tune SAMPLE --kind transcribe --sla "deadline=6h,backlog_hours=2000,max_wer_increase=0.01"
 [--grid FILE] [--budget 10m] [--config JOBFILE] [--out DIR]``
 
-``--task process`` tunes the document job the same way: the grid sets ``[process]`` options
+``--kind process`` tunes the document job the same way: the grid sets ``[process]`` options
 (default: compute type {int8, float32} x ``max_batch_size`` {4, 32} with CTranslate2 on CPU;
 ``max_num_seqs`` {64, 256} x ``max_num_batched_tokens`` {8192, 16384} with vLLM on GPU;
 ``max_new_tokens``, ``model`` and quantized models go in a grid file), the job file's
@@ -61,7 +61,7 @@ The package, in the order above: ``sla``, ``grid``, ``measure``, ``accuracy``, `
 """
 
 from overnight.jobs.choices import DEFAULT_TUNE_BUDGET as DEFAULT_BUDGET
-from overnight.jobs.choices import TUNE_TASKS as TASKS
+from overnight.jobs.choices import TUNE_KINDS as KINDS
 from overnight.jobs.ops.tune.accuracy import (
     accuracy_rank,
     corpus_wer,
@@ -96,11 +96,11 @@ __all__ = [
     "CPU_GRID",
     "DEFAULT_BUDGET",
     "GPU_GRID",
+    "KINDS",
     "PROCESS_CPU_GRID",
     "PROCESS_GPU_GRID",
     "PROCESS_VLLM_CPU_GRID",
     "SLA",
-    "TASKS",
     "Candidate",
     "Context",
     "Decision",

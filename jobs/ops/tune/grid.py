@@ -1,4 +1,4 @@
-"""The grid of configurations a tuning measures: defaults per device and task, or a grid file."""
+"""The grid of configurations a tuning measures: defaults per device and kind, or a grid file."""
 
 from __future__ import annotations
 
@@ -69,8 +69,8 @@ def _names(configs: list[dict[str, Any]]) -> list[Candidate]:
     return out
 
 
-def default_grid(device: str, task: str = "transcribe", backend: str = "auto") -> list[Candidate]:
-    if task == "process":
+def default_grid(device: str, kind: str = "transcribe", backend: str = "auto") -> list[Candidate]:
+    if kind == "process":
         if device == "cuda":
             return _names(_cross(PROCESS_GPU_GRID))
         if backend == "auto":

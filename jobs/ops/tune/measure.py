@@ -61,10 +61,10 @@ class Measurement:
             return None
         return self.sample_cost_usd / (self.work / 60.0 if self.unit == "audio_s" else self.work)
 
-    def profile(self, task: str, hardware: str, source: str) -> WorkerProfile:
+    def profile(self, kind: str, hardware: str, source: str) -> WorkerProfile:
         return WorkerProfile(
             name=self.name,
-            task=task,
+            kind=kind,
             unit=self.unit,
             resource=self.resource,
             units_per_worker=self.units_per_worker,
@@ -99,12 +99,12 @@ class Context:
     stamp: str
     device: str
     address: str | None = None
-    task: str = "transcribe"
+    kind: str = "transcribe"
 
 
 def _reason(exc: BaseException) -> str:
     """The line of a (possibly Ray-wrapped) failure that says what went wrong."""
-    text = storage.redact(str(exc))
+    text = storage.scrub_secrets(str(exc))
     for pattern in (
         r"ModelLoadError: (.+)",
         r"(Requested \S+ compute type.+)",

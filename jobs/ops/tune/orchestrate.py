@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from overnight.jobs.choices import TUNE_TASKS as TASKS
+from overnight.jobs.choices import TUNE_KINDS as KINDS
 from overnight.jobs.dataset import storage
 from overnight.jobs.errors import ConfigError
 from overnight.jobs.ops.tune.accuracy import (
@@ -76,14 +76,14 @@ def _hardware(device: str, resource: str) -> str:
 
 
 def _sample_input(
-    sample: str, workdir: storage.Location, max_items: int | None, task: str = "transcribe"
+    sample: str, workdir: storage.Location, max_items: int | None, kind: str = "transcribe"
 ) -> tuple[str, int, dict[str, str]]:
     """The sample as a manifest of its items, and the references a manifest's ``reference``
     column holds. Reference files are left out; for transcription also notes and tables
     (anything not audio); for documents a transcripts dataset is used as it is."""
     from overnight.jobs.dataset.manifest import is_manifest, records_from_manifest
 
-    if task == "process" and not is_manifest(sample):
+    if kind == "process" and not is_manifest(sample):
         from overnight.jobs.documents import transcripts_dataset
 
         transcripts = transcripts_dataset(sample)
@@ -114,13 +114,13 @@ def _sample_input(
             {"uri": o.uri}
             for o in storage.list_objects(sample)
             if not _is_reference_file(o.uri)
-            and (task == "process" or not o.uri.lower().endswith(_NOT_MEDIA))
+            and (kind == "process" or not o.uri.lower().endswith(_NOT_MEDIA))
         ]
     if max_items is not None:
         rows = rows[:max_items]
     refs = {_item_key(r["uri"]): str(r.pop("reference")) for r in rows if r.get("reference")}
     if not rows:
-        raise ConfigError(f"the sample {storage.redact(sample)!r} holds nothing to {task}")
+        raise ConfigError(f"the sample {storage.scrub_secrets(sample)!r} holds nothing to {kind}")
     loc = workdir.join("sample.jsonl")
     storage.write_bytes_atomic(loc, "".join(json.dumps(r) + "\n" for r in rows).encode())
     return loc.url(), len(rows), refs
@@ -130,7 +130,7 @@ def tune(
     sample: str,
     sla: SLA,
     *,
-    task: str = "transcribe",
+    kind: str = "transcribe",
     grid: list[Candidate] | None = None,
     budget_s: float = 600.0,
     out: str = "tune-output",
@@ -143,8 +143,8 @@ def tune(
     echo: Callable[[str], None] | None = None,
 ) -> TuneResult:
     """Measure the grid on the sample within the budget, decide, write the outputs."""
-    if task not in TASKS:
-        raise ConfigError(f"--task {task!r}: choose one of {', '.join(TASKS)}")
+    if kind not in KINDS:
+        raise ConfigError(f"--kind {kind!r}: choose one of {', '.join(KINDS)}")
     started = clock()
     say = echo or (lambda _line: None)
     workdir = storage.resolve(out)
@@ -156,21 +156,21 @@ def tune(
         from overnight.workers.devices import resolve_device
 
         ensure_ray(address)
-        wanted = (base.get(task) or {}).get("device", "auto")
+        wanted = (base.get(kind) or {}).get("device", "auto")
         device = resolve_device(wanted, cluster_has_gpu)
     backend = str((base.get("process") or {}).get("backend", "auto"))
-    candidates = grid if grid is not None else default_grid(device, task, backend)
+    candidates = grid if grid is not None else default_grid(device, kind, backend)
     if not candidates:
         raise ConfigError("the grid is empty")
     for c in candidates:  # validate every configuration before running any
         try:
             build_spec(
-                base, {"job": {"kind": task, "input": sample, "output": out}, task: c.options}
+                base, {"job": {"kind": kind, "input": sample, "output": out}, kind: c.options}
             )
         except ConfigError as exc:
             raise ConfigError(f"grid configuration {c.name!r}: {exc}") from None
     refs, ref_source = read_references(sample, references)
-    sample_input, n_items, manifest_refs = _sample_input(sample, workdir, max_items, task)
+    sample_input, n_items, manifest_refs = _sample_input(sample, workdir, max_items, kind)
     if manifest_refs:
         refs, ref_source = {**refs, **manifest_refs}, "the manifest's reference column"
     ctx = Context(
@@ -180,14 +180,14 @@ def tune(
         datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ"),
         device,
         address,
-        task,
+        kind,
     )
     order = list(range(len(candidates)))
     if not refs:  # the reference configuration must be measured first
         order.sort(key=lambda i: tuple(-x for x in accuracy_rank(candidates[i].options)))
     results: dict[int, Measurement] = {}
     durations: list[float] = []
-    run = runner or (measure_transcribe if task == "transcribe" else measure_process)
+    run = runner or (measure_transcribe if kind == "transcribe" else measure_process)
     for i in order:
         c = candidates[i]
         left = budget_s - (clock() - started)
@@ -221,5 +221,5 @@ def tune(
     resource = next((m.resource for m in measurements if m.status == "ok"), "cpu")
     hardware = _hardware(device, resource)
     result = TuneResult(decision, measurements, n_items, clock() - started, budget_s, {}, hardware)
-    result.files = write_outputs(result, workdir, sample, base, task)
+    result.files = write_outputs(result, workdir, sample, base, kind)
     return result

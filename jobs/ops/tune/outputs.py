@@ -28,12 +28,12 @@ def _toml_value(value: Any) -> str:
     return tomli_w.dumps({"v": value}).split("=", 1)[1].strip()
 
 
-def chosen_toml(result: TuneResult, sample: str, base: dict[str, Any], task: str) -> str:
+def chosen_toml(result: TuneResult, sample: str, base: dict[str, Any], kind: str) -> str:
     """The chosen configuration as a job spec (the job file's sections, the chosen options on top)."""
     d = result.decision
     assert d.chosen is not None and d.chosen.option is not None  # only called with a choice
     m, o = d.chosen.measurement, d.chosen.option
-    section = {**(base.get(task) or {}), **m.options, **m.effective}
+    section = {**(base.get(kind) or {}), **m.options, **m.effective}
     # A plan's worker is one model worker; an actor runs model_workers of them at once.
     per_actor = int(section.get("model_workers") or 1)
     actors = max(1, -(-(o.workers or 1) // per_actor))
@@ -51,17 +51,17 @@ def chosen_toml(result: TuneResult, sample: str, base: dict[str, Any], task: str
         f"{metric} {m.wer:.3f} against {d.accuracy_basis}",
         f"# plan: {o.workers} workers of {m.units_per_worker:g} x {m.resource} finish the backlog in "
         f"{fmt_duration(o.finish_s or 0)}, ${o.cost_usd:,.2f} ({per_unit})",
-        f"# Run the backlog: overnight {task} INPUT OUTPUT --config chosen.toml --actors {actors}",
+        f"# Run the backlog: overnight {kind} INPUT OUTPUT --config chosen.toml --actors {actors}",
         f"# ({o.workers} workers: actors of {per_actor} model worker(s) each, on a cluster that "
         "has them; see `overnight plan`)",
         "",
         "[job]",
-        f'kind = "{task}"',
-        f"input = {_toml_value(storage.redact(sample))}  # replace with the backlog",
+        f'kind = "{kind}"',
+        f"input = {_toml_value(storage.scrub_secrets(sample))}  # replace with the backlog",
         'output = "overnight-output"  # replace with the output',
     ]
     for name, values in (("transcribe", base.get("transcribe")), ("process", base.get("process"))):
-        values = section if name == task else values
+        values = section if name == kind else values
         if values:
             lines += ["", f"[{name}]"] + [
                 f"{k} = {_toml_value(v)}" for k, v in values.items() if v is not None
@@ -73,21 +73,21 @@ def chosen_toml(result: TuneResult, sample: str, base: dict[str, Any], task: str
 
 
 def write_outputs(
-    result: TuneResult, out: storage.Location, sample: str, base: dict[str, Any], task: str
+    result: TuneResult, out: storage.Location, sample: str, base: dict[str, Any], kind: str
 ) -> dict[str, str]:
     d = result.decision
     files = {}
-    source = f"overnight tune on {storage.redact(sample)} ({result.sample_items} items)"
+    source = f"overnight tune on {storage.scrub_secrets(sample)} ({result.sample_items} items)"
     profiles = []
     for r in d.rows:
         if r.option is None:
             continue
-        p = r.measurement.profile(task, result.hardware, source)
+        p = r.measurement.profile(kind, result.hardware, source)
         accuracy = {**p.accuracy, "allowed_wer": d.allowed_wer, "acceptable": r.meets_accuracy}
         profiles.append(replace(p, accuracy=accuracy))
     doc = profile_document(
         profiles,
-        task,
+        kind,
         d.sla.unit,
         chosen=d.chosen.measurement.name if d.chosen else None,
         measured_at=datetime.now(UTC).isoformat(),
@@ -108,7 +108,7 @@ def write_outputs(
     files["measurements"] = loc.url()
     if d.chosen is not None:
         loc = out.join("chosen.toml")
-        storage.write_bytes_atomic(loc, chosen_toml(result, sample, base, task).encode())
+        storage.write_bytes_atomic(loc, chosen_toml(result, sample, base, kind).encode())
         files["chosen"] = loc.url()
     return files
 

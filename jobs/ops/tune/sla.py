@@ -68,7 +68,7 @@ _SLA_KEYS = {
 }
 
 
-def parse_sla(text: str, task: str = "transcribe") -> SLA:
+def parse_sla(text: str, kind: str = "transcribe") -> SLA:
     """``"deadline=6h,backlog_hours=2000,max_wer_increase=0.01[,max_workers=8]"``."""
     values: dict[str, str] = {}
     for part in (p.strip() for p in text.split(",")):
@@ -92,16 +92,16 @@ def parse_sla(text: str, task: str = "transcribe") -> SLA:
 
     if "deadline" not in values:
         raise ConfigError("--sla needs deadline=DURATION (e.g. deadline=6h)")
-    if task == "transcribe":
+    if kind == "transcribe":
         if "backlog_hours" not in values:
             raise ConfigError(
-                "--sla needs backlog_hours=N for --task transcribe (hours of audio per run)"
+                "--sla needs backlog_hours=N for --kind transcribe (hours of audio per run)"
             )
         backlog, unit = number("backlog_hours") * 3600.0, "audio_s"
     else:
         key = "backlog_documents" if "backlog_documents" in values else "documents"
         if key not in values:
-            raise ConfigError("--sla needs backlog_documents=N for --task process")
+            raise ConfigError("--sla needs backlog_documents=N for --kind process")
         backlog, unit = number(key), "documents"
     if backlog <= 0:
         raise ConfigError("--sla: the backlog must be larger than zero")
