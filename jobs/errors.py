@@ -2,7 +2,7 @@
 
 Per-item problems never raise; they become error rows (``schemas.errors``). These stop a
 job; the CLI catches ``OvernightError`` once and exits with its ``exit_code``. Each cause has
-its own code (README, "Exit status"); ``tests/jobs/test_cli_messages.py`` checks they differ.
+its own code (README, "Exit status"); ``tests/jobs/cli/test_cli_messages.py`` checks they differ.
 """
 
 

@@ -57,7 +57,7 @@ def best_time(fn, data: bytes, password: str, repeat: int) -> tuple[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("docs", nargs="?", type=Path, default=DEFAULT_DOCS)
-    # The shared encrypted sample's user password (tests/workers/test_text.py uses it too).
+    # The shared encrypted sample's user password (tests/workers/text/test_text.py uses it too).
     parser.add_argument("--password", default="openpassword")
     parser.add_argument("--repeat", type=int, default=5, help="passes per file; the best counts")
     args = parser.parse_args()

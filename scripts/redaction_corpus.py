@@ -1,6 +1,6 @@
 """The redaction corpus: synthesized two-channel calls (agent left, customer right) with known
 PII, and clean calls with innocent numbers, plus the scoring rule. Used by
-``scripts/eval_redaction.py`` and by tests/workers/test_redaction_corpus.py.
+``scripts/eval_redaction.py`` and by tests/workers/redact/test_redaction_corpus.py.
 
 Every call is made from seeded templates (``build_corpus(seed)``): the same seed, the same
 calls. A PII call carries one to three entities, each with its ground-truth value: the digits

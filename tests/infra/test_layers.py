@@ -216,3 +216,26 @@ def test_every_package_is_checked():
     linked = {p.name for p in (REPO / "overnight").iterdir() if p.is_dir()}
     assert linked == set(PACKAGES), linked
     assert len(_sources()) > 50
+
+
+def test_tests_mirror_the_source_tree():
+    """Each folder of tests/jobs, tests/workers and tests/schemas is the test folder of the
+    source package at the same place (tests/jobs/run/ tests jobs/run/), and each source
+    subpackage with tests of its own has its folder: a newcomer finds a module's tests by
+    its path."""
+    stray = [
+        str(d.relative_to(REPO))
+        for package in PACKAGES
+        for d in (REPO / "tests" / package).rglob("*")
+        if d.is_dir()
+        and d.name != "__pycache__"
+        and not (REPO / d.relative_to(REPO / "tests")).is_dir()
+    ]
+    assert not stray, f"test folders with no source package at their place: {stray}"
+    missing_init = [
+        str(d.relative_to(REPO))
+        for package in PACKAGES
+        for d in [REPO / "tests" / package, *(REPO / "tests" / package).rglob("*")]
+        if d.is_dir() and d.name != "__pycache__" and not (d / "__init__.py").exists()
+    ]
+    assert not missing_init, f"test folders that are not packages: {missing_init}"

@@ -12,7 +12,7 @@ import pytest
 from overnight.jobs.cli import main
 from overnight.jobs.ops.demo import espeak_available, noise, stereo_dialogue, write_wav
 from tests.conftest import LoopbackProxy, upload_folder
-from tests.jobs.test_cli_messages import assert_one_clean_paragraph
+from tests.jobs.cli.test_cli_messages import assert_one_clean_paragraph
 
 
 @pytest.fixture

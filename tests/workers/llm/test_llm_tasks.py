@@ -29,7 +29,7 @@ from overnight.workers.llm.tasks.run import run_task
 from overnight.workers.llm.tasks.schemas import conform, validate
 from overnight.workers.llm.tasks.spec import TaskInput, TaskSpec, TaskSpecError
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 NAME_AMOUNT = {
     "type": "object",
     "properties": {"name": {"type": "string"}, "amount": {"type": "number"}},

@@ -530,7 +530,7 @@ def test_report_over_a_backfilled_nights_date_counts_its_items_and_cost(tmp_path
     """A backfill runs today for an older night (``[job] run_date``): its rows are recorded
     today and still belong to that night, in the report as in the partitions."""
     from overnight.jobs.ops.demo import noise, write_wav
-    from tests.jobs.test_layout import transcribe
+    from tests.jobs.dataset.test_layout import transcribe
 
     calls = tmp_path / "calls"
     calls.mkdir()

@@ -28,7 +28,7 @@ from overnight.workers.llm.prepare import (
 )
 from tests.conftest import loaded_by
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _conv(question: str) -> list[dict[str, str]]:

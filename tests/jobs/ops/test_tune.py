@@ -31,7 +31,7 @@ def sample(tmp_path, request) -> Path:
     """A manifest of real recordings with a `reference` column: LibriSpeech clips from
     ../shared/data when present, else calls synthesized by espeak-ng."""
     rows = []
-    shared = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "audio"
+    shared = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "audio"
     if shared.is_dir():
         refs = dict(
             line.split("\t", 1)

@@ -1,6 +1,6 @@
 """The redaction contract on transcripts rows shaped as the Whisper worker writes them (the
 spellings below are tiny.en's, seen on synthesized calls); the real model end to end is
-tests/workers/test_redaction_corpus.py."""
+tests/workers/redact/test_redaction_corpus.py."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from overnight.schemas.errors import ERROR_CODES
 from overnight.workers.text import KINDS, InvalidTextOptions, TextOptions, TextResult, extract_text
 from overnight.workers.text import sandbox as text_module
 
-DOCS = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "docs"
+DOCS = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "docs"
 
 
 def shared_doc(name: str) -> bytes:
