@@ -1,1 +1,48 @@
-"""Speaker diarization of mono recordings (issue #37)."""
+"""Speaker diarization of mono recordings (issue #37): who spoke when, their words, roles and
+call analytics, on CPU with numpy only.
+
+- ``prepare``: the GE2E speaker encoder's weights, read out of the ``resemblyzer`` wheel into
+  overnight's model cache once at install (no torch).
+- ``encoder``: the encoder in numpy (mel front end, LSTM), equal to resemblyzer's to 1e-4.
+- ``cluster``: spectral (NME-SC) and agglomerative clustering of window embeddings.
+- ``diarize``: ``Diarizer`` (audio + VAD speech regions → speaker turns).
+- ``assign``: words → speakers, segment splitting, mono call analytics, first-speaker roles.
+"""
+
+from overnight.workers.diarize.assign import (
+    OVERTALK_UNMEASURED,
+    assign_speakers,
+    dialogue_text,
+    first_speaker_roles,
+    mono_call_analytics,
+    relabel,
+)
+from overnight.workers.diarize.diarize import (
+    Diarization,
+    DiarizeOptions,
+    Diarizer,
+    Turn,
+    region_mels,
+)
+from overnight.workers.diarize.prepare import (
+    DiarizerModelMissing,
+    encoder_path,
+    prepare_encoder,
+)
+
+__all__ = [
+    "OVERTALK_UNMEASURED",
+    "Diarization",
+    "DiarizeOptions",
+    "Diarizer",
+    "DiarizerModelMissing",
+    "Turn",
+    "assign_speakers",
+    "dialogue_text",
+    "encoder_path",
+    "first_speaker_roles",
+    "mono_call_analytics",
+    "prepare_encoder",
+    "region_mels",
+    "relabel",
+]

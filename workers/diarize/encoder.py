@@ -26,7 +26,7 @@ NORM_TARGET_DBFS = -30.0
 _INT16_MAX = 2**15 - 1
 
 
-def _hz_to_mel(hz: np.ndarray) -> np.ndarray:
+def _hz_to_mel(hz: np.ndarray | float) -> np.ndarray:
     """Slaney's mel scale (librosa ``hz_to_mel(htk=False)``): linear below 1 kHz, log above."""
     hz = np.asarray(hz, dtype=np.float64)
     f_sp = 200.0 / 3

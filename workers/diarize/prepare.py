@@ -174,7 +174,7 @@ def read_legacy_checkpoint(data: bytes) -> dict[str, np.ndarray]:
         dtype = unpickler.dtypes[str(key)]
         raw = f.read(numel * dtype.itemsize)
         storages[str(key)] = np.frombuffer(raw, dtype=dtype.newbyteorder("<"), count=numel)
-    state = checkpoint["model_state"] if "model_state" in checkpoint else checkpoint
+    state = checkpoint.get("model_state", checkpoint)
     out: dict[str, np.ndarray] = {}
     for name, ref in state.items():
         if not isinstance(ref, _Tensor):
@@ -257,7 +257,7 @@ def prepare_encoder(
     fd, tmp = tempfile.mkstemp(prefix=".encoder-", suffix=".npz", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as out:
-            np.savez(out, **{name: state[name] for name in WEIGHT_NAMES})
+            np.savez(out, **{name: state[name] for name in WEIGHT_NAMES})  # type: ignore[arg-type]
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -1,0 +1,262 @@
+"""Who spoke when in a mono recording: speaker turns from the VAD's speech regions.
+
+1. Inside each speech region (the decode stage's VAD clips, in seconds) the audio is cut
+   into windows of ``window_s`` every ``step_s``; a region shorter than a window is one
+   window of its own length (at least ``min_window_s``; shorter regions take the label of
+   the nearest window).
+2. Each window's GE2E embedding (``encoder.SpeakerEncoder``, numpy).
+3. The embeddings are clustered (``cluster.spectral`` by default) with an estimated number
+   of speakers between ``min_speakers`` and ``max_speakers``, preferring ``hint_speakers``
+   (2, a contact-center call) unless another count is clearly better; ``speakers=N`` fixes it.
+4. Every 10 ms frame of speech takes the speaker whose windows covering it are most similar
+   on average; runs of one speaker are the turns. Speakers are named ``SPEAKER_00``,
+   ``SPEAKER_01``, ... in order of first speech.
+
+One speaker per instant: overlapping speech goes to one of the two. Parameters and the choice
+of spectral clustering come from ``scripts/bench_diarize.py`` (tuned on seed 1, reported on
+seed 2): see the README's diarization section for the figures.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from overnight.workers.diarize import cluster
+from overnight.workers.diarize.encoder import (
+    FRAMES_PER_SECOND,
+    HOP,
+    NORM_TARGET_DBFS,
+    SAMPLE_RATE,
+    SpeakerEncoder,
+    mel_frames,
+)
+
+
+@dataclass(frozen=True)
+class DiarizeOptions:
+    """How speakers are found. Every field belongs in the row's ``options``."""
+
+    window_s: float = 1.5
+    step_s: float = 0.75
+    min_window_s: float = 0.4
+    # Exactly this many speakers (``--speakers N``); None: estimated.
+    speakers: int | None = None
+    min_speakers: int = 1
+    max_speakers: int = 8
+    # The count preferred unless another is clearly better (a contact-center call: 2).
+    hint_speakers: int | None = 2
+    method: Literal["spectral", "agglomerative"] = "spectral"
+    # agglomerative: stop merging at this cosine distance.
+    threshold: float = 0.35
+    # Clusters whose centroids are more similar than this are one speaker (finds 1-speaker
+    # calls, which an eigengap cannot).
+    merge_similarity: float = 0.86
+    # A call with fewer windows than this is one speaker's (nothing to cluster).
+    min_windows: int = 3
+    # Windows beyond this are labelled by their nearest cluster centroid instead of being
+    # clustered (bounds the eigen decompositions of multi-hour recordings).
+    max_cluster_windows: int = 1500
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.speakers is not None and self.speakers < 1:
+            raise ValueError(f"speakers={self.speakers}: give 1 or more, or None to estimate")
+        if not 1 <= self.min_speakers <= self.max_speakers:
+            raise ValueError(
+                f"min_speakers={self.min_speakers}, max_speakers={self.max_speakers}: "
+                "need 1 <= min_speakers <= max_speakers"
+            )
+        if not 0 < self.step_s <= self.window_s:
+            raise ValueError(f"step_s={self.step_s} must be in (0, window_s={self.window_s}]")
+
+
+@dataclass(frozen=True)
+class Turn:
+    speaker: str
+    start: float
+    end: float
+
+
+@dataclass
+class Diarization:
+    turns: list[Turn] = field(default_factory=list)
+    num_speakers: int = 0
+    windows: int = 0
+    speech_s: float = 0.0
+    diarize_s: float = 0.0
+
+    def records(self) -> list[dict]:
+        """The turns as rows of ``speaker``, ``start``, ``end`` (seconds)."""
+        return [{"speaker": t.speaker, "start": t.start, "end": t.end} for t in self.turns]
+
+
+def speaker_label(index: int) -> str:
+    return f"SPEAKER_{index:02d}"
+
+
+class Diarizer:
+    """Load the encoder once (per actor or task); call on (audio, regions) of one recording."""
+
+    def __init__(
+        self, options: DiarizeOptions | None = None, encoder: SpeakerEncoder | None = None
+    ):
+        self.options = options or DiarizeOptions()
+        self.encoder = encoder or SpeakerEncoder.load()
+
+    def __call__(
+        self, audio: np.ndarray, regions: list[tuple[float, float]] | None = None
+    ) -> Diarization:
+        """``audio``: 16 kHz mono float32; ``regions``: speech (start, end) seconds (the
+        whole recording when None)."""
+        started = time.perf_counter()
+        audio = np.asarray(audio, dtype=np.float32)
+        total = len(audio) / SAMPLE_RATE
+        if regions is None:
+            regions = [(0.0, total)]
+        regions = [(max(0.0, a), min(total, b)) for a, b in regions if min(total, b) > a]
+        mels = region_mels(audio, regions)
+        result = self.from_mels(mels, regions)
+        result.diarize_s = time.perf_counter() - started
+        return result
+
+    def from_mels(self, mels: list[np.ndarray], regions: list[tuple[float, float]]) -> Diarization:
+        """The same from each region's mel frames (``region_mels``), for a stage that gets
+        mel frames from the decode stage instead of samples."""
+        opts = self.options
+        win = max(1, round(opts.window_s * FRAMES_PER_SECOND))
+        step = max(1, round(opts.step_s * FRAMES_PER_SECOND))
+        min_win = max(1, round(opts.min_window_s * FRAMES_PER_SECOND))
+        spans: list[tuple[int, int, int]] = []  # (region, first frame, frames)
+        for r, mel in enumerate(mels):
+            n = len(mel)
+            if n < min_win:
+                continue
+            if n <= win:
+                spans.append((r, 0, n))
+                continue
+            starts = list(range(0, n - win + 1, step))
+            if starts[-1] + win < n:
+                starts.append(n - win)
+            spans.extend((r, s, win) for s in starts)
+        speech_s = sum(b - a for a, b in regions)
+        if not spans:
+            # Too little speech to embed: one speaker, if anyone spoke at all.
+            turns = [Turn(speaker_label(0), a, b) for a, b in regions]
+            return Diarization(turns, 1 if turns else 0, 0, speech_s)
+        emb = self._embed(mels, spans)
+        labels = self._cluster(emb)
+        turns = _turns(mels, regions, spans, emb, labels)
+        return Diarization(turns, len({t.speaker for t in turns}), len(spans), speech_s)
+
+    def _embed(self, mels: list[np.ndarray], spans: list[tuple[int, int, int]]) -> np.ndarray:
+        emb = np.zeros((len(spans), 256), np.float32)
+        by_length: dict[int, list[int]] = {}
+        for i, (_, _, n) in enumerate(spans):
+            by_length.setdefault(n, []).append(i)
+        for n, idx in by_length.items():
+            batch = np.stack([mels[spans[i][0]][spans[i][1] : spans[i][1] + n] for i in idx])
+            emb[idx] = self.encoder.embed(batch)
+        return emb
+
+    def _cluster(self, emb: np.ndarray) -> np.ndarray:
+        opts = self.options
+        n = len(emb)
+        if opts.speakers == 1 or n < opts.min_windows:
+            return np.zeros(n, int)
+        sample = np.arange(n)
+        if n > opts.max_cluster_windows:
+            sample = np.linspace(0, n - 1, opts.max_cluster_windows).round().astype(int)
+        x = emb[sample]
+        hint = opts.hint_speakers
+        if hint is not None and not opts.min_speakers <= hint <= opts.max_speakers:
+            hint = None
+        if opts.method == "spectral":
+            labels = cluster.spectral(
+                x,
+                k=opts.speakers,
+                min_k=opts.min_speakers,
+                max_k=opts.max_speakers,
+                hint=hint,
+                seed=opts.seed,
+            )
+        else:
+            labels = cluster.agglomerative(
+                x, threshold=opts.threshold, k=opts.speakers, min_k=opts.min_speakers
+            )
+        if opts.speakers is None:
+            labels = cluster.merge_similar(x, labels, opts.merge_similarity, opts.min_speakers)
+        if len(sample) == n:
+            return labels
+        cent = np.stack([x[labels == i].mean(0) for i in np.unique(labels)])
+        return np.argmax(emb @ cent.T, axis=1)
+
+
+def region_mels(audio: np.ndarray, regions: list[tuple[float, float]]) -> list[np.ndarray]:
+    """Each speech region's mel frames, the recording's speech raised to -30 dBFS first
+    (resemblyzer's preprocessing; quieter calls would otherwise embed differently)."""
+    cuts = [(int(a * SAMPLE_RATE), int(b * SAMPLE_RATE)) for a, b in regions]
+    speech = [audio[a:b] for a, b in cuts]
+    if not speech:
+        return []
+    probe = np.concatenate(speech)
+    probe = probe[:: max(1, len(probe) // 400_000)].astype(np.float64)
+    rms = float(np.sqrt(np.mean(probe**2))) if probe.size else 0.0
+    change = NORM_TARGET_DBFS - 20 * np.log10(rms) if rms > 0 else 0.0
+    gain = np.float32(10 ** (change / 20) if change > 0 else 1.0)
+    return [mel_frames(s * gain)[: max(0, len(s) // HOP)] for s in speech]
+
+
+def _turns(
+    mels: list[np.ndarray],
+    regions: list[tuple[float, float]],
+    spans: list[tuple[int, int, int]],
+    emb: np.ndarray,
+    labels: np.ndarray,
+) -> list[Turn]:
+    ids = np.unique(labels)
+    cent = np.stack([emb[labels == i].mean(0) for i in ids])
+    cent /= np.linalg.norm(cent, axis=1, keepdims=True)
+    sims = emb @ cent.T  # (windows, speakers)
+    per_region: dict[int, list[int]] = {}
+    for i, (r, _, _) in enumerate(spans):
+        per_region.setdefault(r, []).append(i)
+    centres = np.array([(regions[r][0] + (s + n / 2) / FRAMES_PER_SECOND) for r, s, n in spans])
+    frame_labels: list[tuple[float, np.ndarray]] = []
+    for r, mel in enumerate(mels):
+        n = len(mel)
+        if n == 0:
+            continue
+        mine = per_region.get(r)
+        score = np.zeros((n, len(ids)))
+        if mine:
+            for i in mine:  # the windows cover the region (the last one ends at its end)
+                _, s, w = spans[i]
+                score[s : s + w] += sims[i]
+        else:  # a region too short to embed: its nearest window in time
+            middle = (regions[r][0] + regions[r][1]) / 2
+            score[:] = sims[int(np.argmin(np.abs(centres - middle)))]
+        frame_labels.append((regions[r][0], ids[score.argmax(1)]))
+    # Name speakers by first appearance.
+    order: dict[int, str] = {}
+    for _, lab in frame_labels:
+        for value in lab:
+            if int(value) not in order:
+                order[int(value)] = speaker_label(len(order))
+    turns: list[Turn] = []
+    for start, lab in frame_labels:
+        change = np.flatnonzero(np.diff(lab)) + 1
+        bounds = [0, *change.tolist(), len(lab)]
+        for a, b in itertools.pairwise(bounds):
+            turns.append(
+                Turn(
+                    order[int(lab[a])],
+                    round(start + a / FRAMES_PER_SECOND, 3),
+                    round(start + b / FRAMES_PER_SECOND, 3),
+                )
+            )
+    return turns
