@@ -43,7 +43,7 @@ from overnight.workers.whisper_guard import (
     token_cap,
 )
 from overnight.workers.whisper_models import ModelLoadError, resolve_model
-from overnight.workers.whisper_options import WhisperOptions, is_english
+from overnight.workers.whisper_options import WhisperOptions, is_english, resolve_engine
 
 
 @dataclass(frozen=True)
@@ -366,20 +366,28 @@ def encode_in_parts(encode: Callable[[np.ndarray], Any], features: np.ndarray, m
     CTranslate2 StorageView on CPU); ``micro`` 0 runs the whole batch at once."""
     if micro <= 0 or features.ndim < 3 or len(features) <= micro:
         return encode(features)
-    import ctranslate2
-
     # np.asarray views each CPU StorageView (it keeps it alive); concatenate copies.
     parts = [np.asarray(encode(features[i : i + micro])) for i in range(0, len(features), micro)]
-    return ctranslate2.StorageView.from_array(np.ascontiguousarray(np.concatenate(parts)))
+    return ct2_encoder_output(np.concatenate(parts))
+
+
+def ct2_encoder_output(rows: np.ndarray) -> Any:
+    """Host encoder rows as CTranslate2 takes them (it moves them to the model's device)."""
+    import ctranslate2
+
+    return ctranslate2.StorageView.from_array(np.ascontiguousarray(rows))
 
 
 def host_array(encoded: Any) -> np.ndarray:
-    """An encoder output (a CTranslate2 StorageView, on any device) as a host array."""
+    """An encoder output (a CTranslate2 StorageView on any device, or the torch engine's
+    tensor) as a host array."""
     import ctranslate2
 
-    if encoded.device != "cpu":
-        encoded = encoded.to_device(ctranslate2.Device.cpu)
-    return np.asarray(encoded)  # a view that keeps the StorageView alive
+    if isinstance(encoded, ctranslate2.StorageView):
+        if encoded.device != "cpu":
+            encoded = encoded.to_device(ctranslate2.Device.cpu)
+        return np.asarray(encoded)  # a view that keeps the StorageView alive
+    return encoded.detach().float().cpu().numpy()  # a torch tensor
 
 
 class ReusedEncoderModel:
@@ -388,21 +396,24 @@ class ReusedEncoderModel:
     detection) from it and runs the encoder on the other rows only. Rows are independent
     in Whisper's encoder, so the spliced output is the one a single pass would give."""
 
-    def __init__(self, model: Any, kept: Sequence[np.ndarray | None]):
+    def __init__(
+        self,
+        model: Any,
+        kept: Sequence[np.ndarray | None],
+        to_engine: Callable[[np.ndarray], Any] = ct2_encoder_output,
+    ):
         self._model = model
         self._kept = list(kept)
+        self._to_engine = to_engine  # host rows as the engine takes an encoder output
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
 
     def encode(self, features: np.ndarray) -> Any:
-        import ctranslate2
-
         missing = [i for i, k in enumerate(self._kept) if k is None]
         fresh = iter(host_array(self._model.encode(features[missing])) if missing else [])
         rows = [k if k is not None else next(fresh) for k in self._kept]
-        # CTranslate2 moves an encoder output given on the host to the model's device.
-        return ctranslate2.StorageView.from_array(np.ascontiguousarray(np.stack(rows)))
+        return self._to_engine(np.stack(rows))
 
 
 class SamplingModel:
@@ -484,24 +495,17 @@ class WhisperWorker:
     def __init__(self, config: WhisperWorkerConfig, model_path: str | None = None):
         """``model_path``: a local copy of ``config.whisper.model`` (which may be a URL that
         the job fetched); the rows still record the model as configured."""
-        from faster_whisper import BatchedInferencePipeline, WhisperModel
+        from faster_whisper import BatchedInferencePipeline
 
         self.config = config
         opts = config.whisper
         self.device = resolve_device(opts.device)
-        compute_type = opts.compute_type
-        if compute_type == "auto":
-            compute_type = "float16" if self.device == "cuda" else "int8"
-        self.compute_type = compute_type
+        self.engine = resolve_engine(opts.engine)
         self.encoder_batch = encoder_batch(opts, self.device)
+        # Host encoder rows (language detection's, kept) as this engine takes them back.
+        self._to_engine: Callable[[np.ndarray], Any] = ct2_encoder_output
         try:
-            self.model = micro_batched_model(WhisperModel, self.encoder_batch)(
-                model_path or resolve_model(opts.model),
-                device=self.device,
-                compute_type=compute_type,
-                cpu_threads=opts.cpu_threads,
-                num_workers=max(1, opts.model_workers),
-            )
+            self.model = self._load(opts, model_path or resolve_model(opts.model))
             # One forward pass on a second of silence, inside the load's try: CTranslate2's
             # CUDA build opens cuBLAS/cuDNN only when it first computes, so a missing
             # libcublas.so.12 would otherwise turn every batch into error rows.
@@ -518,7 +522,8 @@ class WhisperWorker:
         effective = {
             **opts.model_dump(),
             "device": self.device,
-            "compute_type": compute_type,
+            "engine": self.engine,
+            "compute_type": self.compute_type,
             "encoder_batch_size": self.encoder_batch,
         }
         effective.update(dict(config.extra_options))
@@ -538,6 +543,40 @@ class WhisperWorker:
         )
 
     # -- model plumbing -------------------------------------------------------------------
+    def _load(self, opts: WhisperOptions, path: str) -> Any:
+        """The faster-whisper ``WhisperModel`` on this worker's engine; sets ``compute_type``."""
+        if self.engine == "torch":
+            try:
+                from overnight.workers.whisper_torch import TorchWhisper, faster_whisper_model
+            except ImportError as exc:
+                raise ModelLoadError(
+                    f"engine 'torch' needs PyTorch ({exc}): install torch on this node, or "
+                    "use engine = 'ctranslate2'"
+                ) from exc
+            engine = TorchWhisper.from_path(
+                path, device=self.device, compute_type=opts.compute_type
+            )
+            self.compute_type = engine.compute_type
+            self._to_engine = engine.from_host
+            if opts.cpu_threads:
+                import torch
+
+                torch.set_num_threads(opts.cpu_threads)
+            return faster_whisper_model(engine, path, self.encoder_batch)
+        from faster_whisper import WhisperModel
+
+        compute_type = opts.compute_type
+        if compute_type == "auto":
+            compute_type = "float16" if self.device == "cuda" else "int8"
+        self.compute_type = compute_type
+        return micro_batched_model(WhisperModel, self.encoder_batch)(
+            path,
+            device=self.device,
+            compute_type=compute_type,
+            cpu_threads=opts.cpu_threads,
+            num_workers=max(1, opts.model_workers),
+        )
+
     def _tokenizer(self, language: str):
         from faster_whisper.tokenizer import Tokenizer
 
@@ -653,7 +692,9 @@ class WhisperWorker:
             if kept is None:
                 kept = [c.encoded if frames == full else None for c in chunks]
             model: Any = (
-                self.model if all(k is None for k in kept) else ReusedEncoderModel(self.model, kept)
+                self.model
+                if all(k is None for k in kept)
+                else ReusedEncoderModel(self.model, kept, self._to_engine)
             )
             if temperature > 0:
 

@@ -9,10 +9,25 @@ Light on purpose (pydantic only): the spec, and so every command, imports it; th
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from overnight.workers.devices import Device
 from overnight.workers.whisper_models import BUNDLED_MODEL, WhisperTask
+
+# Which Whisper implementation runs the model: auto is CTranslate2 until device measurements
+# say otherwise (issue #39); torch is ``workers.whisper_torch`` (needs PyTorch installed).
+WhisperEngine = Literal["auto", "ctranslate2", "torch"]
+WHISPER_ENGINES: tuple[str, ...] = get_args(WhisperEngine)
+
+
+_TORCH_TYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+def resolve_engine(engine: str) -> str:
+    """The engine that runs: ``auto`` is ``ctranslate2``."""
+    return "ctranslate2" if engine == "auto" else engine
 
 
 def english_only(model: str) -> bool:
@@ -54,8 +69,17 @@ class DecodingOptions(BaseModel):
         "a hub repository id, a local CTranslate2 folder, or 'bundled:tiny.en' (the embedded default)",
     )
     device: Device = Field("auto", description="auto: cuda when a GPU is visible")
+    engine: WhisperEngine = Field(
+        "auto",
+        description="who runs the model: ctranslate2 (faster-whisper's engine), or torch (a "
+        "PyTorch Whisper for GPUs: bf16 SDPA encoder, static KV cache, CUDA-graph decoder "
+        "steps; needs torch installed; the same model file and the same transcripts within "
+        "0.3 WER points on tiny.en). auto: ctranslate2",
+    )
     compute_type: str = Field(
-        "auto", description="CTranslate2 compute type; auto: float16 on cuda, int8 on cpu"
+        "auto",
+        description="CTranslate2 compute type; auto: float16 on cuda, int8 on cpu. The torch "
+        "engine takes auto (bfloat16 on cuda, float32 on cpu), float32, float16 or bfloat16",
     )
     batch_size: int = Field(
         16,
@@ -122,6 +146,15 @@ class DecodingOptions(BaseModel):
         description="words or phrases to favour (product names, people); a manifest `hotwords` "
         "column overrides it per item. Items with different prompts batch apart",
     )
+
+    @model_validator(mode="after")
+    def _torch_takes_float_types(self) -> DecodingOptions:
+        if resolve_engine(self.engine) == "torch" and self.compute_type not in _TORCH_TYPES:
+            raise ValueError(
+                f"compute_type {self.compute_type!r} is not one the torch engine runs: use "
+                f"{', '.join(_TORCH_TYPES)}, or engine = 'ctranslate2' for integer types"
+            )
+        return self
 
     @model_validator(mode="after")
     def _translate_needs_multilingual(self) -> DecodingOptions:
