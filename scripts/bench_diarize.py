@@ -1,0 +1,435 @@
+"""Diarization of mono calls, scored: DER, speaker-count accuracy, word attribution, roles, speed.
+
+Evaluation calls are built, so the reference comes from construction:
+
+- ``real``: phrases of real voices from ``../shared/data/audio`` (the LibriSpeech speakers
+  1089 and 1221, JFK, each channel of ``stereo_diarization.wav``, the English first half of
+  ``multilingual.mp3``: six speakers), cut at their pauses by Silero VAD.
+- ``espeak``: espeak-ng voices (accent + variant + rate + pitch as a speaker) reading
+  contact-center lines, for bulk.
+- A call is 8-14 turns; speaker 0 (the agent) speaks first, the others in random order. Gaps
+  between turns are 0.2-1.2 s, one in ten a 2-3 s pause, one in seven turns starts 0.3-0.8 s
+  before the previous one ends (overlap), and one in five turns is interrupted by a listener's
+  backchannel (a short word cut from that speaker's real speech, or "yes"/"okay"/"mm-hmm" in
+  its espeak voice) in a pause inside the turn.
+- Each call in two conditions: ``wideband`` (16 kHz) and ``telephone`` (300-3400 Hz, 8 kHz
+  G.711 mu-law, decoded back to 16 kHz by the job's decoder).
+- Plus ``stereo_diarization.wav`` mixed down to mono (reference: each channel's energy).
+
+The pipeline is the job's: Silero VAD regions with the mono ``AudioOptions`` (2 s silence,
+400 ms pad), ``Diarizer`` on the 16 kHz audio, Whisper tiny.en (bundled, int8, word
+timestamps) on the same audio, ``assign_speakers``. Scores: ``pyannote.metrics`` DER with a
+0.25 s collar (overlap scored), the share of calls with the right speaker count, the share of
+Whisper's words that land on the right speaker (the reference speaker is the one whose
+constructed speech overlaps the word most; words outside every reference span are not
+scored; hypothesis speakers mapped to reference ones by DER's optimal mapping), and the share
+of calls whose first-speaker role is right. ``diarize_s`` per audio second on this machine,
+and beside it Whisper's ``asr_s`` per audio second on the same calls.
+
+    .venv/bin/python scripts/bench_diarize.py --seed 2               # report
+    .venv/bin/python scripts/bench_diarize.py --seed 1 --sweep       # tune (parameters)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+DATA = REPO.parent / "shared" / "data" / "audio"
+SR = 16_000
+
+LINES = [
+    "Thank you for calling, my name is Sam, how can I help you today?",
+    "I would like to check the status of my order please.",
+    "Can I have your account number and the name on the account?",
+    "Sure, it is the one ending in four seven two.",
+    "Let me pull that up for you, one moment.",
+    "I see the package left our warehouse on Tuesday.",
+    "That is strange, the tracking page still says it is pending.",
+    "I understand, I will open a ticket with the carrier right now.",
+    "How long will that take to resolve?",
+    "Usually two to three business days, and we will email you.",
+    "Is there anything else I can help you with?",
+    "No, that was everything, thank you for your help.",
+    "I was charged twice for the same subscription last month.",
+    "I am sorry about that, I can refund the second charge today.",
+    "Could you confirm the email address on file?",
+    "My internet keeps dropping every evening around seven.",
+    "Have you tried restarting the router and the modem?",
+    "Yes, several times, and it did not make any difference.",
+]
+BACKCHANNELS = ["yes", "okay", "mm-hmm", "right", "sure"]
+ESPEAK_VOICES = ["en-us", "en-gb", "en-gb-scotland", "en-029", "en-us-nyc", "en-gb-x-rp"]
+ESPEAK_VARIANTS = ["+m3", "+f2", "+f4", "+m5", "+m1", "+f3"]
+
+
+@dataclass
+class Speaker:
+    name: str
+    phrases: list[np.ndarray]
+    backchannels: list[np.ndarray]
+
+
+@dataclass
+class Call:
+    name: str
+    audio: np.ndarray
+    reference: list[tuple[str, float, float]]  # (speaker, start, end) of real speech
+    speakers: int
+
+
+@dataclass
+class Scores:
+    calls: int = 0
+    count_right: int = 0
+    role_right: int = 0
+    words: int = 0
+    words_right: int = 0
+    audio_s: float = 0.0
+    diarize_s: float = 0.0
+    asr_s: float = 0.0
+    der: object = None
+    found: list[int] = field(default_factory=list)
+
+
+def _energy_spans(audio: np.ndarray, floor_db: float = -35.0) -> list[tuple[float, float]]:
+    """Speech spans of a clean clip: 10 ms frames within ``floor_db`` of its loudest, joined
+    across gaps under 0.3 s."""
+    hop = SR // 100
+    n = len(audio) // hop
+    if n == 0:
+        return []
+    rms = np.sqrt(np.mean(audio[: n * hop].reshape(n, hop) ** 2, axis=1))
+    on = rms > max(rms.max() * 10 ** (floor_db / 20), 1e-4)
+    spans: list[list[float]] = []
+    for i in np.flatnonzero(on):
+        t = i / 100
+        if spans and t - spans[-1][1] < 0.3:
+            spans[-1][1] = t + 0.01
+        else:
+            spans.append([t, t + 0.01])
+    return [(a, b) for a, b in spans]
+
+
+def _phrases(audio: np.ndarray, rng: random.Random) -> list[np.ndarray]:
+    """A recording cut at its pauses (Silero VAD, 150 ms), long phrases into 1.5-4 s pieces."""
+    from faster_whisper.vad import VadOptions, get_speech_timestamps
+
+    vad = VadOptions(min_silence_duration_ms=150, speech_pad_ms=30)
+    out = []
+    for c in get_speech_timestamps(audio, vad):
+        piece = audio[c["start"] : c["end"]]
+        while len(piece) > 5 * SR:
+            cut = int(rng.uniform(1.5, 4.0) * SR)
+            out.append(piece[:cut])
+            piece = piece[cut:]
+        if len(piece) > 0.6 * SR:
+            out.append(piece)
+    return out
+
+
+def real_speakers(data: Path, rng: random.Random) -> list[Speaker]:
+    from faster_whisper.audio import decode_audio
+
+    def load(name: str, **kw) -> np.ndarray:
+        return decode_audio(str(data / name), sampling_rate=SR, **kw)
+
+    sources = {
+        "ls1089": [load("1089-134686-0001.wav")],
+        "ls1221": [load("1221-135766-0001.wav"), load("1221-135766-0002.wav")],
+        "jfk": [load("jfk.flac")],
+        "multi": [load("multilingual.mp3")[: 28 * SR]],
+    }
+    left, right = load("stereo_diarization.wav", split_stereo=True)
+    sources["stereoL"], sources["stereoR"] = [left], [right]
+    out = []
+    for name, clips in sources.items():
+        phrases = [p for clip in clips for p in _phrases(clip, rng)]
+        # A backchannel: the first 0.3-0.6 s of a phrase (a word or two of this voice).
+        backs = [p[: int(rng.uniform(0.3, 0.6) * SR)] for p in phrases]
+        out.append(Speaker(name, phrases, backs))
+    return out
+
+
+def espeak_speakers(n: int, rng: random.Random) -> list[Speaker]:
+    from overnight.jobs.ops.demo import speak
+
+    out = []
+    combos = [(v, var) for v in ESPEAK_VOICES for var in ESPEAK_VARIANTS]
+    rng.shuffle(combos)
+    for k, (v, var) in enumerate(combos[:n]):
+        rate = rng.choice([135, 150, 165, 180])
+        voice = v + var
+        lines = rng.sample(LINES, 6)
+        phrases = [speak(line, voice=voice, speed=rate) for line in lines]
+        backs = [speak(b, voice=voice, speed=rate) for b in rng.sample(BACKCHANNELS, 3)]
+        trim = [p[slice(*_trim(p))] for p in phrases]
+        out.append(Speaker(f"es{k}:{voice}@{rate}", trim, [b[slice(*_trim(b))] for b in backs]))
+    return out
+
+
+def _trim(audio: np.ndarray) -> tuple[int, int]:
+    spans = _energy_spans(audio)
+    if not spans:
+        return 0, len(audio)
+    return int(spans[0][0] * SR), int(spans[-1][1] * SR)
+
+
+def build_call(name: str, speakers: list[Speaker], rng: random.Random) -> Call:
+    """Turns of ``speakers`` (speaker 0 first) with pauses, overlaps and backchannels."""
+    n = len(speakers)
+    order = [0]
+    for _ in range(rng.randint(8, 14) - 1):
+        order.append(rng.choice([s for s in range(n) if s != order[-1]]))
+    for s in range(n):  # everyone speaks at least twice
+        if order.count(s) < 2:
+            order += [s] if order[-1] != s else [(s + 1) % n, s]
+    placed: list[tuple[int, float, np.ndarray]] = []
+    t = 0.3
+    for i, s in enumerate(order):
+        sp = speakers[s]
+        if i > 0:
+            r = rng.random()
+            if r < 1 / 7:
+                t -= rng.uniform(0.3, 0.8)
+            elif r < 1 / 7 + 0.1:
+                t += rng.uniform(2.0, 3.0)
+            else:
+                t += rng.uniform(0.2, 1.2)
+        pieces = [rng.choice(sp.phrases) for _ in range(rng.choice([1, 1, 2]))]
+        for k, piece in enumerate(pieces):
+            if k:
+                t += rng.uniform(0.15, 0.4)
+            placed.append((s, t, piece))
+            t += len(piece) / SR
+            if k == 0 and rng.random() < 0.2:  # the listener's backchannel in a pause
+                other = rng.choice([o for o in range(n) if o != s])
+                t += rng.uniform(0.2, 0.4)
+                back = rng.choice(speakers[other].backchannels)
+                placed.append((other, t, back))
+                t += len(back) / SR + rng.uniform(0.2, 0.4)
+                extra = rng.choice(sp.phrases)
+                placed.append((s, t, extra))
+                t += len(extra) / SR
+    total = t + 0.5
+    audio = np.zeros(int(total * SR) + 1, np.float32)
+    reference = []
+    for s, start, piece in placed:
+        a = int(start * SR)
+        gain = 0.7 / max(float(np.abs(piece).max()), 1e-3) * rng.uniform(0.6, 1.0)
+        audio[a : a + len(piece)] += piece * gain
+        for x, y in _energy_spans(piece):
+            reference.append((speakers[s].name, round(start + x, 3), round(start + y, 3)))
+    peak = float(np.abs(audio).max())
+    if peak > 0.98:
+        audio *= 0.98 / peak
+    return Call(name, audio, reference, n)
+
+
+def stereo_call(data: Path) -> Call:
+    from faster_whisper.audio import decode_audio
+
+    left, right = decode_audio(str(data / "stereo_diarization.wav"), split_stereo=True)
+    reference = [("L", a, b) for a, b in _energy_spans(left)]
+    reference += [("R", a, b) for a, b in _energy_spans(right)]
+    return Call("stereo_mix", (left + right) / 2, reference, 2)
+
+
+def telephone_copy(audio: np.ndarray) -> np.ndarray:
+    """300-3400 Hz, 8 kHz, mu-law, then back to 16 kHz through the job's decoder (PyAV)."""
+    from faster_whisper.audio import decode_audio
+    from number_speech import telephone, write_wav
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_wav(Path(tmp) / "t.wav", telephone(audio), 8000)
+        return decode_audio(str(path), sampling_rate=SR)
+
+
+def build_set(kind: str, n_speakers: int, calls: int, seed: int, data: Path) -> list[Call]:
+    rng = random.Random(seed * 1_000 + n_speakers * 10 + (kind == "espeak"))
+    pool = real_speakers(data, rng) if kind == "real" else espeak_speakers(12, rng)
+    out = []
+    for i in range(calls):
+        chosen = rng.sample(pool, n_speakers)
+        out.append(build_call(f"{kind}{n_speakers}-{i}", chosen, rng))
+    return out
+
+
+def _annotation(spans, uri: str):
+    from pyannote.core import Annotation, Segment
+
+    ann = Annotation(uri=uri)
+    for i, (who, a, b) in enumerate(spans):
+        if b > a:
+            ann[Segment(a, b), f"t{i}"] = who
+    return ann
+
+
+class Whisper:
+    def __init__(self) -> None:
+        from faster_whisper import WhisperModel
+
+        from overnight.workers.whisper_models import bundled_model_path
+
+        self.model = WhisperModel(bundled_model_path(), device="cpu", compute_type="int8")
+
+    def words(self, audio: np.ndarray) -> tuple[list[dict], float]:
+        started = time.perf_counter()
+        segs, _ = self.model.transcribe(
+            audio, language="en", beam_size=1, word_timestamps=True, vad_filter=True
+        )
+        out = []
+        for s in segs:
+            out.append(
+                {
+                    "start": s.start,
+                    "end": s.end,
+                    "text": s.text.strip(),
+                    "channel": 0,
+                    "speaker": None,
+                    "words": [
+                        {"word": w.word.strip(), "start": w.start, "end": w.end, "probability": 1}
+                        for w in s.words or []
+                    ],
+                }
+            )
+        return out, time.perf_counter() - started
+
+
+def evaluate(
+    calls: list[Call], options, condition: str, whisper: Whisper | None, encoder
+) -> Scores:
+    from pyannote.metrics.diarization import DiarizationErrorRate
+
+    from overnight.workers.audio import AudioOptions, speech_clips
+    from overnight.workers.diarize import Diarizer, assign_speakers, first_speaker_roles
+    from overnight.workers.diarize.assign import speaker_at
+    from overnight.workers.diarize.diarize import Turn
+
+    diarizer = Diarizer(options, encoder)
+    metric = DiarizationErrorRate(collar=0.25, skip_overlap=False)
+    sc = Scores(der=metric)
+    for call in calls:
+        audio = telephone_copy(call.audio) if condition == "telephone" else call.audio
+        regions = [(a / SR, b / SR) for a, b in speech_clips(audio, AudioOptions())]
+        result = diarizer(audio, regions)
+        ref = _annotation(call.reference, call.name)
+        hyp = _annotation([(t.speaker, t.start, t.end) for t in result.turns], call.name)
+        metric(ref, hyp)
+        mapping = metric.optimal_mapping(ref, hyp)
+        sc.calls += 1
+        sc.found.append(result.num_speakers)
+        sc.count_right += result.num_speakers == call.speakers
+        sc.audio_s += len(audio) / SR
+        sc.diarize_s += result.diarize_s
+        ref_turns = sorted((Turn(w, a, b) for w, a, b in call.reference), key=lambda t: t.start)
+        long_refs = [t for t in ref_turns if t.end - t.start >= 0.5] or ref_turns
+        roles = first_speaker_roles(result.turns)
+        agent = next((h for h, r in roles.items() if r == "agent"), None)
+        sc.role_right += agent is not None and mapping.get(agent) == long_refs[0].speaker
+        if whisper is None:
+            continue
+        segments, asr_s = whisper.words(audio)
+        sc.asr_s += asr_s
+        for seg in assign_speakers(segments, result.turns):
+            for w in seg["words"] or []:
+                truth = None
+                overlapping = [t for t in ref_turns if t.start < w["end"] and t.end > w["start"]]
+                if overlapping:
+                    truth = speaker_at(overlapping, w["start"], w["end"])
+                if truth is None:
+                    continue
+                sc.words += 1
+                sc.words_right += mapping.get(seg["speaker"]) == truth
+    return sc
+
+
+def row(label: str, sc: Scores) -> dict:
+    der = abs(sc.der) if sc.calls else float("nan")  # type: ignore[arg-type]
+    return {
+        "set": label,
+        "calls": sc.calls,
+        "DER": round(100 * der, 1),
+        "count_ok": round(100 * sc.count_right / max(sc.calls, 1), 1),
+        "words_ok": round(100 * sc.words_right / sc.words, 1) if sc.words else None,
+        "role_ok": round(100 * sc.role_right / max(sc.calls, 1), 1),
+        "found": dict(sorted({k: sc.found.count(k) for k in set(sc.found)}.items())),
+        "audio_s": round(sc.audio_s, 1),
+        "diarize_ms_per_s": round(1000 * sc.diarize_s / max(sc.audio_s, 1e-9), 2),
+        "asr_ms_per_s": round(1000 * sc.asr_s / sc.audio_s, 1) if sc.asr_s else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    from overnight.workers.diarize import DiarizeOptions
+    from overnight.workers.diarize.encoder import SpeakerEncoder
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seed", type=int, default=2)
+    p.add_argument("--calls", type=int, default=20, help="calls per set")
+    p.add_argument("--speakers", default="2,3,4")
+    p.add_argument("--sets", default="real,espeak")
+    p.add_argument("--conditions", default="telephone,wideband")
+    p.add_argument("--data", type=Path, default=DATA)
+    p.add_argument("--no-words", action="store_true", help="skip Whisper (no word scores)")
+    p.add_argument("--sweep", action="store_true", help="compare methods and windows")
+    p.add_argument("--json", type=Path, help="write the rows here")
+    for f in dataclasses.fields(DiarizeOptions):
+        if (f.type in ("float", "int") or f.name == "method") and f.name != "seed":
+            p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=None)
+    p.add_argument("--speakers-exact", type=int, default=None)
+    p.add_argument("--hint", type=int, default=None, help="hint_speakers (0: none)")
+    args = p.parse_args(argv)
+    overrides = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(DiarizeOptions)
+        if getattr(args, f.name, None) is not None and f.name not in ("speakers", "seed")
+    }
+    if args.hint is not None:
+        overrides["hint_speakers"] = args.hint or None
+    base = DiarizeOptions(**overrides, speakers=args.speakers_exact)
+    if not args.data.is_dir() and "real" in args.sets:
+        print(f"no real voices at {args.data}: espeak-ng voices only", file=sys.stderr)
+        args.sets = "espeak"
+    encoder = SpeakerEncoder.load()
+    whisper = None if args.no_words or args.sweep else Whisper()
+    variants = [("", base)]
+    if args.sweep:
+        variants = [
+            (f"{m} w{w} s{s}", dataclasses.replace(base, method=m, window_s=w, step_s=s))
+            for m in ("spectral", "agglomerative")
+            for w, s in ((1.0, 0.5), (1.5, 0.75), (2.0, 1.0), (1.5, 1.5))
+        ]
+    rows = []
+    sets = [
+        (kind, n, build_set(kind, n, args.calls, args.seed, args.data))
+        for kind in args.sets.split(",")
+        for n in (int(x) for x in args.speakers.split(","))
+    ]
+    if args.data.is_dir():
+        sets.append(("stereo", 2, [stereo_call(args.data)]))
+    for tag, options in variants:
+        for kind, n, calls in sets:
+            for condition in args.conditions.split(","):
+                sc = evaluate(calls, options, condition, whisper, encoder)
+                r = row(f"{tag} {kind}{n} {condition}".strip(), sc)
+                rows.append(r)
+                print(json.dumps(r), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+"""Diarization of mono calls: speaker turns, words onto speakers, segments split, analytics and
+roles. On real voices where ../shared/data exists, on espeak-ng voices otherwise."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from overnight.workers.audio import AudioOptions, speech_clips
+from overnight.workers.diarize import (
+    OVERTALK_UNMEASURED,
+    DiarizeOptions,
+    Diarizer,
+    Turn,
+    assign_speakers,
+    dialogue_text,
+    first_speaker_roles,
+    mono_call_analytics,
+    relabel,
+)
+from overnight.workers.diarize.encoder import SpeakerEncoder
+from tests.conftest import SHARED_DATA
+from tests.workers.test_diarize_encoder import diarizer_model_dir  # noqa: F401 (fixture)
+
+SR = 16_000
+
+
+@pytest.fixture(scope="module")
+def encoder(diarizer_model_dir) -> SpeakerEncoder:  # noqa: F811
+    return SpeakerEncoder.load(diarizer_model_dir)
+
+
+def _voices() -> tuple[list[np.ndarray], list[np.ndarray], str]:
+    """Phrases of two speakers: LibriSpeech 1089 and 1221 when the shared data is here, else
+    two espeak-ng voices."""
+    audio = SHARED_DATA / "audio"
+    if audio.is_dir():
+        from faster_whisper.audio import decode_audio
+
+        a = decode_audio(str(audio / "1089-134686-0001.wav"), sampling_rate=SR)
+        b = decode_audio(str(audio / "1221-135766-0001.wav"), sampling_rate=SR)
+        return [a[: 3 * SR], a[3 * SR :]], [b[: 4 * SR], b[4 * SR : 8 * SR]], "real"
+    from overnight.jobs.ops.demo import speak
+
+    a = [
+        speak(t, voice="en-us+m3", speed=150) for t in ("Thank you for calling.", "How can I help?")
+    ]
+    b = [speak(t, voice="en-gb+f4", speed=165) for t in ("My order never came.", "It was Monday.")]
+    return a, b, "espeak"
+
+
+def _call() -> tuple[np.ndarray, list[tuple[str, float, float]]]:
+    a, b, _ = _voices()
+    gap = np.zeros(int(0.6 * SR), np.float32)
+    parts, reference, t = [], [], 0.0
+    for who, piece in (("A", a[0]), ("B", b[0]), ("A", a[1]), ("B", b[1])):
+        parts += [piece, gap]
+        reference.append((who, t, t + len(piece) / SR))
+        t += (len(piece) + len(gap)) / SR
+    return np.concatenate(parts), reference
+
+
+def test_two_speaker_mono_mix_comes_out_as_two_speakers_with_their_words(encoder):
+    from faster_whisper import WhisperModel
+
+    from overnight.workers.whisper_models import bundled_model_path
+
+    audio, reference = _call()
+    regions = [(s / SR, e / SR) for s, e in speech_clips(audio, AudioOptions())]
+    result = Diarizer(DiarizeOptions(), encoder)(audio, regions)
+    assert result.num_speakers == 2
+    # SPEAKER_00 is who spoke first; each turn lands on its constructed speaker.
+    truth = {"A": "SPEAKER_00", "B": "SPEAKER_01"}
+    for who, start, end in reference:
+        inside = [t for t in result.turns if t.start < end - 0.3 and t.end > start + 0.3]
+        covered = sum(
+            min(t.end, end) - max(t.start, start) for t in inside if t.speaker == truth[who]
+        )
+        assert covered >= 0.8 * (end - start), (who, start, end, result.turns)
+
+    model = WhisperModel(bundled_model_path(), device="cpu", compute_type="int8")
+    segs, _ = model.transcribe(audio, language="en", beam_size=1, word_timestamps=True)
+    segments = [
+        {
+            "start": s.start,
+            "end": s.end,
+            "text": s.text.strip(),
+            "channel": 0,
+            "speaker": None,
+            "words": [{"word": w.word.strip(), "start": w.start, "end": w.end} for w in s.words],
+        }
+        for s in segs
+    ]
+    diarized = assign_speakers(segments, result.turns)
+    words = [(w, seg["speaker"]) for seg in diarized for w in seg["words"]]
+    right = 0
+    for w, speaker in words:
+        middle = (w["start"] + w["end"]) / 2
+        who = min(reference, key=lambda r: max(r[1] - middle, middle - r[2], 0.0))[0]
+        right += speaker == truth[who]
+    assert right >= 0.9 * len(words) and len(words) >= 10
+    assert {seg["speaker"] for seg in diarized} == {"SPEAKER_00", "SPEAKER_01"}
+    assert dialogue_text(diarized).count("\n") >= 3  # four turns as dialogue lines
+
+
+def test_one_voice_comes_out_as_one_speaker(encoder):
+    a, _, _ = _voices()
+    audio = np.concatenate([a[0], np.zeros(SR // 2, np.float32), a[1]])
+    result = Diarizer(DiarizeOptions(), encoder)(audio)
+    assert result.num_speakers == 1
+    assert {t.speaker for t in result.turns} == {"SPEAKER_00"}
+
+
+def test_exact_speaker_count_is_obeyed(encoder):
+    audio, _ = _call()
+    result = Diarizer(DiarizeOptions(speakers=3), encoder)(audio)
+    assert result.num_speakers == 3
+
+
+def test_options_refuse_impossible_counts():
+    with pytest.raises(ValueError, match="min_speakers"):
+        DiarizeOptions(min_speakers=3, max_speakers=2)
+    with pytest.raises(ValueError, match="speakers=0"):
+        DiarizeOptions(speakers=0)
+
+
+def _word(word, start, end):
+    return {"word": word, "start": start, "end": end, "probability": 0.9}
+
+
+SEGMENT = {
+    "start": 0.0,
+    "end": 3.0,
+    "text": "Hello, how can I help? My order.",
+    "channel": 0,
+    "speaker": None,
+    "avg_logprob": -0.2,
+    "no_speech_prob": 0.01,
+    "degenerate": False,
+    "words": [
+        _word("Hello,", 0.0, 0.4),
+        _word("how", 0.5, 0.7),
+        _word("can", 0.7, 0.9),
+        _word("I", 0.9, 1.0),
+        _word("help?", 1.0, 1.4),
+        _word("My", 1.9, 2.1),
+        _word("order.", 2.1, 3.0),
+    ],
+}
+TURNS = [Turn("SPEAKER_00", 0.0, 1.6), Turn("SPEAKER_01", 1.6, 3.2)]
+
+
+def test_words_go_to_the_speaker_they_overlap_and_segments_split_at_speaker_changes():
+    out = assign_speakers([SEGMENT], TURNS)
+    assert [(s["speaker"], s["text"], s["start"], s["end"]) for s in out] == [
+        ("SPEAKER_00", "Hello, how can I help?", 0.0, 1.4),
+        ("SPEAKER_01", "My order.", 1.9, 3.0),
+    ]
+    assert all(s["avg_logprob"] == -0.2 and s["channel"] == 0 for s in out)
+    assert SEGMENT["speaker"] is None  # the input is not changed
+    # A word across a boundary goes where most of it is; turns as plain dicts work too.
+    dict_turns = [{"speaker": t.speaker, "start": t.start, "end": t.end} for t in TURNS]
+    straddle = {**SEGMENT, "words": [_word("yes", 1.5, 1.9)]}
+    assert assign_speakers([straddle], dict_turns)[0]["speaker"] == "SPEAKER_01"
+
+
+def test_segment_without_words_goes_whole_to_the_speaker_it_overlaps_most():
+    seg = {**SEGMENT, "words": None, "start": 1.2, "end": 3.0}
+    (out,) = assign_speakers([seg], TURNS)
+    assert out["speaker"] == "SPEAKER_01" and out["text"] == SEGMENT["text"]
+
+
+def test_word_outside_every_turn_goes_to_the_nearest_turn():
+    seg = {**SEGMENT, "words": [_word("bye", 5.0, 5.3)]}
+    assert assign_speakers([seg], TURNS)[0]["speaker"] == "SPEAKER_01"
+
+
+def test_mono_analytics_give_talk_turns_silence_and_interruptions_with_overtalk_null():
+    segments = assign_speakers(
+        [
+            {**SEGMENT, "words": [_word("Hello", 0.0, 1.0), _word("there", 1.1, 2.0)]},
+            {**SEGMENT, "words": [_word("hi", 2.05, 2.5)]},  # no pause: cut in
+            {**SEGMENT, "words": [_word("so", 5.0, 6.0)]},  # after a 2.5 s silence
+        ],
+        [Turn("SPEAKER_00", 0.0, 2.02), Turn("SPEAKER_01", 2.02, 3.0), Turn("SPEAKER_00", 4.8, 6)],
+    )
+    a = mono_call_analytics(segments, duration_s=7.0)
+    assert a["overtalk_s"] is None and "one speaker per instant" in OVERTALK_UNMEASURED
+    assert a["interruptions"] == [{"by": "SPEAKER_01", "of": "SPEAKER_00", "count": 1}]
+    by = {s["speaker"]: s for s in a["speakers"]}
+    assert by["SPEAKER_00"]["talk_s"] == pytest.approx(3.0)
+    assert by["SPEAKER_01"]["talk_s"] == pytest.approx(0.45)
+    assert by["SPEAKER_00"]["turns"] == 2 and by["SPEAKER_01"]["turns"] == 1
+    assert by["SPEAKER_01"]["interruptions_made"] == 1 and by["SPEAKER_00"]["interrupted"] == 1
+    assert a["longest_silence_s"] == pytest.approx(2.5)
+    assert a["non_talk_s"] == pytest.approx(7.0 - 3.45)
+
+
+def test_first_speaker_is_the_agent_and_a_short_blip_does_not_decide():
+    turns = [
+        Turn("SPEAKER_00", 0.0, 0.2),  # a cough
+        Turn("SPEAKER_01", 0.5, 3.0),
+        Turn("SPEAKER_00", 3.2, 5.0),
+        Turn("SPEAKER_02", 5.2, 6.0),
+    ]
+    roles = first_speaker_roles(turns)
+    assert roles == {"SPEAKER_01": "agent", "SPEAKER_00": "customer", "SPEAKER_02": "SPEAKER_02"}
+    (seg,) = relabel([{"speaker": "SPEAKER_01", "text": "hi"}], roles)
+    assert seg["speaker"] == "agent"
