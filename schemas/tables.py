@@ -9,7 +9,7 @@ import pyarrow as pa
 # 4: transcripts.entities, redact_s, redact_units (null in older files and when a job does not
 #    redact); the transcripts_unredacted table.
 # 5: transcripts.degenerate and transcripts.segments.degenerate (null in older files).
-SCHEMA_VERSION = "5"
+SCHEMA_VERSION = "6"
 
 _VERSION_KEY = b"overnight.schema_version"
 
@@ -301,6 +301,11 @@ COSTS = with_version(
             pa.field("input_tokens", pa.int64()),
             pa.field("output_tokens", pa.int64()),
             pa.field("recorded_at", pa.timestamp("us", tz="UTC")),
+            # Schema 6: the stage's role, from its record (``Stage``/``Cost``), so that readers
+            # need no list of stage names: true for the job's model stage (the actor pool,
+            # whose seconds are busy time); what its job's unit is, audio or documents.
+            pa.field("model_stage", pa.bool_()),
+            pa.field("work", pa.string()),  # audio | documents
         ]
     ),
     "costs",

@@ -45,6 +45,10 @@ class Cost:
     this stage's resource and units (the fetch inside decode and extract).
     bought: what its seconds bought, for the ledger's ``audio_s`` (the row's ``duration_s``)
     or ``input_tokens``/``output_tokens``; None: neither.
+    model: the job's model stage (the actor pool): its seconds are the run's busy time.
+    ``Stage.on_pool`` sets it; nothing else should.
+    work: what its job is measured in (the ledger's ``work``: cost per audio minute or per
+    document); None: audio where it bought audio, documents otherwise.
     """
 
     name: str
@@ -54,6 +58,14 @@ class Cost:
     timed_by_worker: bool = False
     parts: tuple[str, ...] = ()
     bought: Literal["audio", "tokens"] | None = "audio"
+    model: bool = False
+    work: Literal["audio", "documents"] | None = None
+
+    @property
+    def unit_of_work(self) -> Literal["audio", "documents"]:
+        if self.work is not None:
+            return self.work
+        return "audio" if self.bought == "audio" else "documents"
 
     @property
     def seconds(self) -> str:
@@ -135,6 +147,10 @@ def build_ledger(
                     "input_tokens": row.get("input_tokens") if tokens else None,
                     "output_tokens": row.get("output_tokens") if tokens else None,
                     "recorded_at": now,
+                    # Its parts (the fetch inside decode) are not the model, and work for the
+                    # same unit as it does.
+                    "model_stage": cost.model and stage == cost.name,
+                    "work": cost.unit_of_work,
                 }
             )
     return pa.Table.from_pylist(out, schema=COSTS)
@@ -180,13 +196,12 @@ def summarize_run(
     """The run summary: counts, audio, busy vs reserved time, cost per unit."""
     mine = [r for r in ledger.to_pylist() if r["run_id"] == run_id]
     cost = sum(r["cost_usd"] for r in mine)
-    model_stage = {"transcribe", "generate"}
     # In actor-seconds: an actor running two model batches at once (model_workers) prices
     # each at half its units, so unit-weighting keeps busy <= reserved.
     busy_model_s = sum(
-        r["seconds"] * (r["units"] or model_units) for r in mine if r["stage"] in model_stage
+        r["seconds"] * (r["units"] or model_units) for r in mine if r["model_stage"]
     ) / (model_units or 1.0)
-    cpu_cost = sum(r["cost_usd"] for r in mine if r["stage"] not in model_stage)
+    cpu_cost = sum(r["cost_usd"] for r in mine if not r["model_stage"])
     # An actor that waits for work still holds its device: reserved = actors x wall.
     reserved_model_s = model_actors * pipeline_wall_s
     reserved_cost = (

@@ -13,6 +13,7 @@ datatrove's pipeline steps get their timing from their base class.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -85,6 +86,11 @@ class Stage:
             raise ValueError(f"{where}: placement {self.placement!r}, not one of {PLACEMENTS}")
         if (self.placement == "model") != (self.actors is not None):
             raise ValueError(f"{where}: the model stage, and only it, has an actor pool")
+        if self.cost is not None and self.cost.model != (self.placement == "model"):
+            # The ledger's ``model_stage`` is read off the record, not off a list of names.
+            object.__setattr__(
+                self, "cost", dataclasses.replace(self.cost, model=self.placement == "model")
+            )
         if self.cost is not None:
             timed = [self.cost.seconds, *(f"{part}_s" for part in self.cost.parts)]
             missing = [name for name in timed if name not in self.produces.names]

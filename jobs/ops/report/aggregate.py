@@ -18,9 +18,10 @@ from overnight.jobs.dataset.commits import PARTITION, read_results
 from overnight.jobs.errors import ConfigError, InputNotFound
 from overnight.jobs.ops.report.analytics import analytics_table
 
-MODEL_STAGES = ("transcribe", "generate")
-AUDIO_STAGES = ("decode", "transcribe")
-DOCUMENT_STAGES = ("extract", "generate")
+# Ledgers before schema 6 do not say which stage was the model and what unit its job
+# works in (``model_stage``, ``work``): for those rows only, the stage names of that time.
+_LEGACY_MODEL_STAGES = ("transcribe", "generate")
+_LEGACY_AUDIO_STAGES = ("decode", "transcribe", "redact", "probe")
 _RESULT_DIRS = ("transcripts", "results")
 _RESULT_COLUMNS = [
     "item_id",
@@ -99,8 +100,36 @@ def load(
             )
     ledger = pa.concat_tables(ledgers, promote_options="default") if ledgers else _empty_ledger()
     before = ledger.num_rows
-    ledger = _dedupe(ledger)
+    ledger = _with_roles(_dedupe(ledger))
     return Sources(shown, ledger, results, summaries, before - ledger.num_rows)
+
+
+def _with_roles(ledger: pa.Table) -> pa.Table:
+    """``model_stage`` and ``work`` filled on rows of ledgers written before schema 6."""
+    for name, kind in (("model_stage", pa.bool_()), ("work", pa.string())):
+        if name not in ledger.column_names:  # no file read had it
+            ledger = ledger.append_column(name, pa.nulls(ledger.num_rows, kind))
+    if ledger.num_rows == 0 or (
+        ledger["model_stage"].null_count == 0 and ledger["work"].null_count == 0
+    ):
+        return ledger
+    stage, run, item = (ledger[c].to_pylist() for c in ("stage", "run_id", "item_id"))
+    model, work = ledger["model_stage"].to_pylist(), ledger["work"].to_pylist()
+    audio = {
+        (r, i) for s, r, i in zip(stage, run, item, strict=True) if s in ("decode", "transcribe")
+    }
+    for k, name in enumerate(stage):
+        if model[k] is None:
+            model[k] = name in _LEGACY_MODEL_STAGES
+        if work[k] is None:
+            # A fetch was decode's (audio) or extract's (documents): its item tells which.
+            is_audio = name in _LEGACY_AUDIO_STAGES or (
+                name == "fetch" and (run[k], item[k]) in audio
+            )
+            work[k] = "audio" if is_audio else "documents"
+    at = ledger.schema.get_field_index
+    ledger = ledger.set_column(at("model_stage"), "model_stage", pa.array(model, pa.bool_()))
+    return ledger.set_column(at("work"), "work", pa.array(work, pa.string()))
 
 
 def _dedupe(ledger: pa.Table) -> pa.Table:
@@ -187,7 +216,6 @@ class _Prepared:
     col: dict[str, list[Any]]
     day: list[str]
     audio_item: dict[tuple[str, str], float]
-    audio_items: set[tuple[str, str]]
     info: dict[tuple[str, str], dict[str, Any]]
     item_time: dict[tuple[str, str], datetime]
     run_busy: dict[str, float]
@@ -206,21 +234,20 @@ def _prepare(sources: Sources) -> _Prepared:
     keys = list(zip(col["run_id"], col["item_id"], strict=True))
     audio_item: dict[tuple[str, str], float] = {}
     from_model_row: set[tuple[str, str]] = set()
-    audio_items: set[tuple[str, str]] = set()
     run_busy_rows: dict[str, list[float]] = defaultdict(list)
     run_items: dict[str, set[str]] = defaultdict(set)
     item_time: dict[tuple[str, str], datetime] = {}
     for i in range(n):
-        key, stage, audio = keys[i], col["stage"][i], col["audio_s"][i]
-        if stage in AUDIO_STAGES:
-            audio_items.add(key)
+        key, model, audio = keys[i], col["model_stage"][i], col["audio_s"][i]
         if audio is not None:
-            if stage == "transcribe":
+            # The model's row says how much audio it heard; other stages' rows only say so
+            # when the model has no row of this item.
+            if model and col["work"][i] == "audio":
                 audio_item[key] = audio
                 from_model_row.add(key)
             elif key not in from_model_row:
                 audio_item[key] = max(audio, audio_item.get(key, audio))
-        if stage in MODEL_STAGES:
+        if model:
             run_busy_rows[key[0]].append(col["seconds"][i] or 0.0)
         run_items[key[0]].add(key[1])
         if col["recorded_at"][i] is not None:
@@ -231,7 +258,6 @@ def _prepare(sources: Sources) -> _Prepared:
         col=col,
         day=day,
         audio_item=audio_item,
-        audio_items=audio_items,
         info=info,
         item_time=item_time,
         run_busy={r: math.fsum(v) for r, v in run_busy_rows.items()},
@@ -318,26 +344,26 @@ def _aggregate(p: _Prepared, by: str, scope: Scope) -> dict[str, _Group]:
     for i in range(p.n):
         if not scope.keeps(c["recorded_at"][i], c["tenant"][i], nights[i]):
             continue
-        run, item, stage, cost = (
+        run, item, model, work, cost = (
             c["run_id"][i],
             c["item_id"][i],
-            c["stage"][i],
+            c["model_stage"][i],
+            c["work"][i],
             c["cost_usd"][i] or 0.0,
         )
         cell = groups[_ledger_key(by, p, i)].cells[run]
         cell.costs.append(cost)
         cell.items.add(item)
-        if stage in AUDIO_STAGES or (stage == "fetch" and (run, item) in p.audio_items):
+        if work == "audio":
             cell.audio_costs.append(cost)
         else:
             cell.document_costs.append(cost)
-        if stage in MODEL_STAGES:
-            cell.busy.append(c["seconds"][i] or 0.0)
-            if stage == "transcribe":
-                cell.speech_busy.append(c["seconds"][i] or 0.0)
-        if stage in DOCUMENT_STAGES:
             cell.documents.add(item)
-        if stage == "generate":
+        if model:
+            cell.busy.append(c["seconds"][i] or 0.0)
+            if work == "audio":
+                cell.speech_busy.append(c["seconds"][i] or 0.0)
+        if model and work == "documents":
             cell.input_tokens += c["input_tokens"][i] or 0
             cell.output_tokens += c["output_tokens"][i] or 0
         audio = p.audio_item.get((run, item))

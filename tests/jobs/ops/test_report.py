@@ -90,11 +90,11 @@ def _document_rows(run_id: str, n: int, when: datetime) -> list[dict]:
 
 
 # The costs of the jobs' stages as their plans declare them (jobs.transcribe, jobs.process):
-# which columns are which ledger stage.
-AUDIO_COSTS = (Cost("decode", "decode", parts=("fetch",)), Cost("transcribe", "asr"))
+# which columns are which ledger stage; ``model`` as the model stage's record sets it.
+AUDIO_COSTS = (Cost("decode", "decode", parts=("fetch",)), Cost("transcribe", "asr", model=True))
 TEXT_COSTS = (
     Cost("extract", "extract", parts=("fetch",), bought=None),
-    Cost("generate", "llm", bought="tokens"),
+    Cost("generate", "llm", bought="tokens", model=True),
 )
 
 
@@ -234,6 +234,23 @@ def test_report_numbers_reconcile_exactly_with_ledgers_across_runs_and_tenants(o
     )
     assert totals["items"] == len(result_rows) == 23 + 31 + 6 + 11
     assert totals["failed"] == sum(r["status"] == "error" for r in result_rows)
+
+
+def test_a_ledger_from_before_schema_6_reports_the_same_figures(outputs, tmp_path):
+    """Ledgers written before the stage's role was recorded (no ``model_stage``, ``work``)
+    are read by the stage names of that time, with the same totals."""
+    import shutil
+
+    old = [tmp_path / o.name for o in outputs]
+    for src, dst in zip(outputs, old, strict=True):
+        shutil.copytree(src, dst)
+        for f in (dst / "costs").rglob("*.parquet"):
+            table = pq.read_table(f)
+            pq.write_table(table.drop_columns(["model_stage", "work"]), f)
+    for by in ("day", "tenant"):
+        now = build_report(load([str(o) for o in outputs]), by=by).main.to_pylist()
+        then = build_report(load([str(o) for o in old]), by=by).main.to_pylist()
+        assert then == now
 
 
 def test_failures_are_counted_by_error_code_in_each_group(outputs):
