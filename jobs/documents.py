@@ -1,7 +1,7 @@
 """What the document job reads, and its CPU stage: documents listed from the input, or the
 transcripts dataset of an earlier run (a chained job), each as one record per (item, task);
 ``fetch_and_extract`` turns a document's bytes into text in a sandboxed child
-(``workers.text``). ``jobs.process`` builds the job's plan from these.
+(``workers.text``). ``jobs.process`` builds the job's records and stages from these.
 """
 
 from __future__ import annotations

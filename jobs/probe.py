@@ -1,4 +1,4 @@
-"""The probe job, as a plan for the runner (``jobs.run.runner``): each recording's container
+"""The probe job, for the runner (``jobs.run.runner``): each recording's container
 header (duration, channels, sample rate, codec, size) into OUTPUT/probes/, without decoding.
 
     manifest blocks (recorded in OUTPUT/_manifests/)
@@ -24,6 +24,7 @@ from overnight.jobs.accounting.ledger import Cost
 from overnight.jobs.dataset import commits, storage
 from overnight.jobs.dataset.manifest import Selection, select_items
 from overnight.jobs.run import runner, sizing
+from overnight.jobs.run.job import Build, Job, Prepared, Resolved
 from overnight.jobs.run.stage import Stage
 from overnight.jobs.spec import JobSpec
 from overnight.schemas import MANIFEST, PROBES, ErrorCode
@@ -114,18 +115,30 @@ def probe_pool(nodes: list[sizing.Node]) -> sizing.Pool:
     )
 
 
-def run_probe(spec: JobSpec) -> dict[str, Any]:
-    """Probe every recording of the input; returns the run summary, with ``audio_hours``."""
-    return runner.run(probe_plan(spec))
+class ProbeJob(Job[Prepared]):
+    """Recordings → their container headers, read by a few small CPU actors."""
 
+    kind = "probe"
+    dataset = "probes"
+    schema = PROBES
+    slim = _SLIM
+    device = "cpu"
 
-def probe_plan(spec: JobSpec) -> runner.JobPlan:
-    preflight.check_output(spec.job.output)
-    selection = Selection.of(MEDIA_EXTENSIONS, "media", spec.job.include, spec.job.exclude)
-    listing = select_items(spec.job.input, selection)
-    max_bytes = int(spec.transcribe.max_file_mb * 2**20)
+    def prepare(self, dry: bool) -> Prepared:
+        job = self.spec.job
+        preflight.check_output(job.output)
+        selection = Selection.of(MEDIA_EXTENSIONS, "media", job.include, job.exclude)
+        listing = select_items(job.input, selection)
+        return Prepared(listing.items, listing.skipped, listing.skipped_examples)
 
-    def build(at: runner.Resolved) -> runner.Build:
+    def pool(self, device: str, nodes: list[sizing.Node]) -> sizing.Pool:
+        return probe_pool(nodes)
+
+    def describe(self, pool: sizing.Pool) -> str:
+        return f"{pool.actors} probe actor(s) of {_ACTOR_CPUS:g} CPU"
+
+    def stages(self, at: Resolved, prepared: Prepared) -> Build:
+        max_file_mb = self.spec.transcribe.max_file_mb
         prober = Stage.on_pool(
             "probe",
             Prober,
@@ -134,44 +147,33 @@ def probe_plan(spec: JobSpec) -> runner.JobPlan:
             produces=PROBE_OUTPUT,
             kwargs={
                 "storage_config": storage.StorageConfig.from_env(),
-                "max_bytes": max_bytes,
-                "allowed_input_prefixes": spec.job.allowed_input_prefixes,
+                "max_bytes": int(max_file_mb * 2**20),
+                "allowed_input_prefixes": self.spec.job.allowed_input_prefixes,
             },
             rows_per_call=16,
             # Each header's own read: finer than the batch of 16 the runner times.
             cost=Cost("probe", "probe", timed_by_worker=True),
         )
-        return runner.Build(
-            stages=[prober],
-            model_resource="cpu",
+        return Build(
+            [prober],
             model_units=_ACTOR_CPUS,
-            options={"max_file_mb": spec.transcribe.max_file_mb, **sizing.record(at.pool)},
-            row_options=json.dumps({"max_file_mb": spec.transcribe.max_file_mb}),
+            options={"max_file_mb": max_file_mb},
+            row_options=json.dumps({"max_file_mb": max_file_mb}),
         )
 
-    def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    def summarize(self, rows: list[dict[str, Any]], prepared: Prepared) -> dict[str, Any]:
+        job = self.spec.job
         return {
-            "input": storage.scrub_secrets(spec.job.input),
-            "audio_hours": audio_hours(spec.job.output, [r["item_id"] for r in listing.items]),
-            "skipped": listing.skipped,
-            "skipped_examples": listing.skipped_examples,
+            "input": storage.scrub_secrets(job.input),
+            "audio_hours": audio_hours(job.output, [r["item_id"] for r in prepared.records]),
+            "skipped": prepared.skipped,
+            "skipped_examples": prepared.skipped_examples,
         }
 
-    return runner.JobPlan(
-        spec=spec,
-        kind="probe",
-        run_id=spec.run_id,
-        dataset="probes",
-        schema=PROBES,
-        slim=_SLIM,
-        records=listing.items,
-        manifest_schema=MANIFEST,
-        device="cpu",
-        size=lambda device, nodes: probe_pool(nodes),
-        build=build,
-        describe=lambda pool: f"{pool.actors} probe actor(s) of {_ACTOR_CPUS:g} CPU",
-        summary=summary,
-    )
+
+def run_probe(spec: JobSpec) -> dict[str, Any]:
+    """Probe every recording of the input; returns the run summary, with ``audio_hours``."""
+    return runner.run(ProbeJob(spec))
 
 
 def audio_hours(output: str, item_ids: list[str]) -> float:

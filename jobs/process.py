@@ -1,4 +1,4 @@
-"""The document job, as a plan for the runner (``jobs.run.runner``): documents or transcripts →
+"""The document job, for the runner (``jobs.run.runner``): documents or transcripts →
 text → LLM actors → OUTPUT/results, costs, summary.
 
     manifest blocks (recorded in OUTPUT/_manifests/)    documents, or transcript rows
@@ -19,10 +19,12 @@ transcripts just written: the dialogue of each call is the document.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +33,10 @@ import pyarrow as pa
 from overnight.jobs import documents, preflight
 from overnight.jobs.accounting.ledger import Cost
 from overnight.jobs.dataset import storage
-from overnight.jobs.dataset.manifest import Listing, Selection, select_items
+from overnight.jobs.dataset.manifest import Selection, select_items
 from overnight.jobs.errors import ConfigError
 from overnight.jobs.run import runner, sizing
+from overnight.jobs.run.job import Build, Job, Prepared, Resolved, model_resource
 from overnight.jobs.run.stage import Stage
 from overnight.jobs.spec import JobSpec, ProcessOptions
 from overnight.schemas import DOCUMENT_RESULTS
@@ -134,16 +137,22 @@ def _worker_config(
 
 def run_process(spec: JobSpec, *, input_url: str | None = None) -> dict[str, Any]:
     """Run every task of ``[process]`` over the input; one summary, or one per task."""
-    for name in spec.process.tasks:
-        task_spec(name, spec.process)  # refuse a bad task before any work
-    model_path = check_process(spec)
-    url = input_url or spec.job.input
-    plans = [process_plan(spec, url, name, model_path) for name in spec.process.tasks]
-    extract_once(spec, plans)
-    stages = [runner.run(plan) for plan in plans]
+    jobs = process_jobs(spec, input_url or spec.job.input)
+    prepared = [job.prepare(dry=False) for job in jobs]
+    extract_once(spec, jobs, prepared)
+    stages = [runner.run(job, ready) for job, ready in zip(jobs, prepared, strict=True)]
     if len(stages) == 1:
         return stages[0]
     return {"run_id": spec.run_id, "kind": "process", "stages": stages}
+
+
+def process_jobs(spec: JobSpec, input_url: str) -> list[ProcessJob]:
+    """A job per task of ``[process]``, every task refused before any work if one is bad;
+    the output and the LLM are checked once for all of them."""
+    for name in spec.process.tasks:
+        task_spec(name, spec.process)
+    checked = functools.cache(lambda dry: check_process(spec, dry=dry))
+    return [ProcessJob(spec, name, input_url, check=checked) for name in spec.process.tasks]
 
 
 def check_process(spec: JobSpec, *, dry: bool = False) -> str | None:
@@ -173,7 +182,7 @@ _EXTRACTED = (
 )
 
 
-def extract_once(spec: JobSpec, plans: list[runner.JobPlan]) -> None:
+def extract_once(spec: JobSpec, jobs: list[ProcessJob], prepared: list[ProcessPrepared]) -> None:
     """Fetch and extract each document that any task still has to do once, for all of them.
 
     Each task stays a run of its own (its rows, manifest, ledger and summary, one row per
@@ -186,15 +195,15 @@ def extract_once(spec: JobSpec, plans: list[runner.JobPlan]) -> None:
     stage feeds the LLM as documents are read, instead of all of them first. A record the
     run's own subtraction finds pending beyond these is still extracted by its extract stage.
     """
-    if len(plans) < 2:
+    if len(jobs) < 2:
         return
     output = storage.resolve(spec.job.output)
     limit = spec.job.max_items
     # The records each run will do, as the runner subtracts them: the same dicts as
-    # plan.records, so what is filled in here is what the run's manifest gets.
+    # prepared.records, so what is filled in here is what the run's manifest gets.
     pending = []
-    for plan in plans:
-        todo, _ = runner.left_to_do(plan, output.join(plan.dataset))
+    for job, ready in zip(jobs, prepared, strict=True):
+        todo, _ = runner.left_to_do(job, ready, output.join(job.dataset))
         todo = todo if limit is None else todo[:limit]
         pending.append([r for r in todo if r["status"] is None])  # not yet read
     documents_to_read: dict[str, dict[str, Any]] = {}
@@ -206,11 +215,11 @@ def extract_once(spec: JobSpec, plans: list[runner.JobPlan]) -> None:
     if spec.job.progress:
         print(
             f"[overnight] reading {len(documents_to_read)} documents once for the "
-            f"{len(plans)} tasks",
+            f"{len(jobs)} tasks",
             file=sys.stderr,
             flush=True,
         )
-    rows = runner.run_task_stages(plans[0], list(documents_to_read.values()))
+    rows = runner.run_task_stages(jobs[0], prepared[0], list(documents_to_read.values()))
     read = {row["source_item_id"]: row for row in rows}
     priced: set[str] = set()
     for records in pending:
@@ -222,53 +231,100 @@ def extract_once(spec: JobSpec, plans: list[runner.JobPlan]) -> None:
             priced.add(source)
 
 
-def process_plan(
-    spec: JobSpec, input_url: str, task_name: str, model_path: str | None = None
-) -> runner.JobPlan:
-    opts = spec.process
-    task = task_spec(task_name, opts)
-    single = len(opts.tasks) == 1 and spec.job.kind == "process"
-    transcripts = documents.transcripts_dataset(input_url)
-    listing = Listing([])
-    if not transcripts:
-        selection = Selection.of(
-            DOCUMENT_EXTENSIONS, "document", spec.job.include, spec.job.exclude
-        )
-        listing = select_items(input_url, selection)
-    records = (
-        documents.transcript_records(transcripts, task_name)
-        if transcripts
-        else documents.document_records(listing, task_name)
-    )
-    input_kind = "transcripts" if transcripts else "documents"
-    items_per_call, calls_per_actor = opts.call_shape
+@dataclass(kw_only=True)
+class ProcessPrepared(Prepared):
+    task: TaskSpec
+    input_kind: str  # documents | transcripts
+    model_path: str | None  # the driver's local copy of a hub model, for the actors
 
-    def build(at: runner.Resolved) -> runner.Build:
-        pool = at.pool
-        config = replace(_worker_config(opts, task, at.device, pool), model_path=model_path)
+
+class ProcessJob(Job[ProcessPrepared]):
+    """One task over documents or transcripts: extract tasks, then the LLM actor pool."""
+
+    kind = "process"
+    dataset = "results"
+    schema = DOCUMENT_RESULTS
+    slim = _SLIM
+    manifest_schema = DOC_INPUT
+    load_errors = (EngineUnavailable,)
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        task_name: str,
+        input_url: str | None = None,
+        *,
+        check: Callable[[bool], str | None] | None = None,
+    ):
+        single = len(spec.process.tasks) == 1 and spec.job.kind == "process"
+        super().__init__(spec, run_id=spec.run_id if single else f"{spec.run_id}-{task_name}")
+        self.opts, self.task_name = spec.process, task_name
+        self.input_url = input_url or spec.job.input
+        # The output and the LLM checked (``check_process``): once for all the job's tasks.
+        self.check = check or (lambda dry: check_process(spec, dry=dry))
+        self.device = self.opts.device
+        self.items_per_call, self.calls_per_actor = self.opts.call_shape
+        # One call per Ray task, a task being one manifest block (the LLM stage takes whole
+        # blocks). A task runs its batches one after another: blocks of 8, or a batch_size
+        # with which Ray Data bundled a 3-row block into the next 4-row one, made a task two
+        # calls in a row, the second call's short documents behind the first call's long
+        # one (120 s later on 10 short documents and a 30-page one).
+        self.rows_per_block = max(1, min(8, self.items_per_call))
+
+    def prepare(self, dry: bool) -> ProcessPrepared:
+        model_path = self.check(dry)
+        task = task_spec(self.task_name, self.opts)
+        transcripts = documents.transcripts_dataset(self.input_url)
+        if transcripts:
+            return ProcessPrepared(
+                documents.transcript_records(transcripts, self.task_name),
+                upstream_codes=(ErrorCode.TRANSCRIPT_FAILED.value,),
+                task=task,
+                input_kind="transcripts",
+                model_path=model_path,
+            )
+        job = self.spec.job
+        selection = Selection.of(DOCUMENT_EXTENSIONS, "document", job.include, job.exclude)
+        listing = select_items(self.input_url, selection)
+        return ProcessPrepared(
+            documents.document_records(listing, self.task_name),
+            listing.skipped,
+            listing.skipped_examples,
+            task=task,
+            input_kind="documents",
+            model_path=model_path,
+        )
+
+    def pool(self, device: str, nodes: list[sizing.Node]) -> sizing.Pool:
+        return llm_pool(self.opts, device, nodes)
+
+    def describe(self, pool: sizing.Pool) -> str:
+        what = pool.describe("LLM", "text extraction")
+        return f"{self.task_name} on {self.opts.backend}: {what}"
+
+    def stages(self, at: Resolved, prepared: ProcessPrepared) -> Build:
+        opts, pool = self.opts, at.pool
+        config = replace(
+            _worker_config(opts, prepared.task, at.device, pool), model_path=prepared.model_path
+        )
         generate = Cost(
             "generate",
             "llm",
-            # The GPU the actor finds (an "h100" row), or the price key the job names.
-            resource=opts.resource or ("cpu" if at.device != "cuda" else None),
+            resource=model_resource(opts.resource, at.device),
             units=(pool.gpus_per_actor or 1.0) if at.device == "cuda" else pool.cpus_per_actor,
             timed_by_worker=True,  # a model batch's time, shared by its documents' tokens
             bought="tokens",
         )
-        options_json = json.dumps(
-            {
-                **config.options(),
-                # What rows have always recorded beside the worker's options.
-                "resource": opts.resource,
-                "units": generate.units,
-                "device": at.device,
-                "input_kind": input_kind,
-                "items_per_call": items_per_call,
-                "calls_per_actor": calls_per_actor,
-            },
-            sort_keys=True,
-            default=str,
-        )
+        shape = {"items_per_call": self.items_per_call, "calls_per_actor": self.calls_per_actor}
+        row_options = {
+            **config.options(),
+            # What rows have always recorded beside the worker's options.
+            "resource": opts.resource,
+            "units": generate.units,
+            "device": at.device,
+            "input_kind": prepared.input_kind,
+            **shape,
+        }
         extract = Stage(
             "extract",
             documents.fetch_and_extract,
@@ -291,60 +347,28 @@ def process_plan(
             produces=pa.schema([*DOC_INPUT, *LLM_OUTPUT]),
             kwargs={"config": config},
             accelerator_type=opts.accelerator_type,
-            calls_per_actor=calls_per_actor,
-            # A call is one manifest block: see rows_per_block below.
-            rows_per_call=None,
+            calls_per_actor=self.calls_per_actor,
+            rows_per_call=None,  # a call is one manifest block: see rows_per_block
             cost=generate,
         )
-        return runner.Build(
-            stages=[extract, llm],
-            model_resource=opts.resource or ("gpu" if at.device == "cuda" else "cpu"),
+        return Build(
+            [extract, llm],
             model_units=generate.units or 1.0,
-            options={
-                **opts.model_dump(mode="json", by_alias=True),
-                **sizing.record(pool),
-                "items_per_call": items_per_call,
-                "calls_per_actor": calls_per_actor,
-            },
-            row_options=options_json,
+            options={**opts.model_dump(mode="json", by_alias=True), **shape},
+            model_resource=opts.resource,
+            row_options=json.dumps(row_options, sort_keys=True, default=str),
         )
 
-    def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    def summarize(self, rows: list[dict[str, Any]], prepared: ProcessPrepared) -> dict[str, Any]:
         return {
-            "task": task_name,
-            "input": storage.scrub_secrets(input_url),
-            "input_kind": input_kind,
-            "skipped": listing.skipped,
-            "skipped_examples": listing.skipped_examples,
-            "backend": opts.backend,
-            "model": opts.model or f"{opts.backend}:default",
+            "task": self.task_name,
+            "input": storage.scrub_secrets(self.input_url),
+            "input_kind": prepared.input_kind,
+            "skipped": prepared.skipped,
+            "skipped_examples": prepared.skipped_examples,
+            "backend": self.opts.backend,
+            "model": self.opts.model or f"{self.opts.backend}:default",
         }
-
-    return runner.JobPlan(
-        spec=spec,
-        kind="process",
-        run_id=spec.run_id if single else f"{spec.run_id}-{task_name}",
-        dataset="results",
-        schema=DOCUMENT_RESULTS,
-        upstream_codes=(ErrorCode.TRANSCRIPT_FAILED.value,) if transcripts else (),
-        slim=_SLIM,
-        records=records,
-        manifest_schema=DOC_INPUT,
-        device=opts.device,
-        size=lambda device, nodes: llm_pool(opts, device, nodes),
-        build=build,
-        # One call per Ray task, a task being one manifest block (the LLM stage takes whole
-        # blocks). A task runs its batches one after another: blocks of 8, or a batch_size
-        # with which Ray Data bundled a 3-row block into the next 4-row one, made a task two
-        # calls in a row, the second call's short documents behind the first call's long
-        # one (120 s later on 10 short documents and a 30-page one).
-        rows_per_block=max(1, min(8, items_per_call)),
-        load_errors=(EngineUnavailable,),
-        describe=lambda pool: (
-            f"{task_name} on {opts.backend}: {pool.describe('LLM', 'text extraction')}"
-        ),
-        summary=summary,
-    )
 
 
 def run_chain(spec: JobSpec) -> dict[str, Any]:

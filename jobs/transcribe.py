@@ -1,4 +1,4 @@
-"""The transcription job, as a plan for the runner (``jobs.run.runner``):
+"""The transcription job, for the runner (``jobs.run.runner``):
 
     manifest blocks (recorded in OUTPUT/_manifests/)    a few items per decode task
       → fetch_and_decode                                 CPU tasks: bytes → feature chunks
@@ -20,7 +20,7 @@ import functools
 import os
 import sys
 import time
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import pyarrow as pa
@@ -30,6 +30,7 @@ from overnight.jobs.accounting.ledger import Cost
 from overnight.jobs.dataset import storage
 from overnight.jobs.dataset.manifest import Selection, select_items
 from overnight.jobs.run import on_ray, runner, sizing
+from overnight.jobs.run.job import Build, Job, Prepared, Resolved, model_resource
 from overnight.jobs.run.stage import Stage
 from overnight.jobs.spec import JobSpec, TranscribeOptions
 from overnight.schemas import MANIFEST, TRANSCRIPTS, TRANSCRIPTS_UNREDACTED
@@ -176,57 +177,78 @@ def language_mismatches(records: list[dict[str, Any]], opts: TranscribeOptions) 
     return sum(1 for r in records if not is_english(r.get("language") or opts.language))
 
 
-def run_transcribe(spec: JobSpec) -> dict[str, Any]:
-    """Run the job; returns the run summary (also written to OUTPUT/runs/<run_id>.json)."""
-    return runner.run(transcribe_plan(spec))
+@dataclass(kw_only=True)
+class TranscribePrepared(Prepared):
+    model: preflight.WhisperModelRef  # the checked model: its local copy, its mel bins
 
 
-def transcribe_plan(spec: JobSpec, *, dry: bool = False) -> runner.JobPlan:
-    """The job's plan. ``dry`` (``--dry-run``): the model is checked as a cluster run checks
-    it (the cache, else the hub's metadata), never downloaded: a dry run writes nothing."""
-    opts = spec.transcribe
-    preflight.check_output(spec.job.output)
-    model_ref = preflight.whisper_model(
-        opts.model,
-        download=not dry and preflight.local_run(spec.job.ray_address),
-        progress=spec.job.progress,
-    )
-    selection = Selection.of(MEDIA_EXTENSIONS, "media", spec.job.include, spec.job.exclude)
-    listing = select_items(spec.job.input, selection)
-    with_channel_labels(listing.items, opts.channel_labels)
-    mismatched = language_mismatches(listing.items, opts)
-    if mismatched:
-        # Once per run, not per item: a backlog of German calls is one message.
-        print(
-            f"[overnight] warning: {mismatched} of {len(listing.items)} items ask for a "
-            f"language other than English, but {opts.model!r} is English-only: they are "
-            "transcribed as English and marked language_mismatch (use a multilingual model, "
-            "e.g. --model large-v3)",
-            file=sys.stderr,
-            flush=True,
+class TranscribeJob(Job[TranscribePrepared]):
+    """Recordings → transcripts: decode tasks, the Whisper actor pool, redaction after it."""
+
+    kind = "transcribe"
+    dataset = "transcripts"
+    schema = TRANSCRIPTS
+    slim = _SLIM
+    load_errors = (ModelLoadError,)
+
+    def __init__(self, spec: JobSpec):
+        super().__init__(spec)
+        self.opts = opts = spec.transcribe
+        self.device = opts.device
+        # Small calls, many in flight: the model starts as soon as one decode task is done,
+        # and its batches are filled from every call in flight (workers.whisper's batcher).
+        self.items_per_call = opts.items_per_call or 8
+        self.calls_per_actor = opts.calls_per_actor or min(
+            64, -(-4 * opts.batch_size // self.items_per_call)
         )
-    own_prompts = sum(1 for r in listing.items if r.get("initial_prompt") or r.get("hotwords"))
-    # Small calls, many in flight: the model starts as soon as one decode task is done, and
-    # its batches are filled from every call in flight (workers.whisper.ContinuousBatcher).
-    items_per_call = opts.items_per_call or 8
-    calls_per_actor = opts.calls_per_actor or min(64, -(-4 * opts.batch_size // items_per_call))
-    storage_config = storage.StorageConfig.from_env()
-    output = storage.resolve(spec.job.output)
-    if opts.redact and spec.job.progress:
-        print(
-            f"[overnight] redacting {', '.join(opts.redact)} (CPU tasks after Whisper); word "
-            f"timestamps {'on' if opts.word_timestamps else 'off'}"
-            + (", originals kept in transcripts_unredacted/" if opts.keep_unredacted else ""),
-            file=sys.stderr,
-            flush=True,
+        self.rows_per_block = max(1, min(8, self.items_per_call))
+        if opts.keep_unredacted:
+            self.side_datasets = [(redaction.UNREDACTED_DATASET, TRANSCRIPTS_UNREDACTED)]
+
+    def prepare(self, dry: bool) -> TranscribePrepared:
+        """The output and the model checked, the media listed. ``dry``: the model is checked
+        as a cluster run checks it (the cache, else the hub's metadata), never downloaded."""
+        spec, opts = self.spec, self.opts
+        preflight.check_output(spec.job.output)
+        model = preflight.whisper_model(
+            opts.model,
+            download=not dry and preflight.local_run(spec.job.ray_address),
+            progress=spec.job.progress,
+        )
+        selection = Selection.of(MEDIA_EXTENSIONS, "media", spec.job.include, spec.job.exclude)
+        listing = select_items(spec.job.input, selection)
+        with_channel_labels(listing.items, opts.channel_labels)
+        mismatched = language_mismatches(listing.items, opts)
+        if mismatched:  # once per run, not per item: a backlog of German calls is one message
+            _say(
+                f"warning: {mismatched} of {len(listing.items)} items ask for a language "
+                f"other than English, but {opts.model!r} is English-only: they are "
+                "transcribed as English and marked language_mismatch (use a multilingual "
+                "model, e.g. --model large-v3)"
+            )
+        if opts.redact and spec.job.progress:
+            _say(
+                f"redacting {', '.join(opts.redact)} (CPU tasks after Whisper); word "
+                f"timestamps {'on' if opts.word_timestamps else 'off'}"
+                + (", originals kept in transcripts_unredacted/" if opts.keep_unredacted else "")
+            )
+        return TranscribePrepared(
+            listing.items, listing.skipped, listing.skipped_examples, model=model
         )
 
-    def build(at: runner.Resolved) -> runner.Build:
-        pool = at.pool
+    def pool(self, device: str, nodes: list[sizing.Node]) -> sizing.Pool:
+        return whisper_pool(self.opts, device, nodes)
+
+    def describe(self, pool: sizing.Pool) -> str:
+        return pool.describe("Whisper", "decode")
+
+    def stages(self, at: Resolved, prepared: TranscribePrepared) -> Build:
+        opts, pool = self.opts, at.pool
         w_opts = whisper_options(opts, at.device, pool)
-        a_opts = audio_options(opts, model_ref.feature_size)
+        a_opts = audio_options(opts, prepared.model.feature_size)
         extra = {f"audio.{k}": v for k, v in asdict(a_opts).items()}
-        config = WhisperWorkerConfig(whisper=w_opts, extra_options=tuple(sorted(extra.items())))
+        storage_config = storage.StorageConfig.from_env()
+        max_bytes = int(opts.max_file_mb * 2**20)
         decode = Stage(
             "decode",
             fetch_and_decode,
@@ -234,10 +256,10 @@ def transcribe_plan(spec: JobSpec, *, dry: bool = False) -> runner.JobPlan:
             produces=DECODED,
             kwargs={
                 "options": a_opts,
-                "max_bytes": int(opts.max_file_mb * 2**20),
+                "max_bytes": max_bytes,
                 "storage_config": storage_config,
                 "fetch_timeout_s": opts.fetch_timeout_s,
-                "allowed_input_prefixes": spec.job.allowed_input_prefixes,
+                "allowed_input_prefixes": self.spec.job.allowed_input_prefixes,
             },
             num_cpus=pool.task_cpus,
             cost=Cost(
@@ -251,18 +273,19 @@ def transcribe_plan(spec: JobSpec, *, dry: bool = False) -> runner.JobPlan:
             consumes=DECODED,
             produces=WHISPER_OUTPUT,
             kwargs={
-                "config": config,
+                "config": WhisperWorkerConfig(
+                    whisper=w_opts, extra_options=tuple(sorted(extra.items()))
+                ),
                 "storage_config": storage_config,
-                "local_copy": model_ref.path,
+                "local_copy": prepared.model.path,
             },
             accelerator_type=opts.accelerator_type,
-            calls_per_actor=calls_per_actor,
-            rows_per_call=items_per_call,
+            calls_per_actor=self.calls_per_actor,
+            rows_per_call=self.items_per_call,
             cost=Cost(
                 "transcribe",
                 "asr",
-                # The GPU the actor finds (an "h100" row), or the price key the job names.
-                resource=w_opts.resource or ("cpu" if at.device != "cuda" else None),
+                resource=model_resource(w_opts.resource, at.device),
                 # Model workers share the actor: each batch holds its share of it.
                 units=w_opts.units / max(1, w_opts.model_workers),
                 timed_by_worker=True,  # a batch's time, shared by its recordings' audio
@@ -270,6 +293,7 @@ def transcribe_plan(spec: JobSpec, *, dry: bool = False) -> runner.JobPlan:
         )
         stages = [decode, whisper]
         if opts.redact:
+            output = storage.resolve(self.spec.job.output)
             stages.append(
                 Stage(
                     "redact",
@@ -279,68 +303,58 @@ def transcribe_plan(spec: JobSpec, *, dry: bool = False) -> runner.JobPlan:
                     placement="after",
                     kwargs={
                         "types": tuple(opts.redact),
-                        "run_id": spec.run_id,
+                        "run_id": self.run_id,
                         "unredacted": output.join(redaction.UNREDACTED_DATASET)
                         if opts.keep_unredacted
                         else None,
                         "audio": output.join(redaction.AUDIO_FOLDER) if opts.redact_audio else None,
                         "storage_config": storage_config,
-                        "max_bytes": int(opts.max_file_mb * 2**20),
+                        "max_bytes": max_bytes,
                     },
                     num_cpus=pool.task_cpus,
                     cost=Cost("redact", "redact", units=pool.task_cpus, timed_by_worker=True),
                 )
             )
-        return runner.Build(
-            stages=stages,
-            model_resource=w_opts.resource or ("gpu" if at.device == "cuda" else "cpu"),
+        return Build(
+            stages,
             model_units=w_opts.units,
             options={
                 **opts.model_dump(),
-                **sizing.record(pool),
-                "items_per_call": items_per_call,
-                "calls_per_actor": calls_per_actor,
+                "items_per_call": self.items_per_call,
+                "calls_per_actor": self.calls_per_actor,
             },
+            model_resource=w_opts.resource,
         )
 
-    def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    def summarize(self, rows: list[dict[str, Any]], prepared: TranscribePrepared) -> dict[str, Any]:
+        records = prepared.records
         return {
-            "input": storage.scrub_secrets(spec.job.input),
-            "model": opts.model,
+            "input": storage.scrub_secrets(self.spec.job.input),
+            "model": self.opts.model,
             "speech_seconds": round(sum(r["speech_s"] or 0.0 for r in rows), 3),
             "no_speech": sum(1 for r in rows if r["status"] == "ok" and not (r["speech_s"] or 0)),
-            "skipped": listing.skipped,
-            "skipped_examples": listing.skipped_examples,
+            "skipped": prepared.skipped,
+            "skipped_examples": prepared.skipped_examples,
             "language_mismatch": sum(1 for r in rows if r.get("language_mismatch")),
             # Transcripts with a segment the decoder looped on at every temperature: stored
             # with the repetition cut and marked (`degenerate`), not clean text.
             "degenerate": sum(1 for r in rows if r.get("degenerate")),
             # Items decoded with their manifest's initial_prompt/hotwords (each row's
             # `options` holds the values); the job's own are in `options`.
-            "items_with_own_prompt": own_prompts,
-            **({"redacted_entities": _entity_counts(rows)} if opts.redact else {}),
+            "items_with_own_prompt": sum(
+                1 for r in records if r.get("initial_prompt") or r.get("hotwords")
+            ),
+            **({"redacted_entities": _entity_counts(rows)} if self.opts.redact else {}),
         }
 
-    return runner.JobPlan(
-        spec=spec,
-        kind="transcribe",
-        run_id=spec.run_id,
-        dataset="transcripts",
-        schema=TRANSCRIPTS,
-        slim=_SLIM,
-        records=listing.items,
-        manifest_schema=MANIFEST,
-        rows_per_block=max(1, min(8, items_per_call)),
-        device=opts.device,
-        size=lambda device, nodes: whisper_pool(opts, device, nodes),
-        build=build,
-        load_errors=(ModelLoadError,),
-        describe=lambda pool: pool.describe("Whisper", "decode"),
-        summary=summary,
-        side_datasets=[(redaction.UNREDACTED_DATASET, TRANSCRIPTS_UNREDACTED)]
-        if opts.keep_unredacted
-        else [],
-    )
+
+def run_transcribe(spec: JobSpec) -> dict[str, Any]:
+    """Run the job; returns the run summary (also written to OUTPUT/runs/<run_id>.json)."""
+    return runner.run(TranscribeJob(spec))
+
+
+def _say(message: str) -> None:
+    print(f"[overnight] {message}", file=sys.stderr, flush=True)
 
 
 def _entity_counts(rows: list[dict[str, Any]]) -> dict[str, int]:

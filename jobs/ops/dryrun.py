@@ -1,6 +1,6 @@
 """``--dry-run``: what a run would do, without starting Ray or writing anything.
 
-It builds the job's plan as the run would (the input listed and filtered, the model and the
+It prepares the job as the run would (the input listed and filtered, the model and the
 output checked by ``jobs.preflight``, the model as on a cluster: in the cache or on the hub,
 never downloaded), counts the items pending against those already
 committed in OUTPUT, and prices the pending work at the cost per unit that OUTPUT's own past
@@ -22,24 +22,26 @@ from overnight.jobs.spec import JobSpec
 SAMPLE = 8
 
 
-def _plans(spec: JobSpec) -> list[runner.JobPlan]:
+def _prepared(spec: JobSpec) -> list[tuple[runner.Job[Any], runner.Prepared]]:
+    """The job's runs, each prepared as the run would prepare it, but dry."""
     kind = spec.job.kind
+    jobs: list[runner.Job[Any]] = []
     if kind in ("transcribe", "chain"):
-        from overnight.jobs.transcribe import transcribe_plan
+        from overnight.jobs.transcribe import TranscribeJob
 
-        plans = [transcribe_plan(spec, dry=True)]
-        if kind == "transcribe":
-            return plans
-    if kind == "probe":
-        from overnight.jobs.probe import probe_plan
+        jobs.append(TranscribeJob(spec))
+    elif kind == "probe":
+        from overnight.jobs.probe import ProbeJob
 
-        return [probe_plan(spec)]
-    from overnight.jobs.process import check_process, process_plan
+        jobs.append(ProbeJob(spec))
+    if kind in ("process", "chain"):
+        from overnight.jobs.process import check_process, process_jobs
 
-    model_path = check_process(spec, dry=True)
-    if kind == "chain":  # its documents are the transcripts the first stage would write
-        return plans
-    return [process_plan(spec, spec.job.input, t, model_path) for t in spec.process.tasks]
+        if kind == "chain":  # its documents are the transcripts the first stage would write
+            check_process(spec, dry=True)
+        else:
+            jobs.extend(process_jobs(spec, spec.job.input))
+    return [(job, job.prepare(dry=True)) for job in jobs]
 
 
 def _audio_seconds(
@@ -90,22 +92,22 @@ def dry_run(spec: JobSpec) -> dict[str, Any]:
     """The dry run's report (``jobs.cli`` prints it)."""
     output = storage.resolve(spec.job.output)
     stages = []
-    for plan in _plans(spec):
-        todo, found = runner.left_to_do(plan, output.join(plan.dataset))
+    for job, prepared in _prepared(spec):
+        todo, found = runner.left_to_do(job, prepared, output.join(job.dataset))
         redo = {i for rows in found.values() for i in rows}
         limit = spec.job.max_items
         pending = todo[:limit] if limit is not None else todo
         stage: dict[str, Any] = {
-            "kind": plan.kind,
-            "dataset": plan.dataset,
-            "items_listed": len(plan.records),
-            "items_already_done": len(plan.records) - len(todo),
+            "kind": job.kind,
+            "dataset": job.dataset,
+            "items_listed": len(prepared.records),
+            "items_already_done": len(prepared.records) - len(todo),
             "items_pending": len(pending),
             "errors_to_redo": len(redo),
             "pending_bytes": sum(r.get("size") or 0 for r in pending),
         }
-        unit_cost, runs = _past_unit_cost(output, plan.kind)
-        if plan.kind == "transcribe" and pending:
+        unit_cost, runs = _past_unit_cost(output, job.kind)
+        if job.kind == "transcribe" and pending:
             seconds, sampled = _audio_seconds(pending, spec.job.allowed_input_prefixes)
             stage["pending_audio_hours_estimate"] = (
                 None if seconds is None else round(seconds / 3600.0, 4)

@@ -21,7 +21,7 @@ from overnight.jobs.dataset import commits, storage
 from overnight.jobs.ops.demo import noise, silence, speak, stereo_dialogue, write_wav
 from overnight.jobs.run import runner, sizing
 from overnight.jobs.spec import build_spec
-from overnight.jobs.transcribe import run_transcribe, transcribe_plan
+from overnight.jobs.transcribe import TranscribeJob, run_transcribe
 from overnight.workers.whisper import repeats_itself
 from overnight.workers.whisper_guard import looks_degenerate
 from tests.conftest import REPO, LoopbackProxy, secrets_in, upload_folder, wer
@@ -626,7 +626,8 @@ def test_each_model_worker_prices_its_batches_at_its_share_of_the_actor(
     write_wav(tmp_path / "a.wav", silence(1.0))
     spec = build_spec(overrides={"job": {"input": str(tmp_path), "output": str(tmp_path / "out")}})
     pool = sizing.Pool(1, 2.0, 0.0, 1.0, model_workers, 1)
-    stages = transcribe_plan(spec, dry=True).build(runner.Resolved("cpu", pool, 1)).stages
+    job = TranscribeJob(spec)
+    stages = job.stages(runner.Resolved("cpu", pool, 1), job.prepare(dry=True)).stages
     costs = {s.name: s.cost for s in stages if s.cost is not None}
     assert (costs["whisper"].resource, costs["whisper"].units) == ("cpu", units)
     assert (costs["decode"].resource, costs["decode"].units) == ("cpu", 1.0)

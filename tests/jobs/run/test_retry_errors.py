@@ -3,7 +3,6 @@ every item still ends as exactly one row."""
 
 from __future__ import annotations
 
-import functools
 import itertools
 import os
 from datetime import date
@@ -20,11 +19,10 @@ from overnight.jobs.errors import ConfigError
 from overnight.jobs.ops.dryrun import dry_run
 from overnight.jobs.ops.vacuum import vacuum
 from overnight.jobs.process import run_process
-from overnight.jobs.run import runner
+from overnight.jobs.run import runner, sizing
 from overnight.jobs.run.stage import Stage
-from overnight.jobs.spec import build_spec
+from overnight.jobs.spec import JobSpec, build_spec
 from overnight.jobs.transcribe import run_transcribe
-from overnight.schemas import MANIFEST
 from tests.conftest import killed_at_write
 
 SCHEMA = pa.schema(
@@ -252,7 +250,28 @@ COSTED = SCHEMA.append(pa.field("asr_s", pa.float64()))  # priced into costs/ at
 
 
 def _no_model() -> None:
-    """The retry below stages its rows itself: its plan's model stage only declares a cost."""
+    """The retry below stages its rows itself: its job's model stage only declares a cost."""
+
+
+class _Retry(runner.Job[runner.Prepared]):
+    """A transcription job as far as the claim sees it: its records, its model stage's cost."""
+
+    kind, dataset, schema, slim, device = "transcribe", "results", COSTED, ("item_id",), "cpu"
+
+    def __init__(self, spec: JobSpec, records: list[dict]):
+        super().__init__(spec)
+        self.records = records
+
+    def prepare(self, dry: bool) -> runner.Prepared:
+        return runner.Prepared(self.records)
+
+    def pool(self, device: str, nodes: list[sizing.Node]) -> sizing.Pool:
+        return sizing.Pool(1, 1.0, 0.0, 1.0, 1, 1)
+
+    def stages(self, at: runner.Resolved, prepared: runner.Prepared) -> runner.Build:
+        model = Stage("model", _no_model, COSTED, COSTED, placement="model", actors=1,
+                      cost=Cost("transcribe", "asr", timed_by_worker=True))  # fmt: skip
+        return runner.Build([model], model_units=1.0, options={})
 
 
 def _retry_run(output: Path, run_id: str, records: list[dict]) -> None:
@@ -265,13 +284,8 @@ def _retry_run(output: Path, run_id: str, records: list[dict]) -> None:
             | {"run_date": "2026-11-03", "retry_errors": ["fetch_failed"]}
         }
     )
-    model = Stage("model", _no_model, COSTED, COSTED, placement="model", actors=1,
-                  cost=Cost("transcribe", "asr", timed_by_worker=True))  # fmt: skip
-    plan = runner.JobPlan(
-        spec, "transcribe", run_id, "results", COSTED, ["item_id"], records, MANIFEST, "cpu",
-        size=lambda device, nodes: None, build=lambda at: runner.Build([model], "cpu", 1.0, {}),
-    )  # fmt: skip
-    claimed = runner.claim_and_subtract(plan)
+    job = _Retry(spec, records)
+    claimed = runner.claim_and_subtract(job, job.prepare(dry=False))
     rows = [
         {"item_id": r["item_id"], "run_id": run_id, "status": "ok", "asr_s": 1.0}
         for r in claimed.pending
@@ -279,8 +293,7 @@ def _retry_run(output: Path, run_id: str, records: list[dict]) -> None:
     staged = commits.staging_dir(claimed.dataset, claimed.run_date, run_id)
     if rows:
         commits.write_table(staged, pa.Table.from_pylist(rows, schema=COSTED))
-    price = functools.partial(runner._price, storage.resolve(str(output)), plan)
-    commits.publish(claimed.dataset, COSTED, run_id, price)
+    commits.publish(claimed.dataset, COSTED, run_id, claimed.price)
 
 
 def test_a_retry_killed_at_any_write_is_finished_by_its_rerun_with_one_row_per_item(tmp_path):

@@ -86,26 +86,47 @@ def label(batch: pa.Table, *, drop: str | None = None) -> pa.Table:
     return out.drop_columns([drop]) if drop else out
 
 
-def toy_plan(output: Path, run_id: str, broken: str | None = None) -> runner.JobPlan:
+class ToyJob(runner.Job[runner.Prepared]):
     """Three items through a task stage, the model stage and a stage after it; ``broken``
-    names the stage that drops a column it declares."""
-    spec = build_spec(
-        overrides={
-            "job": {"input": "listed", "output": str(output), "run_id": run_id, "progress": False}
-        }
-    )
-    pool = sizing.Pool(
-        actors=1,
-        cpus_per_actor=0.5,
-        gpus_per_actor=0.0,
-        task_cpus=0.5,
-        model_workers=1,
-        threads=1,
-        auto=(),
-        basis="a toy",
-    )
+    names the stage that drops a column it declares. All a job is: what it lists, how big its
+    pool is, its stages; the runner does the rest."""
 
-    def build(at: runner.Resolved) -> runner.Build:
+    kind = "toy"
+    dataset = "toy_results"
+    schema = RESULTS
+    slim = ("item_id", "status", "error_code")
+    manifest_schema = ITEMS
+    device = "cpu"
+
+    def __init__(self, output: Path, run_id: str, broken: str | None = None):
+        super().__init__(
+            build_spec(
+                overrides={
+                    "job": {"input": "listed", "output": str(output), "run_id": run_id}
+                    | {"progress": False}
+                }
+            )
+        )
+        self.broken = broken
+
+    def prepare(self, dry: bool) -> runner.Prepared:
+        return runner.Prepared(
+            [{"item_id": f"i{n}", "uri": f"toy://{n}", "n": n} for n in range(3)]
+        )
+
+    def pool(self, device: str, nodes: list[sizing.Node]) -> sizing.Pool:
+        return sizing.Pool(
+            1,
+            cpus_per_actor=0.5,
+            gpus_per_actor=0.0,
+            task_cpus=0.5,
+            model_workers=1,
+            threads=1,
+            basis="a toy",
+        )
+
+    def stages(self, at: runner.Resolved, prepared: runner.Prepared) -> runner.Build:
+        broken = self.broken
         stages = [
             Stage(
                 "double",
@@ -134,29 +155,18 @@ def toy_plan(output: Path, run_id: str, broken: str | None = None) -> runner.Job
                 kwargs={"drop": "label" if broken == "label" else None},
             ),
         ]
-        return runner.Build(stages, model_resource="cpu", model_units=0.5, options={})
+        return runner.Build(stages, model_units=0.5, options={})
 
-    records: list[dict[str, Any]] = [
-        {"item_id": f"i{n}", "uri": f"toy://{n}", "n": n} for n in range(3)
-    ]
-    return runner.JobPlan(
-        spec,
-        "toy",
-        run_id,
-        "toy_results",
-        RESULTS,
-        ["item_id", "status", "error_code"],
-        records,
-        ITEMS,
-        "cpu",
-        size=lambda device, nodes: pool,
-        build=build,
-    )
+    def summarize(self, rows: list[dict[str, Any]], prepared: runner.Prepared) -> dict[str, Any]:
+        return {"done": sorted(r["item_id"] for r in rows if r["status"] == "ok")}
 
 
 def test_a_toy_job_of_plain_python_stages_runs_through_the_runner(tmp_path):
-    summary = runner.run(toy_plan(tmp_path, "toy-1"))
+    summary = runner.run(ToyJob(tmp_path, "toy-1"))
     assert (summary["kind"], summary["items"], summary["succeeded"]) == ("toy", 3, 3)
+    # The job's own summary fields, the runner's around them.
+    assert summary["done"] == ["i0", "i1", "i2"] and summary["device"] == "cpu"
+    assert summary["accelerator"] == "cpu" and summary["options"]["actors"] == 1
     table = pads.dataset(str(tmp_path / "toy_results"), partitioning="hive").to_table()
     rows = sorted(table.to_pylist(), key=lambda r: r["item_id"])
     assert [(r["total"], r["label"], r["source_uri"], r["run_id"]) for r in rows] == [
@@ -175,7 +185,7 @@ def test_a_toy_job_of_plain_python_stages_runs_through_the_runner(tmp_path):
     add = priced["i0", "add"]
     assert add["seconds"] == rows[0]["add_s"] and add["cost_usd"] > 0
     # Resumed as any job: nothing left to do, nothing started.
-    assert runner.run(toy_plan(tmp_path, "toy-2"))["items"] == 0
+    assert runner.run(ToyJob(tmp_path, "toy-2"))["items"] == 0
 
 
 @pytest.mark.parametrize(
@@ -187,7 +197,7 @@ def test_a_stage_that_drops_a_declared_column_fails_at_that_stage_naming_it(
     """Before the model, as the model, after it: the error names the stage and the column,
     instead of a cast error at the Parquet write or a KeyError in a later stage."""
     with pytest.raises(StageContractError, match=rf"stage '{stage}'.*column '{column}'"):
-        runner.run(toy_plan(tmp_path, f"drift-{stage}", broken=stage))
+        runner.run(ToyJob(tmp_path, f"drift-{stage}", broken=stage))
     assert not (tmp_path / "toy_results").exists() or not list(
         (tmp_path / "toy_results").rglob("*.parquet")
     )
