@@ -51,6 +51,11 @@ def test_the_wheel_installs_only_the_overnight_package(tmp_path: Path) -> None:
         .decode()
     )
     assert "overnight = overnight.jobs.cli:main" in entry
+    # typed (PEP 561) and licensed: the license file travels in the metadata
+    assert "overnight/py.typed" in names
+    assert any(
+        n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/LICENSE") for n in names
+    ), [n for n in names if "dist-info" in n]
 
 
 def test_pypi_packages_named_schemas_and_workers_do_not_shadow_overnights(tmp_path: Path) -> None:
