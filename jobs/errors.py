@@ -5,6 +5,13 @@ job; the CLI catches ``OvernightError`` once and exits with its ``exit_code``. E
 its own code (README, "Exit status"); ``tests/jobs/cli/test_cli_messages.py`` checks they differ.
 """
 
+# Answers a scheduler branches on, not failures of overnight: each has its own status, so
+# that 1 means only an unexpected error (a bug to report).
+EXIT_NO_OPTION_MEETS_SLA = 13  # plan, tune: no configuration meets the deadline or the SLA
+EXIT_SUBMISSION_FAILED = 14  # submissions process: a submission failed
+EXIT_STILL_RUNNING = 15  # submit --wait: the cluster job is still running at --timeout
+OUTCOME_EXIT_CODES = (EXIT_NO_OPTION_MEETS_SLA, EXIT_SUBMISSION_FAILED, EXIT_STILL_RUNNING)
+
 
 class OvernightError(Exception):
     exit_code = 1

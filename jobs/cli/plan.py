@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from overnight.jobs.choices import DEFAULT_HEADROOM, DEFAULT_UTILIZATION
+from overnight.jobs.errors import EXIT_NO_OPTION_MEETS_SLA
 
 
 def add_parser(subparsers) -> None:
@@ -104,4 +105,4 @@ def handle(args: argparse.Namespace) -> int:
         print(json.dumps(plan.to_dict(), indent=2))
     else:
         print(render(plan, unit))
-    return 0 if plan.cheapest is not None else 1
+    return 0 if plan.cheapest is not None else EXIT_NO_OPTION_MEETS_SLA

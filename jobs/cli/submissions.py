@@ -7,6 +7,8 @@ import contextlib
 import json
 import sys
 
+from overnight.jobs.errors import EXIT_SUBMISSION_FAILED
+
 _COLUMNS = (
     "tenant",
     "submission_id",
@@ -66,7 +68,7 @@ def _cmd_process(args: argparse.Namespace) -> int:
     print(
         f"[submissions] {len(records)} submission(s) handled, {len(failed)} failed", file=sys.stderr
     )
-    return 1 if failed else 0
+    return EXIT_SUBMISSION_FAILED if failed else 0
 
 
 def _cmd_list(args: argparse.Namespace) -> int:

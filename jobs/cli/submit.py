@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+from overnight.jobs.errors import EXIT_STILL_RUNNING
+
 
 def _print_status(st: dict[str, Any], out=None) -> None:
     out = out or sys.stdout
@@ -60,7 +62,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         print("\n".join(tail), file=sys.stderr)
         return ClusterJobFailed.exit_code
     print(f"still {final} after {args.timeout} s", file=sys.stderr)
-    return 1
+    return EXIT_STILL_RUNNING
 
 
 def _cmd_status(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from overnight.jobs.choices import DEFAULT_TUNE_BUDGET, TUNE_KINDS
+from overnight.jobs.errors import EXIT_NO_OPTION_MEETS_SLA
 
 
 def add_parser(subparsers) -> None:
@@ -78,4 +79,4 @@ def handle(args: argparse.Namespace) -> int:
             echo=lambda line: print(line, file=sys.stderr, flush=True),
         )
     print(render(result))
-    return 0 if result.decision.chosen is not None else 1
+    return 0 if result.decision.chosen is not None else EXIT_NO_OPTION_MEETS_SLA

@@ -400,7 +400,10 @@ def test_every_systemic_failure_has_its_own_exit_code_and_the_readme_lists_it():
         if issubclass(cls, errors.OvernightError) and cls is not errors.OvernightError
     }
     codes = {cls.__name__: cls.exit_code for cls in classes}
+    codes.update({name: getattr(errors, name) for name in dir(errors) if name.startswith("EXIT_")})
+    assert set(errors.OUTCOME_EXIT_CODES) <= set(codes.values())
     assert len(set(codes.values())) == len(codes), codes
+    assert 1 not in codes.values()  # 1 is an unexpected error only
     assert errors.Superseded.exit_code == 8 and errors.ClusterUnreachable.exit_code == 10
     readme = (REPO / "README.md").read_text()
     for code in codes.values():

@@ -560,7 +560,7 @@ def test_a_bad_tenant_row_or_a_failing_submission_never_stops_another_tenants(tm
         f"uri\n{tmp_path}/calls/globex/a.wav\n"
     )
 
-    assert main(["submissions", "process", "--config", str(config), "--quiet"]) == 1
+    assert main(["submissions", "process", "--config", str(config), "--quiet"]) == 14
     records = {(r["tenant"], r["status"]): r for r in ledger(config, capsys)}
     assert sorted(records) == [("acme", "failed"), ("acme", "rejected"), ("globex", "done")]
     assert records["globex", "done"]["recordings"] == 1
