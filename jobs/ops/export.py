@@ -3,13 +3,16 @@
 Reads OUTPUT/transcripts (the newest ok row of each item), writes ``DEST/<name>.<ext>`` for each
 recording through ``jobs.dataset.storage`` (a local folder, ``s3://`` or ``gs://``), each file written
 atomically, so a rerun overwrites instead of duplicating. Speaker labels (``agent``,
-``customer``, or ``ch0``/``ch1``) lead every cue. A large output is written by Ray tasks
+``customer``, or ``ch0``/``ch1``) lead every cue: WebVTT's voice span, SRT's ``speaker:``. WebVTT
+text carries ``&``, ``<`` and ``>`` as character references (so ``AT&T <5`` and a spoken ``-->``
+read back whole); SRT has no escapes and needs none. A large output is written by Ray tasks
 (``RAY_THRESHOLD`` recordings and more), a small one by a thread pool on the driver.
 """
 
 from __future__ import annotations
 
 import functools
+import html
 import json
 import textwrap
 from collections.abc import Iterable, Mapping
@@ -71,24 +74,41 @@ def _clock(seconds: float, sep: str) -> str:
     return f"{h:02d}:{m:02d}:{s:02d}{sep}{ms:03d}"
 
 
-def _lines(text: str) -> str:
-    return "\n".join(textwrap.wrap(text, LINE_CHARS)) or text
+def _lines(text: str) -> list[str]:
+    # Breaks only at spaces: a hyphen or a long word (a URL) stays whole, so the lines joined
+    # with spaces give the text back.
+    return textwrap.wrap(text, LINE_CHARS, break_long_words=False, break_on_hyphens=False) or [text]
 
 
 def to_srt(items: Iterable[Cue]) -> str:
+    # SRT has no escapes: its parsers (srt, ffmpeg) take every line up to the blank one as
+    # text, ``&``, ``<`` and ``-->`` included, and wrapping leaves no blank line inside a cue.
     blocks = []
     for n, c in enumerate(items, 1):
         text = f"{c.speaker}: {c.text}" if c.speaker else c.text
-        blocks.append(f"{n}\n{_clock(c.start, ',')} --> {_clock(c.end, ',')}\n{_lines(text)}\n")
+        body = "\n".join(_lines(text))
+        blocks.append(f"{n}\n{_clock(c.start, ',')} --> {_clock(c.end, ',')}\n{body}\n")
     return "\n".join(blocks)
+
+
+def _vtt_escape(text: str) -> str:
+    """WebVTT cue text: ``&``, ``<`` and ``>`` as character references (the spec's escapes),
+    which also keeps a ``-->`` in the words from reading as cue timings."""
+    return html.escape(text, quote=False)
 
 
 def to_vtt(items: Iterable[Cue]) -> str:
     blocks = ["WEBVTT\n"]
     for n, c in enumerate(items, 1):
-        # The voice span is WebVTT's own speaker label (players show it, parsers keep it).
-        text = f"<v {c.speaker}>{c.text}</v>" if c.speaker else c.text
-        blocks.append(f"{n}\n{_clock(c.start, '.')} --> {_clock(c.end, '.')}\n{_lines(text)}\n")
+        lines = [_vtt_escape(line) for line in _lines(c.text)]
+        if c.speaker:
+            # The voice span is WebVTT's own speaker label (players show it, parsers keep it);
+            # its annotation is escaped like text and holds no line break.
+            voice = _vtt_escape(" ".join(c.speaker.split()))
+            lines[0] = f"<v {voice}>{lines[0]}"
+            lines[-1] += "</v>"
+        body = "\n".join(lines)
+        blocks.append(f"{n}\n{_clock(c.start, '.')} --> {_clock(c.end, '.')}\n{body}\n")
     return "\n".join(blocks)
 
 

@@ -228,3 +228,55 @@ def test_export_of_251_character_names_writes_names_that_fit_and_stay_apart(tmp_
         assert any(n.endswith(f"-{'a' * 12}.{fmt}") for n in names)
         assert any(n.endswith(f"-{'b' * 12}.{fmt}") for n in names)
         assert not list((tmp_path / fmt).glob(".*"))  # no temporary file left
+
+
+# What the words may hold: markup characters, the cue arrow, an entity written out, and a
+# turn of 300 characters (wrapped over lines, one word with a hyphen, one long word).
+HARD_TEXT = [
+    "I pay AT&T <5 dollars",
+    "the arrow --> inside a turn, x > y & y < z, <b>not bold</b> and &amp; as typed",
+    "-->",
+    (
+        "so the well-known plan https://example.com/plans/a-very-long-path-that-does-not-wrap "
+        + "and then I said the same thing again " * 6
+    ).strip()[:300],
+]
+
+
+def _hard_output(tmp_path: Path) -> Path:
+    assert len(HARD_TEXT[-1]) == 300
+    segments = [
+        {"start": float(n), "end": n + 0.5, "text": f" {t}", "channel": n % 2, "speaker": None}
+        for n, t in enumerate(HARD_TEXT)
+    ]
+    row = _row("h1", "s3://calls/hard.wav", segments=segments, text=" ".join(HARD_TEXT))
+    row["channel_labels"] = ["agent", "A&B <team>"]  # a label that needs escaping too
+    return _output_of(tmp_path, [row])
+
+
+def test_srt_text_with_markup_and_arrows_reads_back_identically(tmp_path: Path):
+    out = _hard_output(tmp_path)
+    export(str(out), str(tmp_path / "srt"), "srt")
+    subs = list(srt.parse((tmp_path / "srt" / "hard.srt").read_text()))
+    labels = ["agent", "A&B <team>"]
+    assert [s.content.replace("\n", " ") for s in subs] == [
+        f"{labels[n % 2]}: {t}" for n, t in enumerate(HARD_TEXT)
+    ]
+    assert [s.start.total_seconds() for s in subs] == [0.0, 1.0, 2.0, 3.0]
+    assert max(len(line) for s in subs[:3] for line in s.content.splitlines()) <= 42
+
+
+def test_vtt_text_with_markup_and_arrows_reads_back_identically(tmp_path: Path):
+    import html
+
+    out = _hard_output(tmp_path)
+    export(str(out), str(tmp_path / "vtt"), "vtt")
+    body = (tmp_path / "vtt" / "hard.vtt").read_text()
+    captions = webvtt.from_string(body)
+    # webvtt-py strips the cue tags and keeps character references as written; decoding
+    # them is the last step of the WebVTT cue text parsing rules (what a player does).
+    assert [html.unescape(c.text).replace("\n", " ") for c in captions] == HARD_TEXT
+    assert [html.unescape(c.voice) for c in captions] == ["agent", "A&B <team>"] * 2
+    assert [c.start for c in captions] == [f"00:00:0{n}.000" for n in range(4)]
+    # the only arrows are the cue timings', one per cue
+    assert body.count("-->") == len(HARD_TEXT)
