@@ -138,8 +138,12 @@ def dequantize(variables: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Float32 weights: int8/int16 weights divided by their ``_scale``, floats widened;
     scalars (flags, head counts) kept as Python ints."""
     out: dict[str, np.ndarray] = {}
+    done: dict[int, np.ndarray] = {}  # an alias converts once and stays one array
     for name, value in variables.items():
         if name.endswith("_scale"):
+            continue
+        if id(value) in done:
+            out[name] = done[id(value)]
             continue
         scale = variables.get(name + "_scale")
         if scale is not None and value.dtype in (np.int8, np.int16):
@@ -152,6 +156,7 @@ def dequantize(variables: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
             out[name] = value.astype(np.float32)
         else:
             out[name] = value
+        done[id(value)] = out[name]
     return out
 
 
