@@ -34,11 +34,24 @@ def _names(text: str) -> list[str]:
 
 def _transcribe_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="faster-whisper model name or path (default: bundled tiny.en)")
-    p.add_argument("--device", choices=DEVICES)
-    p.add_argument("--compute-type")
-    p.add_argument("--batch-size", type=int)
-    p.add_argument("--beam-size", type=int)
-    p.add_argument("--language")
+    p.add_argument(
+        "--device", choices=DEVICES, help="where the model runs (default auto: cuda if any)"
+    )
+    p.add_argument(
+        "--compute-type",
+        metavar="TYPE",
+        help="CTranslate2 precision: int8, int8_float16, float16, float32 (default: int8 on "
+        "cpu, float16 on cuda)",
+    )
+    p.add_argument(
+        "--batch-size", type=int, metavar="N", help="chunks per model batch (default 16)"
+    )
+    p.add_argument("--beam-size", type=int, metavar="N", help="beam width; 1 is greedy (default 5)")
+    p.add_argument(
+        "--language",
+        metavar="CODE",
+        help="spoken language, e.g. en, de (default: detected per recording)",
+    )
     p.add_argument("--actors", type=int, help="Whisper actors (one model each)")
     p.add_argument(
         "--split-channels",
@@ -90,7 +103,14 @@ def _transcribe_flags(p: argparse.ArgumentParser) -> None:
         help="with --redact: write each recording again, redacted words silenced, under "
         "OUTPUT/redacted_audio/",
     )
-    p.add_argument("--no-vad", dest="vad", action="store_false", default=None)
+    p.add_argument(
+        "--no-vad",
+        dest="vad",
+        action="store_false",
+        default=None,
+        help="transcribe silence too (default: Silero VAD skips it, and the model never "
+        "writes text for noise)",
+    )
 
 
 def _scheduler_flags(p: argparse.ArgumentParser) -> None:
@@ -130,11 +150,34 @@ def _verbose_flag(p: argparse.ArgumentParser, help: str) -> None:
     p.add_argument("--verbose", action="store_true", default=None, help=help)
 
 
+def _run_id_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--run-id",
+        metavar="ID",
+        help="this run's id in rows, ledger and summary (default: time-based)",
+    )
+
+
+def _json_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print only the run summary (or the dry run's report) as one JSON object on "
+        "stdout; progress stays on stderr",
+    )
+
+
 def _common_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="job spec file (TOML or YAML); flags override it")
     _address_flag(p, help="Ray cluster address (default: start Ray locally)")
-    p.add_argument("--run-id")
-    p.add_argument("--max-items", type=int)
+    _run_id_flag(p)
+    p.add_argument(
+        "--max-items",
+        type=int,
+        metavar="N",
+        help="do at most N of the pending items this run (the rest stay pending)",
+    )
+    _json_flag(p)
     _scheduler_flags(p)
     _quiet_flag(p, help="no progress lines")
     _verbose_flag(p, "also show Ray's own log lines (start-up, workers)")
@@ -169,7 +212,7 @@ def add_parser(sub) -> None:
     pr.add_argument(
         "input", help="documents (folder, file, URL prefix, manifest) or a transcripts dataset"
     )
-    pr.add_argument("output")
+    pr.add_argument("output", help="folder or URL prefix")
     pr.add_argument(
         "--task",
         help="|".join(LLM_TASKS),
@@ -180,9 +223,13 @@ def add_parser(sub) -> None:
     pr.add_argument(
         "--model", help="model path or hub name (default: the backend's embedded default)"
     )
-    pr.add_argument("--backend", choices=BACKENDS)
-    pr.add_argument("--device", choices=DEVICES)
-    pr.add_argument("--summary-words", type=int)
+    pr.add_argument("--backend", choices=BACKENDS, help="LLM engine (default auto)")
+    pr.add_argument(
+        "--device", choices=DEVICES, help="where the model runs (default auto: cuda if any)"
+    )
+    pr.add_argument(
+        "--summary-words", type=int, metavar="N", help="summarize: about how many words"
+    )
     _common_flags(pr)
     pr.set_defaults(handler=_cmd_job)
 
@@ -196,9 +243,10 @@ def add_parser(sub) -> None:
     pb.set_defaults(handler=_cmd_job)
 
     r = sub.add_parser("run", help="run a job spec file (scheduled runs)")
-    r.add_argument("job_file")
-    _address_flag(r)
-    r.add_argument("--run-id")
+    r.add_argument("job_file", help="job spec file (TOML or YAML) that names its kind")
+    _address_flag(r, help="Ray cluster address (default: the job file's, else local)")
+    _run_id_flag(r)
+    _json_flag(r)
     _quiet_flag(r)
     _verbose_flag(r, "also show Ray's own log lines")
     _scheduler_flags(r)
@@ -208,8 +256,10 @@ def add_parser(sub) -> None:
     c.set_defaults(handler=_cmd_config)
 
     d = sub.add_parser("demo", help="synthesize a few calls and transcribe them (no input needed)")
-    d.add_argument("--output", default="demo-output")
-    _address_flag(d)
+    d.add_argument(
+        "--output", default="demo-output", help="where the calls and results go (demo-output)"
+    )
+    _address_flag(d, help="Ray cluster address (default: start Ray locally)")
     _verbose_flag(d, "also show Ray's own log lines")
     d.set_defaults(handler=_cmd_demo)
 
@@ -218,26 +268,31 @@ def _cmd_job(args: argparse.Namespace) -> int:
     from overnight.jobs.spec import build_spec, read_job_file
 
     file_data = read_job_file(args.config) if args.config else {}
-    return _run_or_dry(build_spec(file_data, _overrides(args, args.command)), args.dry_run)
+    spec = build_spec(file_data, _overrides(args, args.command))
+    return _run_or_dry(spec, args.dry_run, args.json)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from overnight.jobs.spec import build_spec, read_job_file
 
     file_data = read_job_file(args.job_file)  # it names the kind
-    return _run_or_dry(build_spec(file_data, _overrides(args, None)), args.dry_run)
+    return _run_or_dry(build_spec(file_data, _overrides(args, None)), args.dry_run, args.json)
 
 
-def _run_or_dry(spec: JobSpec, dry: bool) -> int:
+def _run_or_dry(spec: JobSpec, dry: bool, as_json: bool = False) -> int:
     if dry:
         from overnight.jobs.ops.dryrun import dry_run, render
 
-        print(render(dry_run(spec)))
+        report = dry_run(spec)
+        print(json.dumps(report, default=str) if as_json else render(report))
         return 0
     from overnight.jobs.api import check_error_rate
 
     summary = run_spec(spec)
-    print_summary(summary)
+    if as_json:  # one object, nothing else on stdout: a scheduler parses it as it is
+        print(json.dumps(summary, default=str))
+    else:
+        print_summary(summary)
     check_error_rate(spec, summary)
     return 0
 
@@ -255,7 +310,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 # Parsed arguments of the command line's own; every other one is named as its spec field.
-_NOT_OPTIONS = frozenset({"command", "handler", "config", "dry_run", "job_file", "input", "output"})
+_NOT_OPTIONS = frozenset(
+    {"command", "handler", "config", "dry_run", "job_file", "input", "output", "json"}
+)
 
 
 def _overrides(
