@@ -76,9 +76,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     records = SubmissionStore(config.submissions.state).all(args.tenant)
-    if args.json:
-        for r in records:
-            print(json.dumps(r, sort_keys=True))
+    if args.json:  # one JSON document on stdout, as every command's --json
+        print(json.dumps(records, sort_keys=True, default=str))
     else:
         print(_table(records))
     return 0
@@ -110,5 +109,5 @@ def add_parser(subparsers) -> None:
     ls = sub.add_parser("list", help="status and totals of every submission")
     ls.add_argument("--config", required=True, help=config_help)
     ls.add_argument("--tenant")
-    ls.add_argument("--json", action="store_true", help="one JSON object per line")
+    ls.add_argument("--json", action="store_true", help="print only the records, as one JSON list")
     ls.set_defaults(handler=_cmd_list)

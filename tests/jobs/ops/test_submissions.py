@@ -237,7 +237,7 @@ def upload(b: Buckets, bucket: str, folder: Path, names: list[str]) -> list[str]
 def ledger(config: Path, capsys) -> list[dict]:
     capsys.readouterr()
     assert main(["submissions", "list", "--config", str(config), "--json"]) == 0
-    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    return json.loads(capsys.readouterr().out)  # one JSON list, nothing else
 
 
 def results(b: Buckets, bucket: str, sid: str) -> list[dict]:
