@@ -10,6 +10,10 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from overnight.jobs.errors import ConfigError
 
 
+# Fields whose values are not echoed in a validation message.
+_SECRET_FIELDS = frozenset({"notify"})
+
+
 class ConfigModel(BaseModel):
     """Unknown keys are errors (a typo must not be ignored); a validated config is frozen."""
 
@@ -25,6 +29,8 @@ def config_error(
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or root
         value: Any = err.get("input")
-        shown = "" if isinstance(value, dict) or not show_input else f" (got {value!r})"
+        # A URL field's value can carry a token (a webhook's): never repeated.
+        secret = any(str(part) in _SECRET_FIELDS for part in err["loc"])
+        shown = "" if isinstance(value, dict) or not show_input or secret else f" (got {value!r})"
         problems.append(f"  {where}: {err['msg']}{shown}")
     return ConfigError(f"{title}:\n" + "\n".join(problems))

@@ -382,6 +382,13 @@ class RunOptions(_Model):
         "entries go, the new rows replace them (the cost rows of the failed tries stay: that "
         "work was done). Default: error rows count as done",
     )
+    notify: str | None = Field(
+        None,
+        description="http(s) URL to POST a JSON note to when the run ends: its summary, or "
+        "the error and exit status of a run that stopped (no transcript text, credentials "
+        "scrubbed; the URL itself is never printed). A few tries within 20 s; never fails the "
+        "run",
+    )
     progress: bool = Field(True, description="print progress lines while running")
     verbose: bool = Field(
         False,
@@ -418,6 +425,14 @@ class RunOptions(_Model):
                 "nightly-2026-12-06"
             )
         return run_id
+
+    @field_validator("notify")
+    @classmethod
+    def _http_url(cls, url: str | None) -> str | None:
+        if url is not None and not re.match(r"https?://[^/\s]+", url):
+            # The value itself is not repeated: a webhook URL carries its token.
+            raise ValueError("notify must be an http:// or https:// URL")
+        return url
 
     @field_validator("retry_errors")
     @classmethod

@@ -167,6 +167,14 @@ def _json_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _notify_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--notify",
+        metavar="URL",
+        help="POST a JSON note of the run's end (summary, or error and exit status) to URL",
+    )
+
+
 def _common_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="job spec file (TOML or YAML); flags override it")
     _address_flag(p, help="Ray cluster address (default: start Ray locally)")
@@ -178,6 +186,7 @@ def _common_flags(p: argparse.ArgumentParser) -> None:
         help="do at most N of the pending items this run (the rest stay pending)",
     )
     _json_flag(p)
+    _notify_flag(p)
     _scheduler_flags(p)
     _quiet_flag(p, help="no progress lines")
     _verbose_flag(p, "also show Ray's own log lines (start-up, workers)")
@@ -247,6 +256,7 @@ def add_parser(sub) -> None:
     _address_flag(r, help="Ray cluster address (default: the job file's, else local)")
     _run_id_flag(r)
     _json_flag(r)
+    _notify_flag(r)
     _quiet_flag(r)
     _verbose_flag(r, "also show Ray's own log lines")
     _scheduler_flags(r)
