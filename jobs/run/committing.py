@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import posixpath
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -18,6 +19,7 @@ import pyarrow as pa
 
 from overnight.jobs.dataset import storage
 from overnight.jobs.dataset.commits import Provenance, check_claim, commit, with_provenance
+from overnight.jobs.run import metrics
 from overnight.jobs.run.stage import Stage, run_task
 from overnight.schemas.errors import ErrorCode
 
@@ -167,6 +169,7 @@ class CommittingActor:
         # has to commit after a new run's claim is one small read long.
         check_claim(self.dataset, self.token)
         slim = commit(finished, self.into, self.schema, self.slim)
+        metrics.record_committed(posixpath.basename(self.dataset.path.rstrip("/")), finished)
         n = slim.num_rows
         slim = slim.append_column(ACTOR_STARTED, pa.array([self.started_at] * n, pa.float64()))
         return slim.append_column(MODEL_READY, pa.array([self.ready_at] * n, pa.float64()))

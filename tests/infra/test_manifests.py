@@ -39,6 +39,8 @@ API_VERSIONS = {
     "ServiceAccount": "v1",
     "Namespace": "v1",
     "Kustomization": "kustomize.config.k8s.io/v1beta1",
+    "PodMonitor": "monitoring.coreos.com/v1",
+    "PrometheusRule": "monitoring.coreos.com/v1",
 }
 GPU = "nvidia.com/gpu"
 H100 = "accelerator_type:H100"
@@ -768,3 +770,19 @@ def test_ci_run_stops_with_a_clear_message_when_the_install_fails():
     assert done.returncode == 1
     assert "is not Python >= 3.11" in done.stderr
     assert "installation failed" in done.stderr and "no test was run" in done.stderr
+
+
+def test_prometheus_scrapes_the_metrics_port_of_every_ray_pod():
+    """Each Ray container names Ray's metrics port, and the PodMonitor selects those pods by a
+    label every Ray pod template carries."""
+    [monitor] = [
+        d for d in load(INFRA / "kuberay" / "monitoring.yaml") if d["kind"] == "PodMonitor"
+    ]
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["metrics"]
+    for name in ("raycluster.yaml", "rayjob.yaml", "raycronjob.yaml"):
+        text = (INFRA / "kuberay" / name).read_text()
+        pods = text.count("- name: ray-head") + text.count("- name: ray-worker")
+        assert text.count("{name: metrics, containerPort: 8080}") == pods, name
+        for label, value in selector.items():
+            assert text.count(f"{label}: {value}") >= pods, (name, label)

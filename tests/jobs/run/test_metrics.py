@@ -1,0 +1,61 @@
+"""Prometheus metrics of a running job: a real transcription on the session's local Ray, read
+back from the node's metrics port as Prometheus scrapes it."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+import urllib.request
+
+import pytest
+
+from tests.jobs.test_transcribe import transcribe
+
+
+def _scrape(ray) -> dict[str, float]:
+    """Sum of each ``ray_overnight_*`` series over its workers, keyed by name and our labels."""
+    port = ray.nodes()[0]["MetricsExportPort"]
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = re.match(r"(ray_overnight_\w+)\{(.*)\} (\S+)$", line)
+        if not m:
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+        ours = ",".join(
+            f"{k}={labels[k]}"
+            for k in ("dataset", "status", "error_code", "direction", "stage")
+            if k in labels
+        )
+        key = f"{m.group(1)}{{{ours}}}"
+        out[key] = out.get(key, 0.0) + float(m.group(3))
+    return out
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_committed_items_and_audio_reach_prometheus_by_outcome(
+    ray_local, synth_calls, tmp_path
+):
+    folder, refs = synth_calls
+    calls = tmp_path / "in"
+    calls.mkdir()
+    for name in sorted(refs)[:2]:
+        shutil.copy(folder / name, calls / name)
+    (calls / "broken.wav").write_bytes(b"RIFF....WAVEfmt not really audio")
+    before = _scrape(ray_local)
+    summary = transcribe(str(calls), str(tmp_path / "out"), device="cpu")
+    assert summary["succeeded"] == 2 and summary["failed"] == 1
+    ok = "ray_overnight_items_total{dataset=transcripts,status=ok,error_code=}"
+    audio = "ray_overnight_audio_seconds_total{dataset=transcripts}"
+    deadline = time.monotonic() + 60  # Ray exports every 10 s or so
+    while True:
+        now = _scrape(ray_local)
+        delta = {k: v - before.get(k, 0.0) for k, v in now.items()}
+        failed = {k: v for k, v in delta.items() if "status=error" in k and v}
+        if delta.get(ok) == 2 and failed and delta.get(audio):
+            break
+        assert time.monotonic() < deadline, delta
+        time.sleep(2)
+    assert sum(failed.values()) == 1
+    assert delta[audio] == pytest.approx(summary["audio_seconds"], abs=1e-3)  # rounded there
