@@ -9,7 +9,6 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from overnight.jobs.errors import ConfigError
 
-
 # Fields whose values are not echoed in a validation message.
 _SECRET_FIELDS = frozenset({"notify"})
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from overnight.jobs.dataset import storage
 from overnight.jobs.errors import ModelNotFound, OutputNotWritable
+from overnight.jobs.run import console
 from overnight.workers.whisper_models import (
     BUNDLED_MODEL,
     ModelLoadError,
@@ -279,11 +279,10 @@ def _announce(repo: str, what: str) -> None:
 
     cached = huggingface_hub.try_to_load_from_cache(repo, "model.bin")
     if not constants.HF_HUB_OFFLINE and not isinstance(cached, str):
-        print(
-            f"[overnight] fetching {what} from the Hugging Face hub into its cache (once; "
-            "later runs reuse it)",
-            file=sys.stderr,
-            flush=True,
+        console.event(
+            "model_download",
+            f"fetching {what} from the Hugging Face hub into its cache (once; later runs reuse it)",
+            repo=repo,
         )
 
 

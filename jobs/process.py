@@ -22,7 +22,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -35,7 +34,7 @@ from overnight.jobs.accounting.ledger import Cost
 from overnight.jobs.dataset import storage
 from overnight.jobs.dataset.manifest import Selection, select_items
 from overnight.jobs.errors import ConfigError
-from overnight.jobs.run import runner, sizing
+from overnight.jobs.run import console, runner, sizing
 from overnight.jobs.run.job import Build, Job, Prepared, Resolved, model_resource
 from overnight.jobs.run.stage import Stage
 from overnight.jobs.spec import JobSpec, ProcessOptions
@@ -213,11 +212,11 @@ def extract_once(spec: JobSpec, jobs: list[ProcessJob], prepared: list[ProcessPr
     if not documents_to_read:
         return
     if spec.job.progress:
-        print(
-            f"[overnight] reading {len(documents_to_read)} documents once for the "
-            f"{len(jobs)} tasks",
-            file=sys.stderr,
-            flush=True,
+        console.event(
+            "extract_once",
+            f"reading {len(documents_to_read)} documents once for the {len(jobs)} tasks",
+            documents=len(documents_to_read),
+            tasks=len(jobs),
         )
     rows = runner.run_task_stages(jobs[0], prepared[0], list(documents_to_read.values()))
     read = {row["source_item_id"]: row for row in rows}
@@ -229,6 +228,49 @@ def extract_once(spec: JobSpec, jobs: list[ProcessJob], prepared: list[ProcessPr
             if source in priced:
                 record.update(fetch_s=0.0, extract_s=0.0)
             priced.add(source)
+
+
+def extract_stage(opts: ProcessOptions, pool: sizing.Pool) -> Stage:
+    """``documents.fetch_and_extract`` as CPU tasks: each document's own fetch and
+    extraction (in a child process of its own) timed and priced."""
+    return Stage(
+        "extract",
+        documents.fetch_and_extract,
+        consumes=DOC_INPUT,
+        produces=DOC_INPUT,
+        kwargs={
+            "options": documents.text_options(opts),
+            "max_bytes": int(opts.max_file_mb * 2**20),
+            "storage_config": storage.StorageConfig.from_env(),
+        },
+        num_cpus=pool.task_cpus,
+        cost=Cost("extract", "extract", timed_by_worker=True, parts=("fetch",), bought=None),
+    )
+
+
+def llm_stage(job: ProcessJob, config: LLMWorkerConfig, at: Resolved) -> Stage:
+    """The LLM actor pool, one engine per actor; a call is one manifest block (see
+    ``ProcessJob.rows_per_block``)."""
+    pool = at.pool
+    return Stage.on_pool(
+        "llm",
+        _TaskRows,
+        pool,
+        consumes=DOC_INPUT,
+        produces=pa.schema([*DOC_INPUT, *LLM_OUTPUT]),
+        kwargs={"config": config},
+        accelerator_type=job.opts.accelerator_type,
+        calls_per_actor=job.calls_per_actor,
+        rows_per_call=None,
+        cost=Cost(
+            "generate",
+            "llm",
+            resource=model_resource(job.opts.resource, at.device),
+            units=(pool.gpus_per_actor or 1.0) if at.device == "cuda" else pool.cpus_per_actor,
+            timed_by_worker=True,  # a model batch's time, shared by its documents' tokens
+            bought="tokens",
+        ),
+    )
 
 
 @dataclass(kw_only=True)
@@ -303,57 +345,25 @@ class ProcessJob(Job[ProcessPrepared]):
         return f"{self.task_name} on {self.opts.backend}: {what}"
 
     def stages(self, at: Resolved, prepared: ProcessPrepared) -> Build:
-        opts, pool = self.opts, at.pool
+        opts = self.opts
         config = replace(
-            _worker_config(opts, prepared.task, at.device, pool), model_path=prepared.model_path
+            _worker_config(opts, prepared.task, at.device, at.pool), model_path=prepared.model_path
         )
-        generate = Cost(
-            "generate",
-            "llm",
-            resource=model_resource(opts.resource, at.device),
-            units=(pool.gpus_per_actor or 1.0) if at.device == "cuda" else pool.cpus_per_actor,
-            timed_by_worker=True,  # a model batch's time, shared by its documents' tokens
-            bought="tokens",
-        )
+        llm = llm_stage(self, config, at)
         shape = {"items_per_call": self.items_per_call, "calls_per_actor": self.calls_per_actor}
+        units = llm.cost.units if llm.cost is not None else None
+        # What rows have always recorded beside the worker's options.
         row_options = {
             **config.options(),
-            # What rows have always recorded beside the worker's options.
             "resource": opts.resource,
-            "units": generate.units,
+            "units": units,
             "device": at.device,
             "input_kind": prepared.input_kind,
             **shape,
         }
-        extract = Stage(
-            "extract",
-            documents.fetch_and_extract,
-            consumes=DOC_INPUT,
-            produces=DOC_INPUT,
-            kwargs={
-                "options": documents.text_options(opts),
-                "max_bytes": int(opts.max_file_mb * 2**20),
-                "storage_config": storage.StorageConfig.from_env(),
-            },
-            num_cpus=pool.task_cpus,
-            # Each document's own fetch and extraction (in a child process of its own).
-            cost=Cost("extract", "extract", timed_by_worker=True, parts=("fetch",), bought=None),
-        )
-        llm = Stage.on_pool(
-            "llm",
-            _TaskRows,
-            pool,
-            consumes=DOC_INPUT,
-            produces=pa.schema([*DOC_INPUT, *LLM_OUTPUT]),
-            kwargs={"config": config},
-            accelerator_type=opts.accelerator_type,
-            calls_per_actor=self.calls_per_actor,
-            rows_per_call=None,  # a call is one manifest block: see rows_per_block
-            cost=generate,
-        )
         return Build(
-            [extract, llm],
-            model_units=generate.units or 1.0,
+            [extract_stage(opts, at.pool), llm],
+            model_units=units or 1.0,
             options={**opts.model_dump(mode="json", by_alias=True), **shape},
             model_resource=opts.resource,
             row_options=json.dumps(row_options, sort_keys=True, default=str),

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -29,7 +28,7 @@ from overnight.jobs import models, preflight, redaction
 from overnight.jobs.accounting.ledger import Cost
 from overnight.jobs.dataset import storage
 from overnight.jobs.dataset.manifest import Selection, select_items
-from overnight.jobs.run import on_ray, runner, sizing
+from overnight.jobs.run import console, on_ray, runner, sizing
 from overnight.jobs.run.job import Build, Job, Prepared, Resolved, model_resource
 from overnight.jobs.run.stage import Stage
 from overnight.jobs.spec import JobSpec, TranscribeOptions
@@ -177,6 +176,95 @@ def language_mismatches(records: list[dict[str, Any]], opts: TranscribeOptions) 
     return sum(1 for r in records if not is_english(r.get("language") or opts.language))
 
 
+def announce(records: list[dict[str, Any]], opts: TranscribeOptions, progress: bool) -> None:
+    """What the listing and the options mean for the run, once per run (not per item: a
+    backlog of German calls is one message)."""
+    mismatched = language_mismatches(records, opts)
+    if mismatched:
+        _say(
+            f"warning: {mismatched} of {len(records)} items ask for a language other than "
+            f"English, but {opts.model!r} is English-only: they are transcribed as English "
+            "and marked language_mismatch (use a multilingual model, e.g. --model large-v3)"
+        )
+    if opts.redact and progress:
+        _say(
+            f"redacting {', '.join(opts.redact)} (CPU tasks after Whisper); word "
+            f"timestamps {'on' if opts.word_timestamps else 'off'}"
+            + (", originals kept in transcripts_unredacted/" if opts.keep_unredacted else "")
+        )
+
+
+def decode_stage(
+    opts: TranscribeOptions, audio: AudioOptions, pool: sizing.Pool, **kwargs: Any
+) -> Stage:
+    """``fetch_and_decode`` as CPU tasks; ``kwargs``: its storage arguments."""
+    return Stage(
+        "decode",
+        fetch_and_decode,
+        consumes=MANIFEST,
+        produces=DECODED,
+        kwargs={
+            "options": audio,
+            "max_bytes": int(opts.max_file_mb * 2**20),
+            "fetch_timeout_s": opts.fetch_timeout_s,
+            **kwargs,
+        },
+        num_cpus=pool.task_cpus,
+        cost=Cost("decode", "decode", units=pool.task_cpus, timed_by_worker=True, parts=("fetch",)),
+    )
+
+
+def whisper_stage(
+    job: TranscribeJob, config: WhisperWorkerConfig, at: Resolved, **kwargs: Any
+) -> Stage:
+    """The Whisper actor pool; ``kwargs``: ``whisper_worker``'s storage arguments."""
+    whisper = config.whisper
+    return Stage.on_pool(
+        "whisper",
+        whisper_worker,
+        at.pool,
+        consumes=DECODED,
+        produces=WHISPER_OUTPUT,
+        kwargs={"config": config, **kwargs},
+        accelerator_type=job.opts.accelerator_type,
+        calls_per_actor=job.calls_per_actor,
+        rows_per_call=job.items_per_call,
+        cost=Cost(
+            "transcribe",
+            "asr",
+            resource=model_resource(whisper.resource, at.device),
+            # Model workers share the actor: each batch holds its share of it.
+            units=whisper.units / max(1, whisper.model_workers),
+            timed_by_worker=True,  # a batch's time, shared by its recordings' audio
+        ),
+    )
+
+
+def redact_stage(job: TranscribeJob, pool: sizing.Pool, **kwargs: Any) -> Stage:
+    """``redaction.redact_batch`` as CPU tasks on each finished Whisper call, before its
+    commit; ``kwargs``: its storage arguments."""
+    opts, output = job.opts, storage.resolve(job.spec.job.output)
+    return Stage(
+        "redact",
+        redaction.redact_batch,
+        consumes=TRANSCRIPTS,
+        produces=TRANSCRIPTS,
+        placement="after",
+        kwargs={
+            "types": tuple(opts.redact),
+            "run_id": job.run_id,
+            "unredacted": output.join(redaction.UNREDACTED_DATASET)
+            if opts.keep_unredacted
+            else None,
+            "audio": output.join(redaction.AUDIO_FOLDER) if opts.redact_audio else None,
+            "max_bytes": int(opts.max_file_mb * 2**20),
+            **kwargs,
+        },
+        num_cpus=pool.task_cpus,
+        cost=Cost("redact", "redact", units=pool.task_cpus, timed_by_worker=True),
+    )
+
+
 @dataclass(kw_only=True)
 class TranscribePrepared(Prepared):
     model: preflight.WhisperModelRef  # the checked model: its local copy, its mel bins
@@ -206,32 +294,16 @@ class TranscribeJob(Job[TranscribePrepared]):
             self.side_datasets = [(redaction.UNREDACTED_DATASET, TRANSCRIPTS_UNREDACTED)]
 
     def prepare(self, dry: bool) -> TranscribePrepared:
-        """The output and the model checked, the media listed. ``dry``: the model is checked
-        as a cluster run checks it (the cache, else the hub's metadata), never downloaded."""
-        spec, opts = self.spec, self.opts
-        preflight.check_output(spec.job.output)
-        model = preflight.whisper_model(
-            opts.model,
-            download=not dry and preflight.local_run(spec.job.ray_address),
-            progress=spec.job.progress,
-        )
-        selection = Selection.of(MEDIA_EXTENSIONS, "media", spec.job.include, spec.job.exclude)
-        listing = select_items(spec.job.input, selection)
-        with_channel_labels(listing.items, opts.channel_labels)
-        mismatched = language_mismatches(listing.items, opts)
-        if mismatched:  # once per run, not per item: a backlog of German calls is one message
-            _say(
-                f"warning: {mismatched} of {len(listing.items)} items ask for a language "
-                f"other than English, but {opts.model!r} is English-only: they are "
-                "transcribed as English and marked language_mismatch (use a multilingual "
-                "model, e.g. --model large-v3)"
-            )
-        if opts.redact and spec.job.progress:
-            _say(
-                f"redacting {', '.join(opts.redact)} (CPU tasks after Whisper); word "
-                f"timestamps {'on' if opts.word_timestamps else 'off'}"
-                + (", originals kept in transcripts_unredacted/" if opts.keep_unredacted else "")
-            )
+        """``dry``: the model is checked as a cluster run checks it (the cache, else the hub's
+        metadata), never downloaded."""
+        job = self.spec.job
+        preflight.check_output(job.output)
+        download = not dry and preflight.local_run(job.ray_address)
+        model = preflight.whisper_model(self.opts.model, download=download, progress=job.progress)
+        selection = Selection.of(MEDIA_EXTENSIONS, "media", job.include, job.exclude)
+        listing = select_items(job.input, selection)
+        with_channel_labels(listing.items, self.opts.channel_labels)
+        announce(listing.items, self.opts, job.progress)
         return TranscribePrepared(
             listing.items, listing.skipped, listing.skipped_examples, model=model
         )
@@ -243,91 +315,27 @@ class TranscribeJob(Job[TranscribePrepared]):
         return pool.describe("Whisper", "decode")
 
     def stages(self, at: Resolved, prepared: TranscribePrepared) -> Build:
-        opts, pool = self.opts, at.pool
-        w_opts = whisper_options(opts, at.device, pool)
-        a_opts = audio_options(opts, prepared.model.feature_size)
-        extra = {f"audio.{k}": v for k, v in asdict(a_opts).items()}
-        storage_config = storage.StorageConfig.from_env()
-        max_bytes = int(opts.max_file_mb * 2**20)
-        decode = Stage(
-            "decode",
-            fetch_and_decode,
-            consumes=MANIFEST,
-            produces=DECODED,
-            kwargs={
-                "options": a_opts,
-                "max_bytes": max_bytes,
-                "storage_config": storage_config,
-                "fetch_timeout_s": opts.fetch_timeout_s,
-                "allowed_input_prefixes": self.spec.job.allowed_input_prefixes,
-            },
-            num_cpus=pool.task_cpus,
-            cost=Cost(
-                "decode", "decode", units=pool.task_cpus, timed_by_worker=True, parts=("fetch",)
-            ),
-        )
-        whisper = Stage.on_pool(
-            "whisper",
-            whisper_worker,
-            pool,
-            consumes=DECODED,
-            produces=WHISPER_OUTPUT,
-            kwargs={
-                "config": WhisperWorkerConfig(
-                    whisper=w_opts, extra_options=tuple(sorted(extra.items()))
-                ),
-                "storage_config": storage_config,
-                "local_copy": prepared.model.path,
-            },
-            accelerator_type=opts.accelerator_type,
-            calls_per_actor=self.calls_per_actor,
-            rows_per_call=self.items_per_call,
-            cost=Cost(
-                "transcribe",
-                "asr",
-                resource=model_resource(w_opts.resource, at.device),
-                # Model workers share the actor: each batch holds its share of it.
-                units=w_opts.units / max(1, w_opts.model_workers),
-                timed_by_worker=True,  # a batch's time, shared by its recordings' audio
-            ),
-        )
-        stages = [decode, whisper]
-        if opts.redact:
-            output = storage.resolve(self.spec.job.output)
-            stages.append(
-                Stage(
-                    "redact",
-                    redaction.redact_batch,
-                    consumes=TRANSCRIPTS,
-                    produces=TRANSCRIPTS,
-                    placement="after",
-                    kwargs={
-                        "types": tuple(opts.redact),
-                        "run_id": self.run_id,
-                        "unredacted": output.join(redaction.UNREDACTED_DATASET)
-                        if opts.keep_unredacted
-                        else None,
-                        "audio": output.join(redaction.AUDIO_FOLDER) if opts.redact_audio else None,
-                        "storage_config": storage_config,
-                        "max_bytes": max_bytes,
-                    },
-                    num_cpus=pool.task_cpus,
-                    cost=Cost("redact", "redact", units=pool.task_cpus, timed_by_worker=True),
-                )
-            )
+        opts = self.opts
+        whisper = whisper_options(opts, at.device, at.pool)
+        audio = audio_options(opts, prepared.model.feature_size)
+        extra = tuple(sorted((f"audio.{k}", v) for k, v in asdict(audio).items()))
+        config = WhisperWorkerConfig(whisper=whisper, extra_options=extra)
+        held = {"storage_config": storage.StorageConfig.from_env()}
+        within = self.spec.job.allowed_input_prefixes
+        stages = [
+            decode_stage(opts, audio, at.pool, allowed_input_prefixes=within, **held),
+            whisper_stage(self, config, at, local_copy=prepared.model.path, **held),
+            *([redact_stage(self, at.pool, **held)] if opts.redact else []),
+        ]
+        shape = {"items_per_call": self.items_per_call, "calls_per_actor": self.calls_per_actor}
         return Build(
             stages,
-            model_units=w_opts.units,
-            options={
-                **opts.model_dump(),
-                "items_per_call": self.items_per_call,
-                "calls_per_actor": self.calls_per_actor,
-            },
-            model_resource=w_opts.resource,
+            model_units=whisper.units,
+            options={**opts.model_dump(), **shape},
+            model_resource=whisper.resource,
         )
 
     def summarize(self, rows: list[dict[str, Any]], prepared: TranscribePrepared) -> dict[str, Any]:
-        records = prepared.records
         return {
             "input": storage.scrub_secrets(self.spec.job.input),
             "model": self.opts.model,
@@ -342,7 +350,7 @@ class TranscribeJob(Job[TranscribePrepared]):
             # Items decoded with their manifest's initial_prompt/hotwords (each row's
             # `options` holds the values); the job's own are in `options`.
             "items_with_own_prompt": sum(
-                1 for r in records if r.get("initial_prompt") or r.get("hotwords")
+                1 for r in prepared.records if r.get("initial_prompt") or r.get("hotwords")
             ),
             **({"redacted_entities": _entity_counts(rows)} if self.opts.redact else {}),
         }
@@ -354,7 +362,7 @@ def run_transcribe(spec: JobSpec) -> dict[str, Any]:
 
 
 def _say(message: str) -> None:
-    print(f"[overnight] {message}", file=sys.stderr, flush=True)
+    console.event("notice", message)
 
 
 def _entity_counts(rows: list[dict[str, Any]]) -> dict[str, int]:

@@ -177,8 +177,16 @@ def _main(argv: list[str] | None) -> int:
         from overnight.jobs.dataset.storage import scrub_secrets
         from overnight.jobs.run.console import printable
 
+        message = scrub_secrets(str(exc))
+        if os.environ.get("OVERNIGHT_LOG_FORMAT") == "json":
+            from overnight.jobs.run.console import event
+
+            event(
+                "error", message, level="error", error=type(exc).__name__, exit_code=exc.exit_code
+            )
+            return exc.exit_code
         # One line, whatever names the message quotes (a file name may hold a newline).
-        print(f"overnight: error: {printable(scrub_secrets(str(exc)))}", file=sys.stderr)
+        print(f"overnight: error: {printable(message)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(

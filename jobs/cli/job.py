@@ -167,6 +167,15 @@ def _json_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _log_format_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        help="stderr lines: text (default) or json, one event per line for log collectors "
+        "(also OVERNIGHT_LOG_FORMAT)",
+    )
+
+
 def _notify_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--notify",
@@ -186,6 +195,7 @@ def _common_flags(p: argparse.ArgumentParser) -> None:
         help="do at most N of the pending items this run (the rest stay pending)",
     )
     _json_flag(p)
+    _log_format_flag(p)
     _notify_flag(p)
     _scheduler_flags(p)
     _quiet_flag(p, help="no progress lines")
@@ -256,6 +266,7 @@ def add_parser(sub) -> None:
     _address_flag(r, help="Ray cluster address (default: the job file's, else local)")
     _run_id_flag(r)
     _json_flag(r)
+    _log_format_flag(r)
     _notify_flag(r)
     _quiet_flag(r)
     _verbose_flag(r, "also show Ray's own log lines")
@@ -274,9 +285,17 @@ def add_parser(sub) -> None:
     d.set_defaults(handler=_cmd_demo)
 
 
+def _use_log_format(args: argparse.Namespace) -> None:
+    if getattr(args, "log_format", None):
+        from overnight.jobs.run.console import set_log_format
+
+        set_log_format(args.log_format)
+
+
 def _cmd_job(args: argparse.Namespace) -> int:
     from overnight.jobs.spec import build_spec, read_job_file
 
+    _use_log_format(args)
     file_data = read_job_file(args.config) if args.config else {}
     spec = build_spec(file_data, _overrides(args, args.command))
     return _run_or_dry(spec, args.dry_run, args.json)
@@ -285,6 +304,7 @@ def _cmd_job(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from overnight.jobs.spec import build_spec, read_job_file
 
+    _use_log_format(args)
     file_data = read_job_file(args.job_file)  # it names the kind
     return _run_or_dry(build_spec(file_data, _overrides(args, None)), args.dry_run, args.json)
 
@@ -321,7 +341,17 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 # Parsed arguments of the command line's own; every other one is named as its spec field.
 _NOT_OPTIONS = frozenset(
-    {"command", "handler", "config", "dry_run", "job_file", "input", "output", "json"}
+    {
+        "command",
+        "handler",
+        "config",
+        "dry_run",
+        "job_file",
+        "input",
+        "output",
+        "json",
+        "log_format",
+    }
 )
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
+import logging
 import os
 import re
 import select
@@ -26,6 +28,7 @@ import termios
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
 
 # Controls (C0, DEL, C1), line and paragraph separators, and the bidirectional overrides
 # that make a name read differently from its bytes ("Trojan Source", CVE-2021-42574).
@@ -136,3 +139,81 @@ def _write(fd: int, data: bytes) -> None:
     with contextlib.suppress(OSError):  # the terminal went away: nothing to tell it
         while data:
             data = data[os.write(fd, data) :]
+
+
+# -- operator events: text lines, or JSON lines for log collectors ---------------------------
+#
+# What a run tells its operator on stderr (start, progress, a worker that died, an error) is an
+# event: ``[overnight] message`` on a terminal, or with ``--log-format json`` (or
+# ``OVERNIGHT_LOG_FORMAT=json``) one JSON object per line for Loki, CloudWatch or Datadog:
+# ``{"ts", "level", "logger": "overnight", "event", "message", ...fields}``. Through the
+# stdlib's ``logging`` (logger ``overnight.events``), so an embedding application can route
+# them too. Events carry counts, names and times, never the text of a transcript or document.
+
+LOG_FORMATS = ("text", "json")
+_events: logging.Logger | None = None
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        body = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": "overnight",
+            "event": getattr(record, "event", "message"),
+            "message": record.getMessage(),
+            **getattr(record, "fields", {}),
+        }
+        return json.dumps(body, default=str)
+
+
+class _TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return f"[overnight] {record.getMessage()}"
+
+
+class _Stderr(logging.StreamHandler):
+    """Writes to the current ``sys.stderr`` (which ``quiet_native_stderr`` and tests swap),
+    not to the one there was when it was made."""
+
+    @property  # type: ignore[override]
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+def log_format() -> str:
+    fmt = os.environ.get("OVERNIGHT_LOG_FORMAT", "text").strip().lower()
+    return fmt if fmt in LOG_FORMATS else "text"
+
+
+def set_log_format(fmt: str) -> None:
+    """``--log-format``: for this process and the processes it starts."""
+    global _events
+    os.environ["OVERNIGHT_LOG_FORMAT"] = fmt
+    _events = None
+
+
+def _logger() -> logging.Logger:
+    global _events
+    if _events is None:
+        _events = logging.getLogger("overnight.events")
+        _events.propagate = False
+        _events.setLevel(logging.INFO)
+        handler = _Stderr()
+        handler.setFormatter(_JsonFormatter() if log_format() == "json" else _TextFormatter())
+        _events.handlers = [handler]
+    return _events
+
+
+def event(name: str, message: str, *, level: str = "info", **fields: object) -> None:
+    """Tell the operator: ``name`` is the event's kind (start, progress, worker_died, ...),
+    ``message`` the sentence a person reads, ``fields`` the figures a machine reads."""
+    _logger().log(
+        getattr(logging, level.upper()),
+        printable(message),
+        extra={"event": name, "fields": fields},
+    )

@@ -11,7 +11,6 @@ import logging
 import os
 import re
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -22,6 +21,7 @@ import pyarrow as pa
 
 from overnight.jobs.dataset import storage
 from overnight.jobs.errors import EngineFailed, ModelNotFound, OvernightError
+from overnight.jobs.run import console
 from overnight.jobs.run.committing import ACTOR_STARTED, MODEL_READY
 from overnight.jobs.run.stage import StageContractError
 from overnight.schemas import ErrorCode
@@ -180,12 +180,13 @@ def _quiet_raylet_echo() -> None:
         if _WORKER_DIED in text:
             log.info("ray: %s", text)
             pid = _WORKER_PID.search(text)
-            print(
-                f"[overnight] a Ray worker process{f' (pid {pid.group(1)})' if pid else ''} "
+            console.event(
+                "worker_died",
+                f"a Ray worker process{f' (pid {pid.group(1)})' if pid else ''} "
                 "died while running a task: killed, out of memory (`dmesg` shows the kernel's "
                 "OOM kills) or crashed. Ray restarts it and runs its unfinished items again.",
-                file=sys.stderr,
-                flush=True,
+                level="warning",
+                pid=int(pid.group(1)) if pid else None,
             )
             return
         printer(data, *args, **kwargs)
@@ -310,12 +311,18 @@ class Progress:
             work = f"{self.audio_s / 3600:.3f} h audio ({self.audio_s / elapsed:.1f}x real time), "
         elif self.tokens:
             work = f"{self.tokens} tokens ({self.tokens / elapsed:.0f} tokens/s), "
-        print(
-            f"[overnight] {self.done}/{self.total} items "
+        console.event(
+            "progress",
+            f"{self.done}/{self.total} items "
             f"({100 * self.done / max(self.total, 1):.0f}%), {work}{self.errors} errors, "
             f"{elapsed:.0f} s, {eta}",
-            file=sys.stderr,
-            flush=True,
+            done=self.done,
+            total=self.total,
+            errors=self.errors,
+            audio_s=round(self.audio_s, 3),
+            tokens=self.tokens,
+            elapsed_s=round(elapsed, 1),
+            eta_s=round(elapsed / self.done * (self.total - self.done), 1) if self.done else None,
         )
 
     def __enter__(self) -> Progress:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -37,7 +36,7 @@ import pyarrow as pa
 
 from overnight.jobs.accounting import ledger
 from overnight.jobs.dataset import commits, storage
-from overnight.jobs.run import committing, on_ray, sizing
+from overnight.jobs.run import committing, console, on_ray, sizing
 from overnight.jobs.run.job import Build, Job, P, Prepared, Resolved
 from overnight.jobs.run.stage import Stage, run_task
 from overnight.workers.devices import resolve_device
@@ -172,7 +171,7 @@ def run(job: Job[P], prepared: P | None = None) -> dict[str, Any]:
         )
     described = job.describe(pool)
     if settings.progress and pending and described is not None:
-        print(f"[overnight] {described}", file=sys.stderr, flush=True)
+        console.event("start", described, run_id=job.run_id, kind=job.kind, pending=len(pending))
     build = job.stages(Resolved(device, pool, len(pending)), prepared)
 
     outcome = on_ray.Outcome()

@@ -8,6 +8,8 @@ import shutil
 import subprocess
 import sys
 
+import pyarrow.parquet as pq
+
 from tests.conftest import REPO
 from tests.jobs.cli.test_cli_messages import cli_env
 
@@ -45,3 +47,46 @@ def test_a_dry_run_with_json_prints_its_report_as_one_object(synth_calls, tmp_pa
     code, report, _ = _json_of("transcribe", str(folder), str(tmp_path / "out"), "--dry-run")
     assert code == 0 and report["dry_run"] is True
     assert not (tmp_path / "out" / "transcripts").exists()
+
+
+def test_log_format_json_writes_one_event_per_stderr_line_and_no_transcript_text(
+    synth_calls, tmp_path
+):
+    folder, refs = synth_calls
+    one = tmp_path / "in"
+    one.mkdir()
+    name = sorted(refs)[0]
+    shutil.copy(folder / name, one / name)
+    out = tmp_path / "out"
+    code, _, stderr = _json_of(
+        "transcribe", str(one), str(out), "--device", "cpu", "--log-format", "json"
+    )
+    assert code == 0
+    events = [json.loads(line) for line in stderr.splitlines() if line.strip()]
+    assert events, stderr
+    kinds = {e["event"] for e in events}
+    assert {"start", "progress"} <= kinds, kinds
+    last = [e for e in events if e["event"] == "progress"][-1]
+    assert last["done"] == last["total"] == 1 and last["errors"] == 0
+    assert all({"ts", "level", "message"} <= e.keys() for e in events)
+    # Counts and names, never what was said.
+    said = pq.read_table(out / "transcripts").column("text").to_pylist()[0]
+    assert said and said.strip() not in stderr
+    # A systemic failure is an event too, with its exit status.
+    code, _, stderr = _json_of_failing(
+        "transcribe", str(tmp_path / "missing"), str(out), "--log-format", "json"
+    )
+    [error] = [json.loads(line) for line in stderr.splitlines() if line.strip()]
+    assert code == 4 and error["event"] == "error" and error["exit_code"] == 4
+
+
+def _json_of_failing(*args: str) -> tuple[int, str, str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "overnight.jobs.cli", *args],
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+    return proc.returncode, proc.stdout, proc.stderr
