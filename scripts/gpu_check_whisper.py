@@ -3,6 +3,7 @@
 
     python3 scripts/gpu_check_whisper.py prepare [--dir .gpu-check]   # here: vocabulary files
     python3 scripts/gpu_check_whisper.py run [--dir .gpu-check] [--cpu] [--out DIR]
+    python3 scripts/gpu_check_whisper.py engines [--dir .gpu-check] [--cpu] [--out DIR]
 
 ``prepare`` copies the bundled tiny.en's tokenizer and CTranslate2 config (2.5 MB) into
 ``DIR/whisper``. ``run`` builds a Whisper with random weights from them where it runs (the
@@ -26,6 +27,19 @@ PyTorch carries it), step 2 runs in a child whose ``LD_LIBRARY_PATH`` names it a
 ``libcublas.so.12``: a stand-in for the production image's CUDA 12 (``infra/``), on the check
 machine only, and the report says so. Missing ctranslate2, torch or transformers is a SKIP
 (exit 0). Output: ``whisper_check.json`` (and ``whisper-dmon.txt`` on a GPU) under ``--out``.
+
+``engines`` (issue #39) times the two engines themselves, encoder plus decoder on random 30 s
+windows, without the worker: the torch engine (``workers.whisper_torch``, built from the
+shape alone with random weights, bfloat16 on a GPU) and CTranslate2 (float16, the same shape
+through the converter, in a child process with the cuBLAS shim when needed; a SKIP when it
+is not installed), greedy and beam 5, at each of ``--batch-sizes`` (32-256 on a GPU), every
+window decoding exactly ``--new-tokens`` tokens (96; end-of-text suppressed). Per variant:
+audio-s/s, windows/s and the share of dense BF16 peak (989 TFLOP/s on an H100 or H200) that
+the FLOPs of ``window_flops`` (about 2.27 TFLOP for turbo's encoder per window, 0.07 more for
+96 greedy tokens) make of the wall time; the torch engine also without CUDA graphs at the
+first size. Then the log-mel front end on the GPU (``LogMel``, ``torch.stft``) against
+faster-whisper's on one CPU core, and their largest difference. Needs torch and ``prepare``'s
+vocabulary files; under 5 minutes on one GPU. Output: ``whisper_engines.json``.
 """
 
 from __future__ import annotations
@@ -55,6 +69,9 @@ TINY.update(decoder_layers=4, decoder_attention_heads=6, num_mel_bins=80)
 TINY.update(encoder_ffn_dim=1536, decoder_ffn_dim=1536)
 SHAPES = {"large-v3-turbo": TURBO, "large-v3": LARGE_V3, "tiny.en": TINY}
 LOAD_FAILED = 5  # the job's exit code for a model that cannot load
+# Dense BF16 tensor-core peak, TFLOP/s (no sparsity): H100 SXM and H200 alike.
+PEAK_BF16_TFLOPS = {"h100": 989.0, "h200": 989.0}
+WINDOW_S = 30.0
 
 
 def prepare(folder: Path) -> None:
@@ -314,6 +331,334 @@ def run(args: argparse.Namespace) -> int:
     return 0 if report["status"].startswith("pass") else 1
 
 
+def window_flops(shape: dict[str, int], new_tokens: int, hyps: int, vocab: int = 51864) -> dict:
+    """FLOPs of one 30 s window (multiply-add = 2): the encoder (convolutions, projections,
+    attention over 1500 positions), and the decoder for ``new_tokens`` steps of ``hyps``
+    hypotheses (self and cross attention, the output projection, the cross keys and values
+    once per window). Turbo: about 2.27 TFLOP encoder, 0.07 greedy decoder at 96 tokens."""
+    d, frames, ctx = shape["d_model"], 1500, 3000
+    enc_layer = 4 * d * d + 2 * d * shape["encoder_ffn_dim"]
+    encoder = 2 * frames * shape["encoder_layers"] * enc_layer
+    encoder += 4 * shape["encoder_layers"] * frames * frames * d  # QK^T and AV
+    encoder += 2 * ctx * shape["num_mel_bins"] * d * 3 + 2 * frames * d * d * 3  # convolutions
+    dec_layer = 4 * d * d + 2 * d * d + 2 * d * shape["decoder_ffn_dim"]  # self, cross q/out, ffn
+    per_token = 2 * (shape["decoder_layers"] * dec_layer + vocab * d)
+    per_token += 4 * shape["decoder_layers"] * (frames + new_tokens // 2) * d  # attention reads
+    decoder = hyps * new_tokens * per_token + 2 * frames * 2 * d * d * shape["decoder_layers"]
+    return {"encoder": float(encoder), "decoder": float(decoder)}
+
+
+def _sync(cuda: bool) -> None:
+    if cuda:
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _rates(batch: int, walls: list[float], flops: dict, peak: float | None) -> dict[str, Any]:
+    best = min(walls)
+    total = batch * (flops["encoder"] + flops["decoder"])
+    out: dict[str, Any] = {
+        "s": [round(w, 3) for w in walls],
+        "audio_s_per_s": round(batch * WINDOW_S / best, 1),
+        "windows_per_s": round(batch / best, 2),
+        "tflops": round(total / best / 1e12, 1),
+    }
+    if peak:
+        out["pct_bf16_peak"] = round(100 * total / best / 1e12 / peak, 1)
+    return out
+
+
+def torch_half(args: argparse.Namespace, vocab: Path, peak: float | None) -> dict[str, Any]:
+    """The torch engine: greedy and beam at each batch size, encoder and decoder timed apart."""
+    import numpy as np
+    import torch
+
+    from overnight.workers.whisper_torch import TorchWhisper
+    from overnight.workers.whisper_weights import WhisperDims, read_vocabulary
+
+    cuda = not args.cpu
+    shape = SHAPES[args.shape]
+    dims = WhisperDims(
+        n_mels=shape["num_mel_bins"],
+        n_audio_ctx=1500,
+        n_state=shape["d_model"],
+        n_encoder_layers=shape["encoder_layers"],
+        n_encoder_heads=shape["encoder_attention_heads"],
+        n_decoder_layers=shape["decoder_layers"],
+        n_decoder_heads=shape["decoder_attention_heads"],
+        n_vocab=51864,
+        n_encoder_ffn=shape["encoder_ffn_dim"],
+        n_decoder_ffn=shape["decoder_ffn_dim"],
+    )
+    started = time.perf_counter()
+    config = json.loads((vocab / "config.json").read_text())
+    engine = TorchWhisper.random(
+        dims, config, read_vocabulary(vocab), device="cuda" if cuda else "cpu"
+    )
+    _sync(cuda)
+    report: dict[str, Any] = {
+        "shape": args.shape,
+        "dtype": engine.compute_type,
+        "build_s": round(time.perf_counter() - started, 1),
+        "new_tokens_per_window": args.new_tokens,
+    }
+    sizes = [int(b) for b in args.batch_sizes.split(",")]
+    beams = [int(b) for b in args.beams.split(",")]
+    rng = np.random.default_rng(0)
+    features = rng.standard_normal((max(sizes), dims.n_mels, 3000), np.float32)
+    prompt = [engine.sot_id, engine.no_timestamps_id]
+    # CTranslate2's cap: min(max_length // 2, max_length - 1) steps after [sot, notimestamps].
+    kwargs = {"max_length": 2 * args.new_tokens, "suppress_tokens": [-1, engine.eot_id]}
+
+    def once(batch: int, beam: int) -> tuple[float, float]:
+        _sync(cuda)
+        t0 = time.perf_counter()
+        encoded = engine.encode(features[:batch])
+        _sync(cuda)
+        t1 = time.perf_counter()
+        result = engine.generate(encoded, [prompt] * batch, beam_size=beam, **kwargs)
+        _sync(cuda)
+        t2 = time.perf_counter()
+        got = len(result[0].sequences_ids[0])
+        if got != args.new_tokens:
+            raise RuntimeError(f"decoded {got} tokens, not {args.new_tokens}")
+        return t1 - t0, t2 - t1
+
+    variants: dict[str, Any] = {}
+    for batch in sizes:
+        for beam in beams:
+            name = f"{'greedy' if beam == 1 else f'beam{beam}'}_batch_{batch}"
+            first = sum(once(batch, beam))  # warm-up: kernels, allocator, graph capture
+            runs = [once(batch, beam) for _ in range(args.passes)]
+            flops = window_flops(shape, args.new_tokens, beam)
+            variants[name] = {
+                **_rates(batch, [e + d for e, d in runs], flops, peak),
+                "first_s": round(first, 2),
+                "encoder_s": [round(e, 3) for e, _ in runs],
+                "decoder_s": [round(d, 3) for _, d in runs],
+            }
+            print(f"gpu_check: torch {name}: {variants[name]['audio_s_per_s']} audio-s/s")
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+    if engine.cuda_graphs:  # the same decode without graphs, at the first size
+        engine.cuda_graphs = False
+        batch = sizes[0]
+        once(batch, 1)
+        runs = [once(batch, 1) for _ in range(args.passes)]
+        flops = window_flops(shape, args.new_tokens, 1)
+        variants[f"greedy_eager_batch_{batch}"] = {
+            **_rates(batch, [e + d for e, d in runs], flops, peak),
+            "decoder_s": [round(d, 3) for _, d in runs],
+        }
+        engine.cuda_graphs = True
+    report["variants"] = variants
+    report["graph_failures"] = engine.graph_failures
+    if cuda:
+        report["max_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
+    return report
+
+
+def front_end(args: argparse.Namespace) -> dict[str, Any]:
+    """Log-mel of 30 s windows: ``LogMel`` on the device (a batch, audio copied from the host)
+    against faster-whisper's ``FeatureExtractor`` on one CPU core, window by window."""
+    import numpy as np
+    import torch
+
+    from overnight.workers.whisper_torch import LogMel
+
+    n_mels = SHAPES[args.shape]["num_mel_bins"]
+    windows = 4 if args.cpu else 64
+    audio = (np.random.default_rng(1).standard_normal((windows, 480000)) * 0.1).astype(np.float32)
+    device = "cpu" if args.cpu else "cuda"
+    mel = LogMel(n_mels, device)
+    mel(audio[:2])  # warm-up
+    _sync(not args.cpu)
+    walls = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        out = mel(audio)
+        _sync(not args.cpu)
+        walls.append(time.perf_counter() - t0)
+    report: dict[str, Any] = {
+        "windows": windows,
+        "device_audio_s_per_s": round(windows * WINDOW_S / min(walls), 1),
+    }
+    try:
+        from faster_whisper.feature_extractor import FeatureExtractor
+    except Exception as exc:  # faster-whisper imports CTranslate2
+        report["cpu"] = f"SKIP: faster-whisper not importable ({type(exc).__name__})"
+        return report
+    threads = torch.get_num_threads()
+    extractor = FeatureExtractor(feature_size=n_mels)
+    count = min(windows, 8)
+    t0 = time.perf_counter()
+    cpu = [extractor(a) for a in audio[:count]]
+    cpu_s = time.perf_counter() - t0
+    torch.set_num_threads(threads)
+    report["cpu_audio_s_per_s"] = round(count * WINDOW_S / cpu_s, 1)
+    report["device_over_cpu"] = round(
+        report["device_audio_s_per_s"] / report["cpu_audio_s_per_s"], 1
+    )
+    ours = out[:count].float().cpu().numpy()
+    report["max_abs_diff"] = float(np.abs(ours - np.stack(cpu)).max())
+    return report
+
+
+def ct2_measure(args: argparse.Namespace) -> dict[str, Any]:
+    """CTranslate2 on the model ``run`` would build (``--model``): the torch half's
+    variants, in this (child) process."""
+    import ctranslate2
+    import numpy as np
+
+    cuda = not args.cpu
+    try:
+        model = ctranslate2.models.Whisper(
+            args.model,
+            device="cuda" if cuda else "cpu",
+            compute_type="float16" if cuda else "default",
+        )
+        warm = ctranslate2.StorageView.from_array(np.zeros((1, model.n_mels, 3000), np.float32))
+        model.encode(warm)
+    except Exception as exc:
+        return {"load": {"status": "error", "message": str(exc)}}
+    shape = SHAPES[args.shape]
+    sizes = [int(b) for b in args.batch_sizes.split(",")]
+    rng = np.random.default_rng(0)
+    features = rng.standard_normal((max(sizes), model.n_mels, 3000), np.float32)
+    from overnight.workers.whisper_weights import read_vocabulary
+
+    ids = {tok: i for i, tok in enumerate(read_vocabulary(Path(args.model)))}
+    eot = ids["<|endoftext|>"]
+    prompt = [ids["<|startoftranscript|>"], ids["<|notimestamps|>"]]
+    peak = _peak(cuda)
+    variants: dict[str, Any] = {}
+    for batch in sizes:
+        for beam in (int(b) for b in args.beams.split(",")):
+            walls = []
+            for k in range(args.ct2_passes + 1):
+                t0 = time.perf_counter()
+                sv = ctranslate2.StorageView.from_array(features[:batch])
+                encoded = model.encode(sv)
+                result = model.generate(
+                    encoded, [prompt] * batch, beam_size=beam,
+                    max_length=2 * args.new_tokens, suppress_tokens=[-1, eot],
+                )  # fmt: skip
+                if k:
+                    walls.append(time.perf_counter() - t0)
+            got = len(result[0].sequences_ids[0])
+            name = f"{'greedy' if beam == 1 else f'beam{beam}'}_batch_{batch}"
+            flops = window_flops(shape, args.new_tokens, beam)
+            variants[name] = {**_rates(batch, walls, flops, peak), "tokens": got}
+            print(f"gpu_check: ctranslate2 {name}: {variants[name]['audio_s_per_s']} audio-s/s")
+    return {"load": {"status": "ok"}, "compute_type": model.compute_type, "variants": variants}
+
+
+def _peak(cuda: bool) -> float | None:
+    if not cuda:
+        return None
+    from overnight.workers.devices import detect_gpu_kind
+
+    return PEAK_BF16_TFLOPS.get(detect_gpu_kind())
+
+
+def _ct2_child(args: argparse.Namespace, model: Path, out: Path, env: dict[str, str]) -> dict:
+    result = out / "whisper_engines_ct2.json"
+    result.unlink(missing_ok=True)
+    cmd = [sys.executable, __file__, "engines-ct2", "--model", str(model), "--out", str(result)]
+    cmd += ["--shape", args.shape, "--batch-sizes", args.batch_sizes, "--beams", args.beams]
+    cmd += ["--new-tokens", str(args.new_tokens), "--ct2-passes", str(args.ct2_passes)]
+    cmd += ["--cpu"] if args.cpu else []
+    done = subprocess.run(cmd, env=env, timeout=args.child_timeout)
+    if not result.is_file():
+        return {"load": {"status": "crash", "message": f"the child exited {done.returncode}"}}
+    report = json.loads(result.read_text())
+    result.unlink()
+    return report
+
+
+def ct2_half(args: argparse.Namespace, vocab: Path, work: Path, out: Path) -> dict[str, Any]:
+    needed = ("ctranslate2", "transformers")
+    missing = [m for m in needed if not _importable(m)]
+    if missing:
+        return {"status": f"SKIP: {', '.join(missing)} not installed"}
+    model = work / "ct2-model"
+    built = build(vocab, model, cuda=not args.cpu, name=args.shape)
+    report: dict[str, Any] = {"build_s": built["build_s"]}
+    first = _ct2_child(args, model, out, dict(os.environ))
+    message = first["load"].get("message", "")
+    shimmed = cublas12_env(work) if "libcublas.so.12" in message else None
+    if shimmed is not None:
+        env, report["cublas_shim"] = shimmed
+        report["load_without_shim"] = first["load"]
+        first = _ct2_child(args, model, out, env)
+    report.update(first)
+    return report
+
+
+def engines(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {"mode": "cpu" if args.cpu else "gpu"}
+    vocab = Path(args.dir) / "whisper"
+    started = time.time()
+    missing = [m for m in ("torch", "numpy", "pydantic") if not _importable(m)]
+    if missing or not (vocab / "vocabulary.txt").is_file():
+        why = f"{', '.join(missing)} not installed" if missing else f"no {vocab}/vocabulary.txt"
+        report["status"] = f"skip: {why}"
+        print(f"gpu_check: whisper engines SKIP: {why}")
+        (out / "whisper_engines.json").write_text(json.dumps(report, indent=2))
+        return 0
+    if not args.cpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            report["status"] = "fail: no CUDA device (use --cpu for the CPU mode)"
+            (out / "whisper_engines.json").write_text(json.dumps(report, indent=2))
+            return 1
+        report["device"] = torch.cuda.get_device_name(0)
+    peak = _peak(not args.cpu)
+    report["peak_bf16_tflops"] = peak
+    shape = SHAPES[args.shape]
+    report["flops_per_window"] = {
+        "encoder_tflop": round(window_flops(shape, args.new_tokens, 1)["encoder"] / 1e12, 3),
+        "greedy_decoder_tflop": round(window_flops(shape, args.new_tokens, 1)["decoder"] / 1e12, 3),
+    }
+    dmon = None
+    if shutil.which("nvidia-smi") and not args.cpu:
+        dmon = subprocess.Popen(
+            ["nvidia-smi", "dmon", "-s", "pucm", "-d", "1"],
+            stdout=(out / "whisper-engines-dmon.txt").open("w"),
+            stderr=subprocess.STDOUT,
+        )
+    work = Path(tempfile.mkdtemp(prefix="gpu-check-engines-"))
+    try:
+        report["torch"] = torch_half(args, vocab, peak)
+        report["front_end"] = front_end(args)
+        try:
+            report["ctranslate2"] = ct2_half(args, vocab, work, out)
+        except Exception as exc:  # the torch half's figures stand without it
+            report["ctranslate2"] = {"status": f"fail: {type(exc).__name__}: {exc}"}
+        theirs = report["ctranslate2"].get("variants", {})
+        report["torch_over_ctranslate2"] = {
+            name: round(v["audio_s_per_s"] / theirs[name]["audio_s_per_s"], 2)
+            for name, v in report["torch"]["variants"].items()
+            if name in theirs
+        }
+        report["status"] = "pass"
+    except Exception as exc:
+        report["status"] = f"fail: {type(exc).__name__}: {exc}"
+        raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if dmon is not None:
+            dmon.terminate()
+        report["wall_s"] = round(time.time() - started, 1)
+        (out / "whisper_engines.json").write_text(json.dumps(report, indent=2))
+        print(json.dumps(report, indent=2))
+    return 0 if report["status"] == "pass" else 1
+
+
 def _importable(module: str) -> bool:
     import importlib.util
 
@@ -322,7 +667,7 @@ def _importable(module: str) -> bool:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("step", choices=("prepare", "run", "measure"))
+    ap.add_argument("step", choices=("prepare", "run", "measure", "engines", "engines-ct2"))
     ap.add_argument("--dir", default=".gpu-check", help="where prepare writes whisper/")
     ap.add_argument("--out", default=os.environ.get("OUT") or "gpu-check-out")
     ap.add_argument("--cpu", action="store_true", help="tiny.en's shape on the CPU")
@@ -333,7 +678,14 @@ def main() -> int:
     ap.add_argument("--batch-sizes", default="16", help="comma-separated; 16: the job's default")
     ap.add_argument("--shape", choices=sorted(SHAPES), default=None)
     ap.add_argument("--child-timeout", type=int, default=600)
+    ap.add_argument("--beams", default=None, help="engines: beam sizes (1: greedy)")
+    ap.add_argument("--ct2-passes", type=int, default=1, help="engines: CTranslate2 passes")
     args = ap.parse_args()
+    engine_step = args.step in ("engines", "engines-ct2")
+    if engine_step and args.batch_sizes == "16":  # the engines step's own default
+        args.batch_sizes = "2,4" if args.cpu else "32,64,128,256"
+    if args.beams is None:
+        args.beams = "1,2" if args.cpu else "1,5"
     if args.chunks is None:
         args.chunks = 8 if args.cpu else 256
     if args.new_tokens is None:
@@ -345,6 +697,12 @@ def main() -> int:
     if args.step == "prepare":
         prepare(Path(args.dir))
         return 0
+    if args.step == "engines":
+        return engines(args)
+    if args.step == "engines-ct2":
+        report = ct2_measure(args)
+        Path(args.out).write_text(json.dumps(report))
+        return 0 if report["load"]["status"] == "ok" else LOAD_FAILED
     if args.step == "measure":
         sizes = [int(b) for b in args.batch_sizes.split(",")]
         report = measure(args.model, args.cpu, args.chunks, args.new_tokens, args.passes, sizes)

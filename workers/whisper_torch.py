@@ -107,10 +107,23 @@ def resolve_dtype(device: str, compute_type: str = "auto") -> torch.dtype:
 
 
 def mel_filters(n_mels: int, sr: int = 16000, n_fft: int = 400) -> np.ndarray:
-    """faster-whisper's mel filter bank (Slaney-style, as librosa), float32."""
-    from faster_whisper.feature_extractor import FeatureExtractor
-
-    return FeatureExtractor.get_mel_filters(sr, n_fft, n_mels=n_mels).astype(np.float32)
+    """faster-whisper's mel filter bank (``FeatureExtractor.get_mel_filters``: Slaney mel
+    scale, Slaney normalization, as librosa), float32. Written out here so that the front
+    end needs neither faster-whisper nor CTranslate2 (a GPU image may have neither)."""
+    fftfreqs = np.fft.rfftfreq(n=n_fft, d=1.0 / sr)
+    mels = np.linspace(0.0, 45.245640471924965, n_mels + 2)
+    f_sp = 200.0 / 3
+    freqs = f_sp * mels
+    min_log_hz, min_log_mel, logstep = 1000.0, 1000.0 / f_sp, np.log(6.4) / 27.0
+    log_t = mels >= min_log_mel
+    freqs[log_t] = min_log_hz * np.exp(logstep * (mels[log_t] - min_log_mel))
+    fdiff = np.diff(freqs)
+    ramps = freqs.reshape(-1, 1) - fftfreqs.reshape(1, -1)
+    lower = -ramps[:-2] / fdiff[:-1, None]
+    upper = ramps[2:] / fdiff[1:, None]
+    weights = np.maximum(0, np.minimum(lower, upper))
+    weights *= (2.0 / (freqs[2 : n_mels + 2] - freqs[:n_mels]))[:, None]
+    return weights.astype(np.float32)
 
 
 class LogMel:

@@ -78,3 +78,43 @@ def test_a_failing_ctranslate2_half_is_recorded_and_the_run_goes_on_to_fail_clea
     assert gpu_check._failed(shim_died)
     assert not gpu_check._failed({"load": "error at load: libcublas.so.12 is not found"})
     assert not gpu_check._failed({"device": "cuda", "generate": {"prompts": 4}})
+
+
+def test_whisper_engines_check_times_both_engines_and_the_front_ends_in_cpu_mode(tmp_path):
+    """``gpu_check_whisper.py engines`` (issue #39) in its tiny CPU mode: the torch engine
+    built from a shape with random weights, CTranslate2 beside it, greedy and beam, each
+    window decoding exactly the tokens asked for, and the torch log-mel against faster-whisper's."""
+    import pytest
+
+    pytest.importorskip("torch")
+    configs, out = tmp_path / "configs", tmp_path / "out"
+    script = [sys.executable, "scripts/gpu_check_whisper.py"]
+    subprocess.run([*script, "prepare", "--dir", str(configs)], cwd=REPO, check=True, timeout=120)
+    args = ["--cpu", "--dir", str(configs), "--out", str(out), "--batch-sizes", "1"]
+    args += ["--beams", "1,2", "--new-tokens", "4"]
+    done = subprocess.run(
+        [*script, "engines", *args], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((out / "whisper_engines.json").read_text())
+    assert report["status"] == "pass", report
+    variants = report["torch"]["variants"]
+    assert set(variants) == {"greedy_batch_1", "beam2_batch_1"}
+    assert all(v["audio_s_per_s"] > 0 and v["windows_per_s"] > 0 for v in variants.values())
+    assert report["front_end"]["max_abs_diff"] < 1e-4
+    if importlib.util.find_spec("ctranslate2") is not None:
+        ct2 = report["ctranslate2"]
+        assert ct2["load"]["status"] == "ok", ct2
+        assert {v["tokens"] for v in ct2["variants"].values()} == {4}
+        assert set(report["torch_over_ctranslate2"]) == set(variants)
+
+
+def test_window_flops_give_the_issues_turbo_figures():
+    spec = importlib.util.spec_from_file_location(
+        "gpu_check_whisper", REPO / "scripts" / "gpu_check_whisper.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    flops = module.window_flops(module.SHAPES["large-v3-turbo"], 96, 1)
+    assert abs(flops["encoder"] / 1e12 - 2.27) < 0.02
+    assert abs(flops["decoder"] / 1e12 - 0.07) < 0.01
