@@ -9,7 +9,7 @@
 2. A new night of ``--new`` recordings (tiny files, never decoded), on an empty OUTPUT and on
    the OUTPUT with the history, taking turns ``--repeats`` times, on local disk and on a moto
    S3 server on loopback (the history is copied there object by object). What is timed is
-   the job from its start up to what Ray gets: ``transcribe_plan`` (input listing),
+   the job from its start up to what Ray gets: ``TranscribeJob.prepare`` (input listing),
    ``runner.claim_and_subtract`` (claim, publish of leftovers, the done-index lookup of this
    input's ids) and the manifest write. Ray's start and the model load come after and do not
    depend on the history.
@@ -147,7 +147,7 @@ def make_input(folder: Path, n: int) -> None:
 
 def time_new_night(input_url: str, output_url: str, new_night: date) -> dict[str, float]:
     from overnight.jobs.spec import build_spec
-    from overnight.jobs.transcribe import transcribe_plan
+    from overnight.jobs.transcribe import TranscribeJob
 
     spec = build_spec(
         overrides={
@@ -160,14 +160,15 @@ def time_new_night(input_url: str, output_url: str, new_night: date) -> dict[str
         }
     )
     t0 = time.perf_counter()
-    plan = transcribe_plan(spec)
+    job = TranscribeJob(spec)
+    prepared = job.prepare(dry=False)
     t1 = time.perf_counter()
-    claimed = runner.claim_and_subtract(plan)
+    claimed = runner.claim_and_subtract(job, prepared)
     t2 = time.perf_counter()
-    table = pa.Table.from_pylist(claimed.pending, schema=plan.manifest_schema)
-    write_manifest(storage.resolve(output_url), plan.run_id, table)
+    table = pa.Table.from_pylist(claimed.pending, schema=job.manifest_schema)
+    write_manifest(storage.resolve(output_url), job.run_id, table)
     t3 = time.perf_counter()
-    if len(claimed.pending) != len(plan.records):
+    if len(claimed.pending) != len(prepared.records):
         raise RuntimeError("the new night's recordings were taken as done")
     return {
         "list_s": t1 - t0,
