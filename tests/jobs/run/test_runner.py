@@ -217,3 +217,17 @@ def test_a_stage_that_loses_a_row_fails():
     batch = pa.Table.from_pylist([{"item_id": i, "uri": "u", "n": 1} for i in "ab"], schema=ITEMS)
     with pytest.raises(StageContractError, match="returned 1 rows for a batch of 2"):
         stage.apply(lambda b: b.slice(0, 1), batch)
+
+
+def test_the_ledger_reads_a_jobs_costs_off_its_stages_without_ray(tmp_path, monkeypatch):
+    """A killed run's rows are priced at the claim, before Ray starts: the costs come from
+    the stages as a run with nothing to do builds them (no nodes, no cluster asked)."""
+    import ray
+
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("Ray started"))
+    job = ToyJob(tmp_path, "costs-1")
+    priced = runner.costs(job, job.prepare(dry=True))
+    assert [(c.name, c.seconds, c.units) for c in priced] == [
+        ("double", "double_s", 0.5),
+        ("add", "add_s", 0.5),
+    ]
