@@ -11,7 +11,7 @@ that finishes returns its summary, also when some items failed (see ``RunSummary
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,6 +72,38 @@ def execute(spec: JobSpec) -> dict[str, Any]:
     from overnight.jobs.process import run_chain, run_process
 
     return run_process(spec) if spec.job.kind == "process" else run_chain(spec)
+
+
+def finish(spec: JobSpec, show: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run a spec to its end, as the command line and the API both do: execute it, ``show``
+    the summary (the command line prints it), check ``max_error_rate``, and tell
+    ``[job] notify`` how it ended: its summary, over the error rate, or the error that stopped
+    it (also an interrupt). The notification never changes the outcome."""
+    try:
+        summary = execute(spec)
+    except BaseException as exc:
+        _notify(spec, error=exc)
+        raise
+    if show is not None:
+        show(summary)
+    try:
+        check_error_rate(spec, summary)
+    except ErrorRateExceeded as exc:
+        _notify(spec, error=exc)
+        raise
+    _notify(spec, summary=summary)
+    return summary
+
+
+def _notify(
+    spec: JobSpec, summary: dict[str, Any] | None = None, error: BaseException | None = None
+) -> None:
+    if not spec.job.notify:
+        return
+    from overnight.jobs.ops import notify
+
+    body = notify.payload(summary=summary, error=error, spec_kind=spec.job.kind, run_id=spec.run_id)
+    notify.post(spec.job.notify, body)
 
 
 def check_error_rate(spec: JobSpec, summary: Mapping[str, Any]) -> None:
@@ -160,6 +192,4 @@ def run(spec: JobSpec | str | Path | Mapping[str, Any]) -> RunSummary:
         spec = build_spec(read_job_file(spec))
     elif not isinstance(spec, JobSpec):
         spec = build_spec(overrides=dict(spec))
-    summary = execute(spec)
-    check_error_rate(spec, summary)
-    return RunSummary.from_dict(summary)
+    return RunSummary.from_dict(finish(spec))

@@ -316,14 +316,17 @@ def _run_or_dry(spec: JobSpec, dry: bool, as_json: bool = False) -> int:
         report = dry_run(spec)
         print(json.dumps(report, default=str) if as_json else render(report))
         return 0
-    from overnight.jobs.api import check_error_rate
+    from overnight.jobs.api import finish
+    from overnight.jobs.run.console import quiet_native_stderr
 
-    summary = run_spec(spec)
-    if as_json:  # one object, nothing else on stdout: a scheduler parses it as it is
-        print(json.dumps(summary, default=str))
-    else:
-        print_summary(summary)
-    check_error_rate(spec, summary)
+    def show(summary: dict[str, Any]) -> None:
+        if as_json:  # one object, nothing else on stdout: a scheduler parses it as it is
+            print(json.dumps(summary, default=str))
+        else:
+            print_summary(summary)
+
+    with contextlib.nullcontext() if spec.job.verbose else quiet_native_stderr():
+        finish(spec, show)  # exit 12 over max_error_rate, after the summary is shown
     return 0
 
 

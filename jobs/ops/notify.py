@@ -45,7 +45,13 @@ def payload(
             "kind": (summary or {}).get("kind", spec_kind),
             "summary": dict(summary or {}),
         }
-    exit_code = error.exit_code if isinstance(error, OvernightError) else 1
+    exit_code = (
+        error.exit_code
+        if isinstance(error, OvernightError)
+        else 130
+        if isinstance(error, KeyboardInterrupt)
+        else 1
+    )
     finished = isinstance(error, ErrorRateExceeded)  # rows and summary are written
     body: dict[str, Any] = {
         "event": "run_finished" if finished else "run_failed",

@@ -36,7 +36,7 @@ import pyarrow as pa
 
 from overnight.jobs.accounting import ledger
 from overnight.jobs.dataset import commits, storage
-from overnight.jobs.run import committing, console, on_ray, sizing
+from overnight.jobs.run import committing, console, metrics, on_ray, sizing
 from overnight.jobs.run.job import Build, Job, P, Prepared, Resolved
 from overnight.jobs.run.stage import Stage, run_task
 from overnight.workers.devices import resolve_device
@@ -83,7 +83,7 @@ def claim_and_subtract(job: Job[P], prepared: P) -> Claimed:
     dataset = output.join(job.dataset)
     token = commits.claim(dataset, job.run_id)  # before reading what is committed: see claim
     priced = costs(job, prepared)
-    price = functools.partial(_price, output, job.spec.prices, priced)
+    price = functools.partial(_price, output, job.spec.prices, priced, job.dataset)
     # A killed run's staged commits (and any publish it left half done) go out first.
     leftover = commits.publish(dataset, job.schema, job.run_id, price)
     commits.finish_forgetting(dataset)  # a killed run's retry of error rows
@@ -307,11 +307,15 @@ def _price(
     output: storage.Location,
     prices: dict[str, float],
     costs: tuple[ledger.Cost, ...],
+    dataset: str,
     rows: pa.Table,
 ) -> tuple[storage.Location, pa.Table]:
-    """The cost ledger rows of rows being published, for ``commits.publish``."""
+    """The cost ledger rows of rows being published, for ``commits.publish``; counted in the
+    run's metrics as they are priced."""
     wanted = [c for c in ledger.columns(costs) if c in rows.column_names]
-    return output.join("costs"), ledger.build_ledger(rows.select(wanted).to_pylist(), prices, costs)
+    priced = ledger.build_ledger(rows.select(wanted).to_pylist(), prices, costs)
+    metrics.record_priced(dataset, priced)
+    return output.join("costs"), priced
 
 
 def _chain(

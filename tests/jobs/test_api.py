@@ -107,6 +107,7 @@ JOB_OPTIONS = (
         *("--address", "auto", "--run-id", "night-1", "--max-items", "3"),
         *("--max-error-rate", "0.1", "--retry-errors", "--quiet", "--verbose"),
         *("--include", "*.wav", "--exclude", "tmp/*"),
+        *("--notify", "https://hooks.example/T0KEN"),
     ],
     {
         "ray_address": "auto",
@@ -118,6 +119,7 @@ JOB_OPTIONS = (
         "verbose": True,
         "include": ["*.wav"],
         "exclude": ["tmp/*"],
+        "notify": "https://hooks.example/T0KEN",
     },
 )
 KIND_OPTIONS = {

@@ -129,3 +129,19 @@ def test_the_spec_takes_an_http_url_and_never_echoes_a_bad_one():
     with pytest.raises(ConfigError, match="http:// or https://") as caught:
         build_spec({}, {"job": {**job, "notify": "hooks.example/T0KEN"}})
     assert "T0KEN" not in str(caught.value)
+
+
+def test_a_job_that_stops_notifies_its_error_and_still_raises_it(endpoint, tmp_path):
+    """Through the path the command line and the API share (``jobs.api.finish``)."""
+    from overnight.jobs.api import finish
+    from overnight.jobs.errors import InputNotFound
+    from overnight.jobs.spec import build_spec
+
+    e = endpoint()
+    job = {"input": str(tmp_path / "missing"), "output": str(tmp_path / "out")}
+    spec = build_spec({}, {"job": {**job, "notify": e.url, "run_id": "nightly-x"}})
+    with pytest.raises(InputNotFound):
+        finish(spec)
+    [body] = e.bodies
+    assert body["event"] == "run_failed" and body["exit_code"] == 4
+    assert body["run_id"] == "nightly-x" and body["error"] == "InputNotFound"

@@ -34,7 +34,7 @@ def _scrape(ray) -> dict[str, float]:
 
 
 @pytest.mark.usefixtures("ray_local")
-def test_committed_items_and_audio_reach_prometheus_by_outcome(
+def test_committed_items_audio_and_cost_reach_prometheus_by_outcome(
     ray_local, synth_calls, tmp_path
 ):
     folder, refs = synth_calls
@@ -53,9 +53,13 @@ def test_committed_items_and_audio_reach_prometheus_by_outcome(
         now = _scrape(ray_local)
         delta = {k: v - before.get(k, 0.0) for k, v in now.items()}
         failed = {k: v for k, v in delta.items() if "status=error" in k and v}
-        if delta.get(ok) == 2 and failed and delta.get(audio):
+        cost = {k: v for k, v in delta.items() if k.startswith("ray_overnight_cost_usd") and v}
+        if delta.get(ok) == 2 and failed and delta.get(audio) and cost:
             break
         assert time.monotonic() < deadline, delta
         time.sleep(2)
     assert sum(failed.values()) == 1
     assert delta[audio] == pytest.approx(summary["audio_seconds"], abs=1e-3)  # rounded there
+    # What the ledger priced, by stage, as it published: the run's busy cost.
+    assert "ray_overnight_cost_usd_total{dataset=transcripts,stage=transcribe}" in cost
+    assert sum(cost.values()) == pytest.approx(summary["cost_usd"], rel=1e-3, abs=1e-9)
