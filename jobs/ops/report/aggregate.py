@@ -1,14 +1,39 @@
-"""The report's figures: the ledgers and run summaries of many outputs, grouped and summed."""
+"""The report's figures: the ledgers and run summaries of many outputs, grouped and summed.
+
+The grouping runs in DuckDB over the Arrow tables that ``load`` reads (only the columns the
+report needs, only the ``run_date=`` partitions of ``--since``/``--until``, through
+``jobs.dataset.storage``, so object storage needs nothing of DuckDB's own). DuckDB rather
+than Polars: one wheel without dependencies (66 MB installed, Polars 180 MB in two), SQL with
+``GROUPING SETS`` and window functions for the ledger's roles, and the same engine the shipped
+views in ``infra/sql/duckdb`` and the README's examples use. On the 30 nights x 100,000 calls
+history of ``scripts/bench_history.py`` (9 million ledger rows), ``scripts/bench_report.py``
+measures it against the former Python loops over every row (docs/reading-outputs.md and the
+README have the figures).
+
+Exact sums. Every money and time figure must equal ``math.fsum`` of its ledger rows bit for
+bit, which no engine's floating-point ``sum`` promises (DuckDB's ``fsum`` is Kahan-Babuska:
+close, not correctly rounded). So each float column is split into its integer mantissa and
+binary exponent (``numpy.frexp``, exact), the engine sums the mantissas per group and exponent
+as 128-bit integers (exact), and the few resulting rows are added as Python integers and
+rounded once (``_Exact``): the correctly rounded exact sum, which is what ``math.fsum`` gives.
+
+An item's audio counts once, on the row that states it (its model row, else its row with the
+most audio), in the groups that row belongs to; a result row counts once per (run, item), the
+first read.
+"""
 
 from __future__ import annotations
 
 import math
+import operator
 import re
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
+from fractions import Fraction
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -35,7 +60,25 @@ _RESULT_COLUMNS = [
     "analytics",  # transcripts of split-channel calls (schema 3); absent elsewhere
     PARTITION,  # the run's date, from the path; null in flat files
 ]
+# The ledger columns the report reads (``resource``, ``units`` and prices are not needed).
+_LEDGER_COLUMNS = [
+    "item_id",
+    "run_id",
+    "tenant",
+    "submission_id",
+    "stage",
+    "seconds",
+    "cost_usd",
+    "audio_s",
+    "input_tokens",
+    "output_tokens",
+    "recorded_at",
+    "model_stage",
+    "work",
+    PARTITION,
+]
 NONE_LABEL = "(none)"
+_ORDER = "_ord"  # the order rows were read in: the first of repeated rows is the one kept
 
 
 # -- sources ----------------------------------------------------------------------------------
@@ -43,19 +86,29 @@ NONE_LABEL = "(none)"
 
 @dataclass
 class Sources:
-    """Everything a report reads, from one or many outputs."""
+    """Everything a report reads, from one or many outputs, as Arrow tables in read order."""
 
     outputs: list[str]
-    ledger: pa.Table
-    results: list[dict[str, Any]]
+    ledger: pa.Table  # _LEDGER_COLUMNS (rows given twice included; see duplicate_ledger_rows)
+    results: pa.Table  # _RESULT_COLUMNS of transcripts/ and results/
     summaries: dict[str, dict[str, Any]]
     duplicate_ledger_rows: int = 0
 
 
-def _empty_ledger() -> pa.Table:
-    from overnight.schemas import COSTS
+def _with_order(table: pa.Table) -> pa.Table:
+    return table.append_column(_ORDER, pa.array(np.arange(table.num_rows, dtype=np.int64)))
 
-    return pa.Table.from_pylist([], schema=COSTS)
+
+def _complete(table: pa.Table | None, columns: list[str], schema: pa.Schema) -> pa.Table:
+    """``columns`` of ``table`` (null where no file had one), typed as ``schema`` has them."""
+    n = 0 if table is None else table.num_rows
+    kinds = {f.name: f.type for f in schema}
+    kinds[PARTITION] = pa.date32()
+    cols = [
+        table[c] if table is not None and c in table.column_names else pa.nulls(n, kinds[c])
+        for c in columns
+    ]
+    return pa.table(cols, names=columns)
 
 
 def load(
@@ -70,7 +123,7 @@ def load(
     """
     dates = Scope(since, until).dates()
     from overnight.jobs.ops.plan import read_summaries
-    from overnight.schemas import COSTS
+    from overnight.schemas import COSTS, TRANSCRIPTS
 
     if not outputs:
         raise ConfigError("give at least one OUTPUT folder or prefix to report on")
@@ -82,15 +135,17 @@ def load(
             continue
         seen.add(loc.url())
         shown.append(storage.scrub_secrets(url))
-        costs = read_results(loc.join("costs"), [*COSTS.names, PARTITION], dates=dates)
+        costs = read_results(loc.join("costs"), _LEDGER_COLUMNS, dates=dates)
         found = costs is not None
         if costs is not None and costs.num_rows:
-            ledgers.append(costs)
+            ledgers.append(_complete(costs, _LEDGER_COLUMNS, COSTS))
         for name in _RESULT_DIRS:
             table = read_results(loc.join(name), _RESULT_COLUMNS, dates=dates)
             if table is not None:
                 found = True
-                results.extend(table.to_pylist())
+                if table.num_rows:
+                    # results/ has no ``analytics``: typed as transcripts/ has it, null
+                    results.append(_complete(table, _RESULT_COLUMNS, TRANSCRIPTS))
         for s in read_summaries(loc):
             found = True
             summaries[s["run_id"]] = s
@@ -98,60 +153,19 @@ def load(
             raise InputNotFound(
                 f"{storage.scrub_secrets(url)!r} holds no costs/, transcripts/, results/ or runs/"
             )
-    ledger = pa.concat_tables(ledgers, promote_options="default") if ledgers else _empty_ledger()
-    before = ledger.num_rows
-    ledger = _with_roles(_dedupe(ledger))
-    return Sources(shown, ledger, results, summaries, before - ledger.num_rows)
-
-
-def _with_roles(ledger: pa.Table) -> pa.Table:
-    """``model_stage`` and ``work`` filled on rows of ledgers written before schema 6."""
-    for name, kind in (("model_stage", pa.bool_()), ("work", pa.string())):
-        if name not in ledger.column_names:  # no file read had it
-            ledger = ledger.append_column(name, pa.nulls(ledger.num_rows, kind))
-    if ledger.num_rows == 0 or (
-        ledger["model_stage"].null_count == 0 and ledger["work"].null_count == 0
-    ):
-        return ledger
-    stage, run, item = (ledger[c].to_pylist() for c in ("stage", "run_id", "item_id"))
-    model, work = ledger["model_stage"].to_pylist(), ledger["work"].to_pylist()
-    audio = {
-        (r, i) for s, r, i in zip(stage, run, item, strict=True) if s in ("decode", "transcribe")
-    }
-    for k, name in enumerate(stage):
-        if model[k] is None:
-            model[k] = name in _LEGACY_MODEL_STAGES
-        if work[k] is None:
-            # A fetch was decode's (audio) or extract's (documents): its item tells which.
-            is_audio = name in _LEGACY_AUDIO_STAGES or (
-                name == "fetch" and (run[k], item[k]) in audio
-            )
-            work[k] = "audio" if is_audio else "documents"
-    at = ledger.schema.get_field_index
-    ledger = ledger.set_column(at("model_stage"), "model_stage", pa.array(model, pa.bool_()))
-    return ledger.set_column(at("work"), "work", pa.array(work, pa.string()))
-
-
-def _dedupe(ledger: pa.Table) -> pa.Table:
-    if ledger.num_rows == 0:
-        return ledger
-    keys = list(
-        zip(
-            ledger["run_id"].to_pylist(),
-            ledger["item_id"].to_pylist(),
-            ledger["stage"].to_pylist(),
-            strict=True,
-        )
+    ledger = (
+        pa.concat_tables(ledgers, promote_options="default")
+        if ledgers
+        else _complete(None, _LEDGER_COLUMNS, COSTS)
     )
-    if len(set(keys)) == len(keys):
-        return ledger
-    seen: set[tuple] = set()
-    keep = []
-    for i, k in enumerate(keys):
-        if k not in seen:
-            seen.add(k)
-            keep.append(i)
-    return ledger.take(pa.array(keep, pa.int64()))
+    result = (
+        pa.concat_tables(results, promote_options="permissive")
+        if results
+        else _complete(None, _RESULT_COLUMNS, TRANSCRIPTS)
+    )
+    keys = pa.table([ledger[c] for c in ("run_id", "item_id", "stage")], ["r", "i", "s"])
+    duplicates = ledger.num_rows - keys.group_by(["r", "i", "s"]).aggregate([]).num_rows
+    return Sources(shown, _with_order(ledger), _with_order(result), summaries, duplicates)
 
 
 def parse_until(text: str | None, now: datetime | None = None) -> datetime | None:
@@ -178,129 +192,6 @@ def parse_since(text: str | None, now: datetime | None = None) -> datetime | Non
             f"--since {text!r}: write a date (2026-12-01), a date-time, or a span like 7d"
         ) from None
     return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
-
-
-# -- aggregation ------------------------------------------------------------------------------
-
-
-@dataclass
-class _Cell:
-    """What one group holds of one run."""
-
-    costs: list[float] = field(default_factory=list)
-    audio_costs: list[float] = field(default_factory=list)
-    document_costs: list[float] = field(default_factory=list)
-    busy: list[float] = field(default_factory=list)
-    speech_busy: list[float] = field(default_factory=list)
-    audio_by_item: dict[str, float] = field(default_factory=dict)
-    documents: set[str] = field(default_factory=set)
-    items: set[str] = field(default_factory=set)
-    input_tokens: int = 0
-    output_tokens: int = 0
-
-
-@dataclass
-class _Group:
-    cells: dict[str, _Cell] = field(default_factory=lambda: defaultdict(_Cell))
-    result_items: set[tuple[str, str]] = field(default_factory=set)
-    succeeded: int = 0
-    failed: int = 0
-    errors: Counter = field(default_factory=Counter)
-
-
-@dataclass
-class _Prepared:
-    """Ledger columns as Python lists plus per-item facts, computed once per report."""
-
-    n: int
-    col: dict[str, list[Any]]
-    day: list[str]
-    audio_item: dict[tuple[str, str], float]
-    info: dict[tuple[str, str], dict[str, Any]]
-    item_time: dict[tuple[str, str], datetime]
-    run_busy: dict[str, float]
-    run_items: dict[str, int]
-    summaries: dict[str, dict[str, Any]]
-    results: list[dict[str, Any]]
-
-
-def _prepare(sources: Sources) -> _Prepared:
-    ledger = sources.ledger
-    col = ledger.to_pydict()
-    n = ledger.num_rows
-    recorded = pc.strftime(ledger["recorded_at"], "%Y-%m-%d").to_pylist() if n else []
-    nights = col.get(PARTITION) or [None] * n
-    day = [r if d is None else d.isoformat() for r, d in zip(recorded, nights, strict=True)]
-    keys = list(zip(col["run_id"], col["item_id"], strict=True))
-    audio_item: dict[tuple[str, str], float] = {}
-    from_model_row: set[tuple[str, str]] = set()
-    run_busy_rows: dict[str, list[float]] = defaultdict(list)
-    run_items: dict[str, set[str]] = defaultdict(set)
-    item_time: dict[tuple[str, str], datetime] = {}
-    for i in range(n):
-        key, model, audio = keys[i], col["model_stage"][i], col["audio_s"][i]
-        if audio is not None:
-            # The model's row says how much audio it heard; other stages' rows only say so
-            # when the model has no row of this item.
-            if model and col["work"][i] == "audio":
-                audio_item[key] = audio
-                from_model_row.add(key)
-            elif key not in from_model_row:
-                audio_item[key] = max(audio, audio_item.get(key, audio))
-        if model:
-            run_busy_rows[key[0]].append(col["seconds"][i] or 0.0)
-        run_items[key[0]].add(key[1])
-        if col["recorded_at"][i] is not None:
-            item_time.setdefault(key, col["recorded_at"][i])
-    info = {(r["run_id"], r["item_id"]): r for r in sources.results}
-    return _Prepared(
-        n=n,
-        col=col,
-        day=day,
-        audio_item=audio_item,
-        info=info,
-        item_time=item_time,
-        run_busy={r: math.fsum(v) for r, v in run_busy_rows.items()},
-        run_items={r: len(v) for r, v in run_items.items()},
-        summaries=sources.summaries,
-        results=sources.results,
-    )
-
-
-def _label(value: Any) -> str:
-    return NONE_LABEL if value is None or value == "" else str(value)
-
-
-def _ledger_key(by: str, p: _Prepared, i: int) -> str:
-    if by == "all":
-        return "all"
-    if by == "day":
-        return p.day[i]
-    if by == "tenant":
-        return _label(p.col["tenant"][i])
-    if by == "submission":
-        return _label(p.col["submission_id"][i])
-    if by == "model":
-        found = p.info.get((p.col["run_id"][i], p.col["item_id"][i]))
-        return _label(found.get("model") if found else None)
-    return p.col["run_id"][i]
-
-
-def _result_key(by: str, p: _Prepared, row: dict[str, Any]) -> str:
-    if by == "all":
-        return "all"
-    if by == "day":
-        if row.get(PARTITION) is not None:
-            return row[PARTITION].isoformat()
-        when = p.item_time.get((row["run_id"], row["item_id"])) or row.get("processed_at")
-        return when.astimezone(UTC).strftime("%Y-%m-%d") if when else NONE_LABEL
-    if by == "tenant":
-        return _label(row.get("tenant"))
-    if by == "submission":
-        return _label(row.get("submission_id"))
-    if by == "model":
-        return _label(row.get("model"))
-    return row["run_id"]
 
 
 @dataclass(frozen=True)
@@ -337,112 +228,408 @@ class Scope:
         return (None if self.since is None else self.since.date(), last)
 
 
-def _aggregate(p: _Prepared, by: str, scope: Scope) -> dict[str, _Group]:
-    groups: dict[str, _Group] = defaultdict(_Group)
-    c = p.col
-    nights = c.get(PARTITION) or [None] * p.n
-    for i in range(p.n):
-        if not scope.keeps(c["recorded_at"][i], c["tenant"][i], nights[i]):
-            continue
-        run, item, model, work, cost = (
-            c["run_id"][i],
-            c["item_id"][i],
-            c["model_stage"][i],
-            c["work"][i],
-            c["cost_usd"][i] or 0.0,
+# -- aggregation ------------------------------------------------------------------------------
+
+
+class _Exact:
+    """An exact sum of floats: integer mantissa sums by binary exponent (see the module doc)."""
+
+    __slots__ = ("by_exp",)
+
+    def __init__(self) -> None:
+        self.by_exp: dict[int, int] = defaultdict(int)
+
+    def add(self, exp: int, mantissas: int) -> None:
+        self.by_exp[exp] += mantissas
+
+    def merge(self, other: _Exact) -> None:
+        for e, m in other.by_exp.items():
+            self.by_exp[e] += m
+
+    def value(self) -> float:
+        """The exact sum, rounded once to the nearest float (what ``math.fsum`` returns)."""
+        if not self.by_exp:
+            return 0.0
+        low = min(self.by_exp)
+        total = sum(m << (e - low) for e, m in self.by_exp.items())
+        # frexp's mantissa is in [0.5, 1), scaled by 2**53 to an integer
+        return float(Fraction(total) * Fraction(2) ** (low - 53))
+
+
+def _split(column: pa.ChunkedArray | pa.Array) -> tuple[pa.Array, pa.Array]:
+    """A float column as integer mantissas and exponents, exactly (null as 0)."""
+    values = pc.fill_null(column, 0.0).to_numpy()
+    mantissa, exponent = np.frexp(values)
+    return pa.array(np.ldexp(mantissa, 53).astype(np.int64)), pa.array(exponent.astype(np.int16))
+
+
+def _label(expr: str) -> str:
+    return f"CASE WHEN {expr} IS NULL OR {expr} = '' THEN '{NONE_LABEL}' ELSE {expr} END"
+
+
+def _ts(when: datetime) -> str:
+    return f"TIMESTAMPTZ '{when.astimezone(UTC).isoformat(sep=' ')}'"
+
+
+def _in_scope(scope: Scope, when: str, tenant: str, night: str) -> str:
+    """``Scope.keeps`` as SQL (the tenant compared with the one-row table ``scope_tenant``)."""
+    parts = []
+    if scope.tenant is not None:
+        parts.append(f"{tenant} = (SELECT tenant FROM scope_tenant)")
+    if scope.since is not None or scope.until is not None:
+        first, last = scope.dates() or (None, None)
+        on_date = [f"{night} >= DATE '{first}'"] if first else []
+        on_date += [f"{night} <= DATE '{last}'"] if last else []
+        on_time = [f"{when} IS NOT NULL"]
+        on_time += [f"{when} >= {_ts(scope.since)}"] if scope.since else []
+        on_time += [f"{when} < {_ts(scope.until)}"] if scope.until else []
+        parts.append(
+            f"CASE WHEN {night} IS NOT NULL THEN {' AND '.join(on_date) or 'true'} "
+            f"ELSE {' AND '.join(on_time)} END"
         )
-        cell = groups[_ledger_key(by, p, i)].cells[run]
-        cell.costs.append(cost)
-        cell.items.add(item)
-        if work == "audio":
-            cell.audio_costs.append(cost)
-        else:
-            cell.document_costs.append(cost)
-            cell.documents.add(item)
-        if model:
-            cell.busy.append(c["seconds"][i] or 0.0)
-            if work == "audio":
-                cell.speech_busy.append(c["seconds"][i] or 0.0)
-        if model and work == "documents":
-            cell.input_tokens += c["input_tokens"][i] or 0
-            cell.output_tokens += c["output_tokens"][i] or 0
-        audio = p.audio_item.get((run, item))
-        if audio is not None:
-            cell.audio_by_item[item] = audio
-    for row in p.results:
-        key = (row["run_id"], row["item_id"])
-        when = p.item_time.get(key) or row.get("processed_at")
-        if not scope.keeps(when, row.get("tenant"), row.get(PARTITION)):
-            continue
-        g = groups[_result_key(by, p, row)]
-        if key in g.result_items:
-            continue
-        g.result_items.add(key)
-        if row["status"] == "ok":
-            g.succeeded += 1
-        else:
-            g.failed += 1
-            g.errors[row.get("error_code") or "unknown"] += 1
-    return groups
+    return f"coalesce({' AND '.join(parts)}, false)" if parts else "true"
+
+
+# What each grouping groups by, in the tables the engine builds (L: ledger rows, R: results).
+_KEY = {
+    "day": "g_day",
+    "tenant": "g_tenant",
+    "submission": "g_sub",
+    "model": "g_model",
+    "run": "run_id",
+    "all": "'all'",
+}
+
+
+@dataclass
+class _Cell:
+    """What one group holds of one run (exact sums, counts)."""
+
+    cost: _Exact = field(default_factory=_Exact)
+    audio_cost: _Exact = field(default_factory=_Exact)
+    busy: _Exact = field(default_factory=_Exact)
+    speech_busy: _Exact = field(default_factory=_Exact)
+    audio: _Exact = field(default_factory=_Exact)
+    items: int = 0
+    documents: int = 0
+    audio_items: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+@dataclass
+class _Group:
+    cells: dict[str, _Cell] = field(default_factory=lambda: defaultdict(_Cell))
+    items: int = 0  # ledger and result items, each (run, item) once
+    succeeded: int = 0
+    failed: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+class _Engine:
+    """The sources in DuckDB, prepared once per report: roles, keys, the scope."""
+
+    def __init__(self, sources: Sources, scope: Scope, by: str) -> None:
+        import duckdb
+
+        self.scope, self.summaries = scope, sources.summaries
+        con = self.con = duckdb.connect()
+        con.execute("SET TimeZone = 'UTC'").fetchall()
+        ledger = sources.ledger
+        for name in ("cost_usd", "seconds", "audio_s"):
+            mantissa, exponent = _split(ledger[name])
+            ledger = ledger.append_column(f"{name}_m", mantissa).append_column(
+                f"{name}_e", exponent
+            )
+        # A row's day: its run's date, else (flat files) the UTC date it was recorded.
+        day = pc.coalesce(
+            pc.strftime(ledger[PARTITION], "%Y-%m-%d"),
+            pc.strftime(ledger["recorded_at"], "%Y-%m-%d"),
+            pa.scalar(NONE_LABEL),
+        )
+        con.register("ledger_in", ledger.append_column("g_day", day))
+        con.register("results_in", sources.results)
+        con.register("scope_tenant", pa.table({"tenant": pa.array([scope.tenant], pa.string())}))
+        self._prepare(sources, by)
+
+    def sql(self, text: str) -> pa.Table:
+        return self.con.sql(text).to_arrow_table()
+
+    def _run(self, text: str) -> None:
+        self.con.execute(text).fetchall()
+
+    def _prepare(self, sources: Sources, by: str) -> None:
+        dedupe = (
+            "QUALIFY row_number() OVER (PARTITION BY run_id, item_id, stage ORDER BY _ord) = 1"
+            if sources.duplicate_ledger_rows
+            else ""
+        )
+        legacy = sources.ledger.num_rows and (
+            sources.ledger["model_stage"].null_count or sources.ledger["work"].null_count
+        )
+        # Rows of ledgers before schema 6: the role by stage name; a fetch was decode's (audio)
+        # or extract's (documents), which its item's other rows tell.
+        model_sql = f"coalesce(model_stage, stage IN {_LEGACY_MODEL_STAGES})"
+        work_sql = (
+            f"coalesce(work, CASE WHEN stage IN {_LEGACY_AUDIO_STAGES} OR (stage = 'fetch' AND "
+            "bool_or(stage IN ('decode', 'transcribe')) OVER item) THEN 'audio' "
+            "ELSE 'documents' END)"
+            if legacy
+            else "work"
+        )
+        # The model's row says how much audio an item had; other rows only say so when the
+        # model has no row of it (then the largest). One row carries it.
+        self._run(f"""
+            CREATE TEMP TABLE roles AS
+            SELECT * EXCLUDE (model_stage, work), {model_sql} AS model_stage,
+                   {work_sql} AS work
+            FROM ledger_in
+            WINDOW item AS (PARTITION BY run_id, item_id)
+            {dedupe}
+        """)
+        model_join, model_sql = "", "NULL::VARCHAR"
+        if by == "model":
+            self._run(f"""
+                CREATE TEMP TABLE info AS
+                SELECT run_id, item_id, {_label("arg_max(model, _ord)")} AS g_model
+                FROM results_in GROUP BY run_id, item_id
+            """)
+            model_join = "LEFT JOIN info USING (run_id, item_id)"
+            model_sql = f"coalesce(info.g_model, '{NONE_LABEL}')"
+        self._run(f"""
+            CREATE TEMP TABLE L AS
+            SELECT roles.*, {model_sql} AS g_model,
+                   {_label("tenant")} AS g_tenant, {_label("submission_id")} AS g_sub,
+                   audio_s IS NOT NULL AND _ord = coalesce(
+                       max(_ord) FILTER (WHERE model_stage AND work = 'audio'
+                                         AND audio_s IS NOT NULL) OVER item,
+                       arg_max(_ord, audio_s) FILTER (WHERE audio_s IS NOT NULL) OVER item
+                   ) AS carries_audio,
+                   {_in_scope(self.scope, "recorded_at", "tenant", PARTITION)} AS in_scope
+            FROM roles {model_join}
+            WINDOW item AS (PARTITION BY run_id, item_id)
+        """)
+        self._run("DROP TABLE roles")
+        # Result rows: a row of a flat file (no run date) is of its item's ledger time.
+        flat = sources.results.num_rows and sources.results[PARTITION].null_count
+        times = ""
+        when = "processed_at"
+        if flat:
+            self._run("""
+                CREATE TEMP TABLE item_time AS
+                SELECT run_id, item_id,
+                       arg_min(recorded_at, _ord) FILTER (WHERE recorded_at IS NOT NULL) AS t
+                FROM L GROUP BY run_id, item_id
+            """)
+            times = "LEFT JOIN item_time USING (run_id, item_id)"
+            when = "coalesce(item_time.t, processed_at)"
+        self._run(f"""
+            CREATE TEMP TABLE R AS
+            SELECT results_in.*, {when} AS _when,
+                   coalesce(strftime({PARTITION}, '%Y-%m-%d'), strftime({when}, '%Y-%m-%d'),
+                            '{NONE_LABEL}') AS g_day,
+                   {_label("tenant")} AS g_tenant, {_label("submission_id")} AS g_sub,
+                   {_label("model")} AS g_model,
+                   {_in_scope(self.scope, when, "tenant", PARTITION)} AS in_scope
+            FROM results_in {times}
+        """)
+
+    # -- the figures of each grouping ---------------------------------------------------------
+
+    def groups(self, names: list[str]) -> dict[str, dict[str, _Group]]:
+        """Each grouping's groups, keyed by group label."""
+        out: dict[str, dict[str, _Group]] = {n: defaultdict(_Group) for n in names}
+        cols = sorted({_KEY[n] for n in names} - {"run_id", "'all'"})
+        keys = ", ".join([*cols, "run_id"])
+
+        def label(name: str, row: dict[str, Any]) -> str:
+            return "all" if name == "all" else row[_KEY[name]]
+
+        # Exact sums at the finest grouping, added up per grouping in Python (few rows).
+        sums = self.sql(f"""
+            SELECT {keys}, 'cost' AS what, work = 'audio' AS audio, cost_usd_e AS e,
+                   sum(cost_usd_m)::VARCHAR AS m
+            FROM L WHERE in_scope GROUP BY ALL
+            UNION ALL
+            SELECT {keys}, 'busy', work = 'audio', seconds_e, sum(seconds_m)::VARCHAR
+            FROM L WHERE in_scope AND model_stage GROUP BY ALL
+            UNION ALL
+            SELECT {keys}, 'audio', true, audio_s_e, sum(audio_s_m)::VARCHAR
+            FROM L WHERE in_scope AND carries_audio GROUP BY ALL
+        """).to_pylist()
+        for row in sums:
+            e, m = int(row["e"]), int(row["m"])
+            for name in names:
+                cell = out[name][label(name, row)].cells[row["run_id"]]
+                if row["what"] == "cost":
+                    cell.cost.add(e, m)
+                    if row["audio"]:
+                        cell.audio_cost.add(e, m)
+                elif row["what"] == "busy":
+                    cell.busy.add(e, m)
+                    if row["audio"]:
+                        cell.speech_busy.add(e, m)
+                else:
+                    cell.audio.add(e, m)
+        # Counts per (group, run) cell; distinct items do not add up across groupings, so
+        # each grouping is its own grouping set.
+        sets = ", ".join(f"({c}, run_id)" for c in cols) + (", (run_id)")
+        counted = self.sql(f"""
+            SELECT GROUPING({keys}) AS gid, {keys},
+                   count(DISTINCT item_id) AS items,
+                   count(DISTINCT item_id) FILTER (WHERE work IS DISTINCT FROM 'audio') AS documents,
+                   count(*) FILTER (WHERE carries_audio) AS audio_items,
+                   sum(input_tokens) FILTER (WHERE model_stage AND work = 'documents') AS i,
+                   sum(output_tokens) FILTER (WHERE model_stage AND work = 'documents') AS o
+            FROM L WHERE in_scope GROUP BY GROUPING SETS ({sets})
+        """).to_pylist()
+        # Items of ledger and results, each (run, item) once; outcomes of each result item.
+        set_of = {n: (f"({_KEY[n]})" if n != "all" else "()") for n in names}
+        union = self.sql(f"""
+            WITH u AS (
+                SELECT {keys}, item_id FROM L WHERE in_scope
+                UNION ALL
+                SELECT {keys}, item_id FROM R WHERE in_scope
+            ),
+            first AS (
+                SELECT DISTINCT ON (run_id, item_id) {keys}, status, error_code
+                FROM R WHERE in_scope ORDER BY run_id, item_id, _ord
+            )
+            SELECT 'items' AS what, GROUPING({keys}) AS gid, {keys}, NULL::VARCHAR AS code,
+                   count(DISTINCT (run_id, item_id)) AS n
+            FROM u GROUP BY GROUPING SETS ({", ".join(dict.fromkeys(set_of.values()))})
+            UNION ALL
+            SELECT CASE WHEN status = 'ok' THEN 'ok' ELSE 'failed' END, GROUPING({keys}),
+                   {keys}, CASE WHEN status = 'ok' THEN NULL
+                                ELSE coalesce(error_code, 'unknown') END, count(*)
+            FROM first GROUP BY GROUPING SETS (
+                {", ".join(f"({c[1:-1]}, status, error_code)" if c != "()" else "(status, error_code)" for c in dict.fromkeys(set_of.values()))}
+            )
+        """).to_pylist()
+        every = [*cols, "run_id"]
+
+        def grouping_id(grouped_by: list[str]) -> int:
+            # GROUPING(a, b, ...): bit set for each column left out, the first the highest
+            return sum(
+                1 << (len(every) - 1 - k) for k, c in enumerate(every) if c not in grouped_by
+            )
+
+        for name in names:
+            col = _KEY[name]
+            cell_id = grouping_id([col, "run_id"] if col not in ("run_id", "'all'") else ["run_id"])
+            group_id = grouping_id([] if name == "all" else [col])
+            groups = out[name]
+            for row in counted:
+                if row["gid"] != cell_id:
+                    continue
+                cell = groups[label(name, row)].cells[row["run_id"]]
+                cell.items, cell.documents = row["items"], row["documents"]
+                cell.audio_items = row["audio_items"]
+                cell.input_tokens, cell.output_tokens = int(row["i"] or 0), int(row["o"] or 0)
+            for row in union:
+                if row["gid"] != group_id:
+                    continue
+                g = groups[label(name, row)]
+                if row["what"] == "items":
+                    g.items = row["n"]
+                elif row["what"] == "ok":
+                    g.succeeded += row["n"]
+                else:
+                    g.failed += row["n"]
+                    g.errors[row["code"]] = g.errors.get(row["code"], 0) + row["n"]
+        return out
+
+    def runs(self) -> tuple[dict[str, float], dict[str, int]]:
+        """Each run's busy seconds and items, over all its rows (not only those in scope)."""
+        busy: dict[str, _Exact] = defaultdict(_Exact)
+        for row in self.sql("""
+            SELECT run_id, seconds_e AS e, sum(seconds_m)::VARCHAR AS m
+            FROM L WHERE model_stage GROUP BY ALL
+        """).to_pylist():
+            busy[row["run_id"]].add(int(row["e"]), int(row["m"]))
+        items = {
+            r["run_id"]: r["n"]
+            for r in self.sql(
+                "SELECT run_id, count(DISTINCT item_id) AS n FROM L GROUP BY run_id"
+            ).to_pylist()
+        }
+        return {r: b.value() for r, b in busy.items()}, items
+
+    def recorded(self) -> tuple[datetime | None, datetime | None]:
+        row = self.sql(
+            "SELECT min(recorded_at) AS a, max(recorded_at) AS b FROM L WHERE in_scope"
+        ).to_pylist()[0]
+        return row["a"], row["b"]
+
+    def analytics_rows(self) -> list[dict[str, Any]]:
+        """Result rows with call analytics, in scope, in read order."""
+        return self.sql(
+            "SELECT * FROM R WHERE in_scope AND analytics IS NOT NULL ORDER BY _ord"
+        ).to_pylist()
 
 
 def _ratio(num: float, den: float, scale: float = 1.0) -> float | None:
     return num / den * scale if den else None
 
 
-def _row(key: str, g: _Group, p: _Prepared) -> dict[str, Any]:
+def _row(
+    key: str,
+    g: _Group,
+    run_busy: dict[str, float],
+    run_items: dict[str, int],
+    summaries: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
     cells = g.cells
-    costs = [x for cell in cells.values() for x in cell.costs]
-    audio_costs = [x for cell in cells.values() for x in cell.audio_costs]
-    document_costs = [x for cell in cells.values() for x in cell.document_costs]
-    busy = [x for cell in cells.values() for x in cell.busy]
-    speech_busy = [x for cell in cells.values() for x in cell.speech_busy]
-    audio = [a for cell in cells.values() for a in cell.audio_by_item.values()]
-    ledger_items = {(run, item) for run, cell in cells.items() for item in cell.items}
-    documents = sum(len(cell.documents) for cell in cells.values())
-    tokens_in = sum(cell.input_tokens for cell in cells.values())
-    tokens_out = sum(cell.output_tokens for cell in cells.values())
+    total = {name: _Exact() for name in ("cost", "audio_cost", "busy", "speech_busy", "audio")}
+    for cell in cells.values():
+        for name, exact in total.items():
+            exact.merge(getattr(cell, name))
     reserved_s: list[float] = []
     reserved_cost: list[float] = []
     reserved_audio_cost: list[float] = []
-    busy_summarized: list[float] = []
-    speech_pipeline_s: list[float] = []
-    audio_summarized: list[float] = []
+    busy_summarized, speech_pipeline_s, audio_summarized = _Exact(), [], _Exact()
+    any_audio_summarized = False
     for run, cell in cells.items():
-        summary = p.summaries.get(run)
+        summary = summaries.get(run)
         if summary is None:
             continue
-        run_busy = p.run_busy.get(run, 0.0)
-        share = (
-            math.fsum(cell.busy) / run_busy
-            if run_busy
-            else len(cell.items) / max(p.run_items.get(run, 1), 1)
-        )
+        busy = run_busy.get(run, 0.0)
+        share = cell.busy.value() / busy if busy else cell.items / max(run_items.get(run, 1), 1)
         reserved_s.append(share * (summary.get("accelerator_reserved_seconds") or 0.0))
         cost = share * (summary.get("reserved_cost_usd") or 0.0)
         reserved_cost.append(cost)
-        busy_summarized.extend(cell.busy)
+        busy_summarized.merge(cell.busy)
         if summary.get("kind") != "process":
             reserved_audio_cost.append(cost)
             speech_pipeline_s.append(share * (summary.get("pipeline_seconds") or 0.0))
-            audio_summarized.extend(cell.audio_by_item.values())
-    audio_s = math.fsum(audio)
-    audio_cost = math.fsum(audio_costs)
-    document_cost = math.fsum(document_costs)
+            audio_summarized.merge(cell.audio)
+            any_audio_summarized = any_audio_summarized or cell.audio_items > 0
+    audio_s = total["audio"].value()
+    cost_usd = total["cost"].value()
+    audio_cost = total["audio_cost"].value()
+    audio_exact = _Exact()
+    audio_exact.merge(total["cost"])
+    # document cost = cost - audio cost, exactly (the audio rows' mantissas taken out)
+    for e, m in total["audio_cost"].by_exp.items():
+        audio_exact.by_exp[e] -= m
+    document_cost = audio_exact.value()
+    documents = sum(cell.documents for cell in cells.values())
+    tokens_in = sum(cell.input_tokens for cell in cells.values())
+    tokens_out = sum(cell.output_tokens for cell in cells.values())
     reserved = math.fsum(reserved_s)
     return {
         "group": key,
         "runs": len(cells),
-        "items": len(ledger_items | g.result_items),
+        "items": g.items,
         "succeeded": g.succeeded,
         "failed": g.failed,
-        "audio_items": len(audio),
+        "audio_items": sum(cell.audio_items for cell in cells.values()),
         "audio_seconds": audio_s,
         "audio_hours": audio_s / 3600.0,
         "documents": documents,
         "input_tokens": tokens_in,
         "output_tokens": tokens_out,
-        "cost_usd": math.fsum(costs),
+        "cost_usd": cost_usd,
         "audio_cost_usd": audio_cost,
         "document_cost_usd": document_cost,
         "cost_per_audio_minute_usd": _ratio(audio_cost, audio_s / 60.0),
@@ -452,13 +639,13 @@ def _row(key: str, g: _Group, p: _Prepared) -> dict[str, Any]:
         "reserved_cost_per_audio_minute_usd": _ratio(math.fsum(reserved_audio_cost), audio_s / 60.0)
         if reserved_audio_cost
         else None,
-        "accelerator_busy_hours": math.fsum(busy) / 3600.0,
+        "accelerator_busy_hours": total["busy"].value() / 3600.0,
         "accelerator_reserved_hours": reserved / 3600.0 if reserved_s else None,
-        "utilization": _ratio(math.fsum(busy_summarized), reserved),
-        "rtfx": _ratio(math.fsum(audio_summarized), math.fsum(speech_pipeline_s))
-        if audio_summarized
+        "utilization": _ratio(busy_summarized.value(), reserved),
+        "rtfx": _ratio(audio_summarized.value(), math.fsum(speech_pipeline_s))
+        if any_audio_summarized
         else None,
-        "busy_rtfx": _ratio(audio_s, math.fsum(speech_busy)),
+        "busy_rtfx": _ratio(audio_s, total["speech_busy"].value()),
     }
 
 
@@ -528,36 +715,6 @@ class Report:
         return self.tables["totals"].to_pylist()[0]
 
 
-def grouped(p: _Prepared, by: str, scope: Scope) -> tuple[pa.Table, pa.Table]:
-    """The table grouped ``by`` and its failures by error code."""
-    groups = _aggregate(p, by, scope)
-    rows = [_row(key, groups[key], p) for key in sorted(groups)]
-    failures = [
-        {"group": key, "error_code": code, "items": count}
-        for key in sorted(groups)
-        for code, count in sorted(groups[key].errors.items())
-    ]
-    name = "group" if by == "all" else by
-    return _table(rows, name), _table(failures, name, FAILURES_SCHEMA)
-
-
-def call_analytics(p: _Prepared, by: str, scope: Scope, costs: pa.Table) -> pa.Table:
-    """The call analytics grouped ``by`` (day or tenant), the group's audio cost beside them
-    (``costs``: the report's table grouped the same way)."""
-
-    def in_scope(row: dict[str, Any]) -> bool:
-        when = p.item_time.get((row["run_id"], row["item_id"])) or row.get("processed_at")
-        return scope.keeps(when, row.get("tenant"), row.get(PARTITION))
-
-    audio_cost = {r[by]: r["audio_cost_usd"] for r in costs.to_pylist()}
-    table = analytics_table(
-        [r for r in p.results if r.get("analytics") and in_scope(r)],
-        lambda row: _result_key(by, p, row),
-        audio_cost,
-    )
-    return table.rename_columns([by if n == "group" else n for n in table.column_names])
-
-
 def build_report(
     sources: Sources,
     by: str = "day",
@@ -571,50 +728,51 @@ def build_report(
     if by not in GROUPS:
         raise ConfigError(f"--by {by!r}: choose one of {', '.join(GROUPS)}")
     scope = Scope(since, until, tenant)
-    p = _prepare(sources)
+    engine = _Engine(sources, scope, by)
+    names = list(dict.fromkeys([by, "day", "tenant", "run", "all"]))
+    groupings = engine.groups(names)
+    run_busy, run_items = engine.runs()
+
+    def rows(name: str) -> list[dict[str, Any]]:
+        groups = groupings[name]
+        return [
+            _row(key, groups[key], run_busy, run_items, sources.summaries) for key in sorted(groups)
+        ]
+
     tables: dict[str, pa.Table] = {}
-    main, failures = grouped(p, by, scope)
-    tables[f"by_{by}"] = main
-    tables["failures"] = failures
+    label = "group" if by == "all" else by
+    tables[f"by_{by}"] = _table(rows(by), label)
+    failures = [
+        {"group": key, "error_code": code, "items": count}
+        for key in sorted(groupings[by])
+        for code, count in sorted(groupings[by][key].errors.items())
+    ]
+    tables["failures"] = _table(failures, label, FAILURES_SCHEMA)
     for extra in ("day", "tenant", "run"):
         if extra != by:
-            tables[f"by_{extra}"] = grouped(p, extra, scope)[0]
+            tables[f"by_{extra}"] = _table(rows(extra), extra)
+    analysed = engine.analytics_rows()
     for extra in ("day", "tenant"):
-        calls = call_analytics(p, extra, scope, tables[f"by_{extra}"])
+        costs = {r[extra]: r["audio_cost_usd"] for r in tables[f"by_{extra}"].to_pylist()}
+        calls = analytics_table(analysed, operator.itemgetter(_KEY[extra]), costs)
         if calls.num_rows:
-            tables[f"call_analytics_by_{extra}"] = calls
-    totals, _ = grouped(p, "all", scope)
-    if totals.num_rows == 0:
-        totals = _table([_row("all", _Group(), p)], "group")
-    tables["totals"] = totals
-    nights = p.col.get(PARTITION) or [None] * p.n
-    times = [
-        t
-        for t, who, night in zip(
-            p.col.get("recorded_at", []), p.col.get("tenant", []), nights, strict=True
-        )
-        if t is not None and scope.keeps(t, who, night)
-    ]
+            tables[f"call_analytics_by_{extra}"] = calls.rename_columns(
+                [extra if n == "group" else n for n in calls.column_names]
+            )
+    totals = rows("all") or [_row("all", _Group(), run_busy, run_items, sources.summaries)]
+    tables["totals"] = _table(totals, "group")
+    first, last = engine.recorded()
     notes = []
     if sources.duplicate_ledger_rows:
         notes.append(
             f"{sources.duplicate_ledger_rows} ledger rows given twice (the same output listed twice) were counted once"
         )
-    unsummarized = sorted({r for r in p.run_items if r not in p.summaries})
+    unsummarized = sorted(r for r in run_items if r not in sources.summaries)
     if unsummarized:
         notes.append(
             f"{len(unsummarized)} run(s) without a summary (killed before the end; their items were priced by a later run): "
             "their busy time is not in the utilization"
         )
     return Report(
-        by,
-        since,
-        sources.outputs,
-        tables,
-        datetime.now(UTC),
-        min(times) if times else None,
-        max(times) if times else None,
-        notes,
-        until,
-        tenant,
+        by, since, sources.outputs, tables, datetime.now(UTC), first, last, notes, until, tenant
     )
