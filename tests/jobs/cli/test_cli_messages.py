@@ -9,6 +9,7 @@ server that knows no repository; the Hugging Face cache is an empty temporary fo
 from __future__ import annotations
 
 import http.server
+import importlib.util
 import inspect
 import json
 import os
@@ -382,17 +383,17 @@ def test_a_run_stopped_by_its_checks_leaves_no_claims_or_manifests(no_hub, recor
     assert not out.exists(), sorted(p.name for p in out.iterdir())
 
 
-def test_the_readme_says_claims_and_manifests_are_harmless_bookkeeping():
-    readme = (REPO / "README.md").read_text()
-    assert "| `_claims/<dataset>.json` |" in readme
-    assert "| `_manifests/<run_id>.parquet` |" in readme
-    assert "`_manifests/` and `_claims/` are bookkeeping" in readme and "harmless" in readme
+def test_the_docs_say_claims_and_manifests_are_harmless_bookkeeping():
+    layout = (REPO / "docs" / "reference" / "outputs.md").read_text()
+    assert "| `_claims/<dataset>.json` |" in layout
+    assert "| `_manifests/<run_id>.parquet` |" in layout
+    assert "`_manifests/` and `_claims/` are bookkeeping" in layout and "harmless" in layout
 
 
 # -- exit codes -------------------------------------------------------------------------------
 
 
-def test_every_systemic_failure_has_its_own_exit_code_and_the_readme_lists_it():
+def test_every_systemic_failure_has_its_own_exit_code_and_the_docs_list_it():
     classes = {
         cls
         for module in (errors, submit)
@@ -405,9 +406,17 @@ def test_every_systemic_failure_has_its_own_exit_code_and_the_readme_lists_it():
     assert len(set(codes.values())) == len(codes), codes
     assert 1 not in codes.values()  # 1 is an unexpected error only
     assert errors.Superseded.exit_code == 8 and errors.ClusterUnreachable.exit_code == 10
-    readme = (REPO / "README.md").read_text()
+    # The docs' exit-code page is generated from the classes' docstrings and the EXIT_*
+    # comments (scripts/gen_docs.py): each code must be there with a meaning.
+    spec = importlib.util.spec_from_file_location("gen_docs", REPO / "scripts" / "gen_docs.py")
+    assert spec and spec.loader
+    gen_docs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen_docs)
+    page = gen_docs.exit_codes_reference()
     for code in codes.values():
-        assert f"\n| {code} | " in readme, f"exit status {code} is not in the README's table"
+        row = next((line for line in page.splitlines() if line.startswith(f"| {code} | ")), "")
+        assert row, f"exit status {code} is not in the docs' exit-code table"
+        assert row.rstrip(" |").split("|")[-1].strip(), f"exit status {code} has no meaning"
 
 
 def test_an_unreachable_cluster_is_exit_10_not_the_superseded_8():
