@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from overnight.jobs.errors import ErrorRateExceeded
 
 if TYPE_CHECKING:
+    from overnight.jobs.ops.remote import Submitted
     from overnight.jobs.spec import JobSpec
 
 
@@ -37,14 +38,42 @@ class RunSummary:
     wall_seconds: float | None
     errors_by_code: dict[str, int] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    # A chained or multi-task job's stages, each its own summary (the figures above add
+    # them up); empty for a single-stage job.
+    stages: tuple[RunSummary, ...] = ()
 
     @property
     def error_rate(self) -> float:
         """Failed items over the items this run processed (0.0 when it processed none)."""
         return self.failed / self.items if self.items else 0.0
 
+    def to_dict(self) -> dict[str, Any]:
+        """The whole summary, as written to ``OUTPUT/runs/<run_id>.json`` (JSON-ready)."""
+        return dict(self.raw)
+
     @classmethod
     def from_dict(cls, summary: Mapping[str, Any]) -> RunSummary:
+        stages = summary.get("stages")
+        if stages:  # a chained or multi-task job: the stages' figures added up
+            parts = [cls.from_dict(s) for s in stages]
+            costs = [p.cost_usd for p in parts if p.cost_usd is not None]
+            errors: dict[str, int] = {}
+            for p in parts:
+                for code, n in p.errors_by_code.items():
+                    errors[code] = errors.get(code, 0) + n
+            return cls(
+                run_id=parts[0].run_id,
+                kind=str(summary.get("kind") or "chain"),
+                items=sum(p.items for p in parts),
+                succeeded=sum(p.succeeded for p in parts),
+                failed=sum(p.failed for p in parts),
+                items_already_done=sum(p.items_already_done for p in parts),
+                cost_usd=sum(costs) if costs else None,
+                wall_seconds=sum(p.wall_seconds or 0.0 for p in parts),
+                errors_by_code=errors,
+                raw=dict(summary),
+                stages=tuple(parts),
+            )
         return cls(
             run_id=str(summary.get("run_id")),
             kind=str(summary.get("kind")),
@@ -193,3 +222,57 @@ def run(spec: JobSpec | str | Path | Mapping[str, Any]) -> RunSummary:
     elif not isinstance(spec, JobSpec):
         spec = build_spec(overrides=dict(spec))
     return RunSummary.from_dict(finish(spec))
+
+
+# -- a job on a Ray cluster, through the Ray Jobs API (``overnight submit``/``status``/``logs``)
+#
+# For an orchestrator: the run happens on the cluster, not in the Airflow or Dagster worker
+# that calls these. ``address``: the head's dashboard URL (http://HEAD:8265); default
+# ``$RAY_API_SERVER_ADDRESS`` or ``$RAY_ADDRESS``.
+
+
+def submit(
+    spec: JobSpec | str | Path | Mapping[str, Any],
+    address: str | None = None,
+    *,
+    submission_id: str | None = None,
+    run_id: str | None = None,
+    date: str | None = None,
+    retry_failed: bool = False,
+) -> Submitted:
+    """Submit a job (a ``JobSpec``, a spec file, or its sections as a mapping) to run on the
+    cluster; returns at once with its ``submission_id``. At most once per submission id: the
+    default id is the same for the same job and night, so a retried task does not start a
+    second run; ``retry_failed`` resubmits a failed one (finished items are kept)."""
+    from overnight.jobs.ops import remote
+
+    return remote.submit(
+        spec,
+        address,
+        submission_id=submission_id,
+        run_id=run_id,
+        date=date,
+        retry_failed=retry_failed,
+    )
+
+
+def status(job_id: str, address: str | None = None) -> dict[str, Any]:
+    """The cluster job's state: ``status`` (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED),
+    ``message``, start and end times, the driver's exit code and the run id."""
+    from overnight.jobs.ops import remote
+
+    return remote.status(address, job_id)
+
+
+def wait(job_id: str, address: str | None = None, timeout: float | None = None) -> str:
+    """Block until the cluster job ends or ``timeout`` seconds pass; its status then."""
+    from overnight.jobs.ops import remote
+
+    return remote.wait(address, job_id, timeout_s=timeout)
+
+
+def logs(job_id: str, address: str | None = None) -> str:
+    """The cluster job's driver output so far (credentials scrubbed)."""
+    from overnight.jobs.ops import remote
+
+    return remote.logs(address, job_id)

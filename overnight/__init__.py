@@ -16,14 +16,49 @@ try:
 except PackageNotFoundError:  # a source checkout run without installing
     __version__ = "0+unknown"
 
+# The errors every call can raise, each with the ``exit_code`` the command line exits with:
+# light (no dependency), so ``except overnight.ErrorRateExceeded`` costs nothing to import.
+from overnight.jobs.errors import (
+    AccessDenied,
+    ClusterJobFailed,
+    ClusterUnreachable,
+    ConfigError,
+    EngineFailed,
+    ErrorRateExceeded,
+    InputNotFound,
+    ModelNotFound,
+    OutputNotWritable,
+    OvernightError,
+    StorageUnavailable,
+    Superseded,
+)
+
 # The Python API (jobs/api.py), loaded on first use: ``import overnight`` stays light, as the
-# command line (``overnight.jobs.cli``) imports this package first.
-_API = ("transcribe", "process", "run", "RunSummary")
-__all__ = [*_API, "__version__"]
+# command line (``overnight.jobs.cli``) imports this package first. ``transcribe``,
+# ``process`` and ``run`` run a job in this process; ``submit``, ``status``, ``wait`` and
+# ``logs`` run it on a Ray cluster through the Ray Jobs API, for orchestrators.
+_API = ("transcribe", "process", "run", "RunSummary", "submit", "status", "wait", "logs")
+__all__ = [
+    *_API,
+    "__version__",
+    "AccessDenied",
+    "ClusterJobFailed",
+    "ClusterUnreachable",
+    "ConfigError",
+    "EngineFailed",
+    "ErrorRateExceeded",
+    "InputNotFound",
+    "ModelNotFound",
+    "OutputNotWritable",
+    "OvernightError",
+    "StorageUnavailable",
+    "Superseded",
+]
 
 
 def __getattr__(name: str):
     if name in _API:
         from overnight.jobs import api
+
         return getattr(api, name)
     raise AttributeError(f"module 'overnight' has no attribute {name!r}")

@@ -177,7 +177,7 @@ def _submit_once(
 
 
 def submit(
-    job_file: str | Path,
+    job_file: str | Path | Mapping[str, Any] | JobSpec,
     address: str | None = None,
     *,
     submission_id: str | None = None,
@@ -185,11 +185,21 @@ def submit(
     date: str | None = None,
     retry_failed: bool = False,
 ) -> Submitted:
-    """Submit JOB_FILE to the cluster at most once per submission id."""
+    """Submit a job to the cluster at most once per submission id: a job file's path, or the
+    spec itself (a ``JobSpec`` or its sections as a mapping, named by its kind in the id)."""
+    if isinstance(job_file, str | Path):
+        file_data = read_job_file(job_file)
+        name: str | Path = job_file
+    else:
+        file_data = (
+            job_file.model_dump(mode="json", exclude_none=True)
+            if isinstance(job_file, JobSpec)
+            else dict(job_file)
+        )
+        name = str((file_data.get("job") or {}).get("kind") or "job")
     base_id = check_submission_id(
-        submission_id or submission_id_for(job_file, run_id=run_id, date=date)
+        submission_id or submission_id_for(name, run_id=run_id, date=date)
     )
-    file_data = read_job_file(job_file)
     spec = build_spec(
         file_data,
         {"job": {"run_id": run_id or (file_data.get("job") or {}).get("run_id") or base_id}},
@@ -204,7 +214,7 @@ def submit(
         entrypoint = f"overnight run {JOB_FILE} --run-id {shlex.quote(spec.run_id)}"
         runtime_env = {"working_dir": str(work), "env_vars": runtime_env_vars()}
         metadata = {
-            "overnight_job": Path(job_file).name,
+            "overnight_job": Path(name).name,
             "run_id": spec.run_id,
             "base_submission_id": base_id,
         }

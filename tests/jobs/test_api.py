@@ -191,3 +191,70 @@ def test_the_cli_and_the_api_build_the_same_overrides_and_spec_from_the_same_opt
     monkeypatch.setattr(api, "run", lambda spec: spec)  # the spec the API would run
     api_spec = getattr(overnight_api, kind)("calls/", "out/", **options)
     assert build_spec(overrides=from_cli) == api_spec
+
+
+def test_a_chained_jobs_summary_adds_up_its_stages_and_keeps_each():
+    from overnight.jobs.api import RunSummary
+
+    stage = {"run_id": "r", "items": 10, "succeeded": 9, "failed": 1, "items_already_done": 0}
+    summary = {
+        "stages": [
+            {
+                **stage,
+                "kind": "transcribe",
+                "cost_usd": 0.5,
+                "errors_by_code": {"corrupt_audio": 1},
+            },
+            {
+                **stage,
+                "kind": "process",
+                "cost_usd": 0.25,
+                "errors_by_code": {"upstream_failed": 1},
+            },
+        ]
+    }
+    got = RunSummary.from_dict(summary)
+    assert (got.items, got.succeeded, got.failed, got.cost_usd) == (20, 18, 2, 0.75)
+    assert got.errors_by_code == {"corrupt_audio": 1, "upstream_failed": 1}
+    assert [s.kind for s in got.stages] == ["transcribe", "process"]
+    assert got.to_dict() == summary and got.error_rate == 0.1
+
+
+def test_the_top_level_package_exports_the_api_and_its_errors():
+    import overnight
+
+    for name in ("transcribe", "process", "run", "submit", "status", "wait", "logs"):
+        assert callable(getattr(overnight, name)), name
+    assert overnight.ErrorRateExceeded.exit_code == 12
+    assert issubclass(overnight.ModelNotFound, overnight.OvernightError)
+
+
+def test_a_spec_submitted_as_a_mapping_is_named_by_its_kind(tmp_path, monkeypatch):
+    """``overnight.submit`` takes the spec itself, not only a file: validated on this machine,
+    its submission id made from its kind and night (the cluster is not reached here)."""
+    from overnight.jobs.ops import remote
+
+    seen = {}
+
+    def unreachable(address):
+        seen["address"] = address
+        raise overnight_errors().ClusterUnreachable("no cluster in this test")
+
+    monkeypatch.setattr(remote, "client", unreachable)
+    import overnight
+
+    job = {"job": {"kind": "transcribe", "input": str(tmp_path), "output": str(tmp_path / "o")}}
+    with pytest.raises(overnight.ClusterUnreachable):
+        overnight.submit(job, "http://127.0.0.1:9", date="2026-12-01")
+    assert seen["address"] == "http://127.0.0.1:9"
+    assert remote.submission_id_for("transcribe", date="2026-12-01") == (
+        "overnight-transcribe-20261201"
+    )
+    with pytest.raises(overnight.ConfigError):
+        overnight.submit({"job": {"kind": "transcribe"}}, "http://127.0.0.1:9")
+
+
+def overnight_errors():
+    from overnight.jobs import errors
+
+    return errors

@@ -22,6 +22,7 @@ from pathlib import Path
 import pyarrow.dataset as pads
 import pytest
 
+import overnight
 from overnight.jobs.cli import main
 from overnight.jobs.ops import remote as submit
 from tests.conftest import _free_port, wer
@@ -248,14 +249,17 @@ def test_job_submitted_through_jobs_api_runs_whisper_on_the_worker_node_once(
     manifest.write_text("uri\n" + "\n".join(str(folder / n) for n in names) + "\n")
     spec = job_file(tmp_path / "nightly.toml", str(manifest), str(tmp_path / "out"))
 
-    first = submit.submit(spec, cluster.address, date="2026-12-01")
+    # Through the public API an orchestrator's task calls (the README's recipes).
+    first = overnight.submit(spec, cluster.address, date="2026-12-01")
     assert first.created and first.submission_id == "overnight-nightly-20261201"
     # A scheduler retrying the same night gets the existing job back, never a second run.
-    again = submit.submit(spec, cluster.address, date="2026-12-01")
+    again = overnight.submit(spec, cluster.address, date="2026-12-01")
     assert not again.created and again.submission_id == first.submission_id
-    assert submit.wait(cluster.address, first.submission_id, timeout_s=420) == "SUCCEEDED", (
-        submit.logs(cluster.address, first.submission_id)[-3000:]
+    assert overnight.wait(first.submission_id, cluster.address, timeout=420) == "SUCCEEDED", (
+        overnight.logs(first.submission_id, cluster.address)[-3000:]
     )
+    state = overnight.status(first.submission_id, cluster.address)
+    assert state["status"] == "SUCCEEDED" and state["driver_exit_code"] == 0
 
     got = {Path(r["source_uri"]).name: r for r in rows(tmp_path / "out")}
     assert sorted(got) == sorted(names)
