@@ -230,6 +230,7 @@ class _Graph:
     def __init__(self, graph, tokens, position, logits, state):
         self.graph, self.tokens, self.position = graph, tokens, position
         self.logits, self.state = logits, state
+        self.busy = False  # replayed by a generate call now
 
 
 class TorchWhisper:
@@ -255,9 +256,12 @@ class TorchWhisper:
         self.compute_type = str(self.dtype).removeprefix("torch.")
         self.check_every = max(1, check_every)
         self.cuda_graphs = cuda_graphs and self.device == "cuda"
-        self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()
+        self._graphs: OrderedDict[tuple, list[_Graph]] = OrderedDict()
         self._graph_lock = threading.Lock()
-        self._max_graphs = 4
+        self._max_graphs = 6
+        # Run eagerly what a graph would replay (tensor position, whole masked cache, padded
+        # batch): how the CPU tests check the captured step's arithmetic.
+        self.static_steps = self.cuda_graphs
         self.graph_failures: list[str] = []
         self._load(checkpoint.weights)
         ids = {tok: i for i, tok in enumerate(self.vocabulary)}
@@ -512,29 +516,45 @@ class TorchWhisper:
 
     # -- CUDA graphs -----------------------------------------------------------------------
     def _graph_for(self, memory: torch.Tensor, hyps: int, length: int) -> _Graph | None:
-        """The captured step for this batch shape, its state reset for ``memory``; None
-        when graphs are off or capture failed (the caller runs eagerly)."""
+        """A captured step for this batch shape that no other thread is replaying, its
+        cross keys and values set from ``memory``; the caller gives it back
+        (``busy = False``). None when graphs are off, capture failed, or every graph of
+        this shape is busy and no more may be captured: the caller runs eagerly."""
         if not self.cuda_graphs:
             return None
         b, s, _ = memory.shape
         key = (b, hyps, length, s)
-        with self._graph_lock:
-            graph = self._graphs.get(key)
+        with self._graph_lock:  # captures one at a time; model workers share the engine
+            pool = self._graphs.setdefault(key, [])
+            self._graphs.move_to_end(key)
+            graph = next((g for g in pool if not g.busy), None)
             if graph is None:
+                if not self._evict_one():
+                    return None
                 try:
                     graph = self._capture(memory, hyps, length)
                 except Exception as exc:  # a capture that fails costs speed, not results
                     self.graph_failures.append(f"{key}: {type(exc).__name__}: {exc}")
                     self.cuda_graphs = False
                     return None
-                self._graphs[key] = graph
-                while len(self._graphs) > self._max_graphs:
-                    self._graphs.popitem(last=False)
-            self._graphs.move_to_end(key)
+                pool.append(graph)
+            graph.busy = True
         ck, cv = self._cross(memory)
         for dst, src in zip(graph.state.cross_k + graph.state.cross_v, ck + cv, strict=True):
             dst.copy_(src)
         return graph
+
+    def _evict_one(self) -> bool:
+        """Room for one more graph (the least recently used idle one goes); False if all
+        ``max_graphs`` are busy."""
+        if sum(len(pool) for pool in self._graphs.values()) < self._max_graphs:
+            return True
+        for pool in self._graphs.values():  # oldest shape first
+            for g in pool:
+                if not g.busy:
+                    pool.remove(g)
+                    return True
+        return False
 
     def _capture(self, memory: torch.Tensor, hyps: int, length: int) -> _Graph:
         state = self._new_state(memory, hyps, length)
@@ -548,7 +568,7 @@ class TorchWhisper:
                 self._decode(tokens, position, state, hyps)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             logits, _ = self._decode(tokens, position, state, hyps)
         return _Graph(graph, tokens, position, logits, state)
 
@@ -623,99 +643,112 @@ class TorchWhisper:
         else:
             hyps, beam = max(1, num_hypotheses), False
         cache_len = start_step + max_steps
-        # Batch padded to a power of two on CUDA, so a few captured graphs serve every batch.
+        # Batch padded to a power of two and the cache to a multiple of 64 positions on
+        # CUDA, so a few captured graphs serve every batch (the worker's token cap varies).
         padded = b
-        if self.cuda_graphs:
+        if self.cuda_graphs or self.static_steps:
+            cache_len = min(self.dims.n_text_ctx, -(-cache_len // 64) * 64)
             padded = 1 << (b - 1).bit_length()
             if padded != b:
                 memory = torch.cat([memory, memory[-1:].expand(padded - b, -1, -1)])
                 prompts = prompts + [prompts[-1]] * (padded - b)
         graph = self._graph_for(memory, hyps, cache_len)
-        state = graph.state if graph is not None else self._new_state(memory, hyps, cache_len)
-        dev = memory.device
-        prompt_t = torch.tensor(prompts, dtype=torch.long, device=dev)  # (B, P)
-        n = padded * hyps
-        rows = prompt_t.repeat_interleave(hyps, dim=0)  # (N, P)
-        no_speech = torch.zeros(padded, device=dev)
-        if start_step > 0:
-            logits, _ = self._decode(rows[:, :start_step], 0, state, hyps)
-            if return_no_speech_prob and sot_index < start_step:
-                probs = logits[::hyps, sot_index].float().softmax(-1)
-                no_speech = probs[:, self.no_speech_id]
-        no_speech_at_step0 = return_no_speech_prob and sot_index == start_step
+        try:
+            state = graph.state if graph is not None else self._new_state(memory, hyps, cache_len)
+            dev = memory.device
+            prompt_t = torch.tensor(prompts, dtype=torch.long, device=dev)  # (B, P)
+            n = padded * hyps
+            rows = prompt_t.repeat_interleave(hyps, dim=0)  # (N, P)
+            no_speech = torch.zeros(padded, device=dev)
+            if start_step > 0:
+                logits, _ = self._decode(rows[:, :start_step], 0, state, hyps)
+                if return_no_speech_prob and sot_index < start_step:
+                    probs = logits[::hyps, sot_index].float().softmax(-1)
+                    no_speech = probs[:, self.no_speech_id]
+            no_speech_at_step0 = return_no_speech_prob and sot_index == start_step
 
-        suppress = self._suppress_ids(suppress_tokens)
-        bias = torch.zeros(self.dims.n_vocab, device=dev)
-        if suppress:
-            bias[suppress] = _NEG_INF
-        begin_bias = torch.zeros(self.dims.n_vocab, device=dev)
-        if suppress_blank and self._suppress_begin:
-            begin_bias[self._suppress_begin] = _NEG_INF
-        timestamps = prompts[0][prompt_length - 1] != self.no_timestamps_id
-        rules = _TimestampRules(self, n, dev, max_initial_timestamp_index) if timestamps else None
-
-        first: list[torch.Tensor] = []  # the first step's probabilities, when no-speech needs them
-
-        def step_logits(tokens: torch.Tensor, step: int) -> torch.Tensor:
-            position = start_step + step
-            if graph is not None:
-                graph.tokens.copy_(tokens[:, None])
-                graph.position.fill_(position)
-                graph.graph.replay()
-                out = graph.logits[:, 0].float()
-            else:
-                out = self._decode(tokens[:, None], position, state, hyps)[0][:, 0].float()
-            if step == 0 and no_speech_at_step0:
-                first.append(out.softmax(-1))
-            return out
-
-        def process(logits: torch.Tensor, step: int) -> torch.Tensor:
-            logits = logits + bias
-            if step == 0:
-                logits = logits + begin_bias
-            if rules is not None:
-                logits = rules.apply(logits, step)
-            return logits
-
-        tokens = rows[:, start_step]
-        if beam:
-            seqs, scores, lengths = self._beam(
-                step_logits, process, state, tokens, padded, hyps, max_steps, start_step,
-                rules, patience, length_penalty,
-            )  # fmt: skip
-        else:
-            seqs, scores, lengths = self._greedy(
-                step_logits, process, tokens, n, max_steps, rules, sampling,
-                sampling_temperature, sampling_topk, length_penalty,
-            )  # fmt: skip
-        if first:
-            no_speech = first[0][::hyps, self.no_speech_id]
-        seqs_h, scores_h, lengths_h = (
-            seqs.cpu().numpy(),
-            scores.cpu().numpy(),
-            lengths.cpu().numpy(),
-        )
-        no_speech_h = no_speech.float().cpu().numpy()
-        results = []
-        per = seqs_h.shape[0] // padded
-        for i in range(b):
-            cands = [
-                (
-                    float(scores_h[i * per + k]),
-                    seqs_h[i * per + k, : lengths_h[i * per + k]].tolist(),
-                )
-                for k in range(per)
-            ]
-            cands.sort(key=lambda c: -c[0])
-            cands = cands[: max(1, num_hypotheses)]
-            results.append(
-                GenerationResult(
-                    sequences_ids=[c[1] for c in cands],
-                    scores=[c[0] for c in cands] if return_scores else [],
-                    no_speech_prob=float(no_speech_h[i]) if return_no_speech_prob else 0.0,
-                )
+            suppress = self._suppress_ids(suppress_tokens)
+            bias = torch.zeros(self.dims.n_vocab, device=dev)
+            if suppress:
+                bias[suppress] = _NEG_INF
+            begin_bias = torch.zeros(self.dims.n_vocab, device=dev)
+            if suppress_blank and self._suppress_begin:
+                begin_bias[self._suppress_begin] = _NEG_INF
+            timestamps = prompts[0][prompt_length - 1] != self.no_timestamps_id
+            rules = (
+                _TimestampRules(self, n, dev, max_initial_timestamp_index) if timestamps else None
             )
-        return results
+
+            first: list[
+                torch.Tensor
+            ] = []  # the first step's probabilities, when no-speech needs them
+
+            def step_logits(tokens: torch.Tensor, step: int) -> torch.Tensor:
+                position = start_step + step
+                if graph is not None:
+                    graph.tokens.copy_(tokens[:, None])
+                    graph.position.fill_(position)
+                    graph.graph.replay()
+                    out = graph.logits[:, 0].float()
+                else:
+                    at: int | torch.Tensor = position
+                    if self.static_steps:
+                        at = torch.tensor([position], device=dev)
+                    out = self._decode(tokens[:, None], at, state, hyps)[0][:, 0].float()
+                if step == 0 and no_speech_at_step0:
+                    first.append(out.softmax(-1))
+                return out
+
+            def process(logits: torch.Tensor, step: int) -> torch.Tensor:
+                logits = logits + bias
+                if step == 0:
+                    logits = logits + begin_bias
+                if rules is not None:
+                    logits = rules.apply(logits, step)
+                return logits
+
+            tokens = rows[:, start_step]
+            if beam:
+                seqs, scores, lengths = self._beam(
+                    step_logits, process, state, tokens, padded, hyps, max_steps, start_step,
+                    rules, patience, length_penalty,
+                )  # fmt: skip
+            else:
+                seqs, scores, lengths = self._greedy(
+                    step_logits, process, tokens, n, max_steps, rules, sampling,
+                    sampling_temperature, sampling_topk, length_penalty,
+                )  # fmt: skip
+            if first:
+                no_speech = first[0][::hyps, self.no_speech_id]
+            seqs_h, scores_h, lengths_h = (
+                seqs.cpu().numpy(),
+                scores.cpu().numpy(),
+                lengths.cpu().numpy(),
+            )
+            no_speech_h = no_speech.float().cpu().numpy()
+            results = []
+            per = seqs_h.shape[0] // padded
+            for i in range(b):
+                cands = [
+                    (
+                        float(scores_h[i * per + k]),
+                        seqs_h[i * per + k, : lengths_h[i * per + k]].tolist(),
+                    )
+                    for k in range(per)
+                ]
+                cands.sort(key=lambda c: -c[0])
+                cands = cands[: max(1, num_hypotheses)]
+                results.append(
+                    GenerationResult(
+                        sequences_ids=[c[1] for c in cands],
+                        scores=[c[0] for c in cands] if return_scores else [],
+                        no_speech_prob=float(no_speech_h[i]) if return_no_speech_prob else 0.0,
+                    )
+                )
+            return results
+        finally:
+            if graph is not None:
+                graph.busy = False
 
     def _suppress_ids(self, suppress_tokens: Sequence[int] | None) -> list[int]:
         ids: list[int] = []

@@ -185,6 +185,30 @@ def test_greedy_beam_and_timestamp_decodes_give_ctranslate2_tokens_scores_and_al
     assert np.allclose(got_a.text_token_probs, want_a.text_token_probs, atol=1e-3)
 
 
+def test_the_step_a_cuda_graph_replays_decodes_as_the_eager_step(engine, shared_audio):
+    """What a CUDA graph captures (the position as a tensor, the whole cache attended under a
+    mask, the batch padded to a power of two, the cache to 64 positions), run eagerly on CPU:
+    the same tokens as the eager step, greedy, beam and with timestamps."""
+    from faster_whisper import decode_audio
+    from faster_whisper.audio import pad_or_trim
+    from faster_whisper.feature_extractor import FeatureExtractor
+
+    audio = decode_audio(str(shared_audio / "jfk.flac"))
+    one = pad_or_trim(FeatureExtractor()(audio)[..., :-1], 3000)
+    feats = np.stack([one, np.roll(one, 400, axis=1), one * 0.5])  # 3 windows: padded to 4
+    memory = engine.encode(feats)
+    for prompt in ([engine.sot_id, engine.no_timestamps_id], [engine.sot_id]):
+        for beam_size in (1, 3):
+            kwargs = {"beam_size": beam_size, "max_length": 120, "return_scores": True}
+            eager = engine.generate(memory, [prompt] * 3, **kwargs)
+            engine.static_steps = True
+            try:
+                static = engine.generate(memory, [prompt] * 3, **kwargs)
+            finally:
+                engine.static_steps = False
+            assert [r.sequences_ids for r in static] == [r.sequences_ids for r in eager]
+
+
 def test_shared_recordings_transcribe_as_ctranslate2_within_0_3_wer_points(engines, shared_audio):
     refs = _shared_references(shared_audio)
     table = _decoded([(shared_audio / name).read_bytes() for name in refs])
