@@ -207,8 +207,19 @@ def test_plan_command_shows_its_arithmetic_and_the_cheapest_option(tmp_path, cap
     assert plan["cheapest"] == l4["name"]  # h100 was filtered out by --gpu l4; cpu needs 31 > 4
     # No option within --max-workers meets the deadline: its own exit status, not 1 (a bug).
     code = main(
-        ["plan", "--audio-hours", "2000", "--deadline", "6h", "--profile", str(path)]
-        + ["--gpu", "cpu", "--max-workers", "4"]
+        [
+            "plan",
+            "--audio-hours",
+            "2000",
+            "--deadline",
+            "6h",
+            "--profile",
+            str(path),
+            "--gpu",
+            "cpu",
+            "--max-workers",
+            "4",
+        ]
     )
     assert code == 13, capsys.readouterr().out
 
