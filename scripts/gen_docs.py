@@ -485,7 +485,7 @@ def python_api_page() -> str:
         GENERATED,
         "# Python API\n",
         "The public modules, rendered from their docstrings by mkdocstrings at build time. "
-        "How to call them from a scheduler: [Orchestrators](../how-to/orchestrators.md).\n",
+        "How to call them from a scheduler: [Orchestrators](../orchestrators.md).\n",
     ]
     for module, note in API_MODULES:
         parts.append(f"## `{module}`\n\n{note}\n\n::: {module}\n")
