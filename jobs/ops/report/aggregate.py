@@ -341,13 +341,7 @@ class _Engine:
             ledger = ledger.append_column(f"{name}_m", mantissa).append_column(
                 f"{name}_e", exponent
             )
-        # A row's day: its run's date, else (flat files) the UTC date it was recorded.
-        day = pc.coalesce(
-            pc.strftime(ledger[PARTITION], "%Y-%m-%d"),
-            pc.strftime(ledger["recorded_at"], "%Y-%m-%d"),
-            pa.scalar(NONE_LABEL),
-        )
-        con.register("ledger_in", ledger.append_column("g_day", day))
+        con.register("ledger_in", ledger)
         con.register("results_in", sources.results)
         con.register("scope_tenant", pa.table({"tenant": pa.array([scope.tenant], pa.string())}))
         self._prepare(sources, by)
@@ -359,70 +353,70 @@ class _Engine:
         self.con.execute(text).fetchall()
 
     def _prepare(self, sources: Sources, by: str) -> None:
-        dedupe = (
-            "QUALIFY row_number() OVER (PARTITION BY run_id, item_id, stage ORDER BY _ord) = 1"
-            if sources.duplicate_ledger_rows
-            else ""
-        )
+        rows = "ledger_in"
+        if sources.duplicate_ledger_rows:
+            self._run("""
+                CREATE TEMP TABLE deduped AS SELECT * FROM ledger_in
+                QUALIFY row_number() OVER (PARTITION BY run_id, item_id, stage ORDER BY _ord) = 1
+            """)
+            rows = "deduped"
         legacy = sources.ledger.num_rows and (
             sources.ledger["model_stage"].null_count or sources.ledger["work"].null_count
         )
+        flat = sources.results.num_rows and sources.results[PARTITION].null_count
         # Rows of ledgers before schema 6: the role by stage name; a fetch was decode's (audio)
         # or extract's (documents), which its item's other rows tell.
-        model_sql = f"coalesce(model_stage, stage IN {_LEGACY_MODEL_STAGES})"
-        work_sql = (
-            f"coalesce(work, CASE WHEN stage IN {_LEGACY_AUDIO_STAGES} OR (stage = 'fetch' AND "
-            "bool_or(stage IN ('decode', 'transcribe')) OVER item) THEN 'audio' "
-            "ELSE 'documents' END)"
+        is_model = f"coalesce(model_stage, stage IN {_LEGACY_MODEL_STAGES})"
+        is_audio = f"coalesce(work = 'audio', stage IN {_LEGACY_AUDIO_STAGES})"
+        work = (
+            f"coalesce(work, CASE WHEN stage IN {_LEGACY_AUDIO_STAGES} "
+            "OR (stage = 'fetch' AND items.speech) THEN 'audio' ELSE 'documents' END)"
             if legacy
             else "work"
         )
-        # The model's row says how much audio an item had; other rows only say so when the
-        # model has no row of it (then the largest). One row carries it.
+        # Per item: the model's row says how much audio it had; other rows only say so when
+        # the model has no row of it (then the largest): one row carries it. A result row of
+        # a flat file (no run date) is of its item's first ledger time.
         self._run(f"""
-            CREATE TEMP TABLE roles AS
-            SELECT * EXCLUDE (model_stage, work), {model_sql} AS model_stage,
-                   {work_sql} AS work
-            FROM ledger_in
-            WINDOW item AS (PARTITION BY run_id, item_id)
-            {dedupe}
+            CREATE TEMP TABLE items AS
+            SELECT run_id, item_id,
+                   {"bool_or(stage IN ('decode', 'transcribe'))" if legacy else "NULL"} AS speech,
+                   coalesce(
+                       max(_ord) FILTER (WHERE {is_model} AND {is_audio} AND audio_s IS NOT NULL),
+                       arg_max(_ord, audio_s) FILTER (WHERE audio_s IS NOT NULL)
+                   ) AS carrier,
+                   {"arg_min(recorded_at, _ord) FILTER (WHERE recorded_at IS NOT NULL)" if flat else "NULL"} AS t
+            FROM {rows} GROUP BY run_id, item_id
         """)
-        model_join, model_sql = "", "NULL::VARCHAR"
-        if by == "model":
+        model_join, g_model = "", "NULL::VARCHAR"
+        if by == "model":  # a ledger row's model is its item's result row's (the last read)
             self._run(f"""
                 CREATE TEMP TABLE info AS
                 SELECT run_id, item_id, {_label("arg_max(model, _ord)")} AS g_model
                 FROM results_in GROUP BY run_id, item_id
             """)
             model_join = "LEFT JOIN info USING (run_id, item_id)"
-            model_sql = f"coalesce(info.g_model, '{NONE_LABEL}')"
+            g_model = f"coalesce(info.g_model, '{NONE_LABEL}')"
+        # A row's day: its run's date, else (flat files) the UTC date it was recorded.
         self._run(f"""
             CREATE TEMP TABLE L AS
-            SELECT roles.*, {model_sql} AS g_model,
+            SELECT _ord, run_id, item_id, recorded_at, input_tokens, output_tokens,
+                   cost_usd_m, cost_usd_e, seconds_m, seconds_e, audio_s_m, audio_s_e,
+                   {is_model} AS model_stage, {work} AS work,
+                   coalesce(strftime({PARTITION}, '%Y-%m-%d'), strftime(recorded_at, '%Y-%m-%d'),
+                            '{NONE_LABEL}') AS g_day,
                    {_label("tenant")} AS g_tenant, {_label("submission_id")} AS g_sub,
-                   audio_s IS NOT NULL AND _ord = coalesce(
-                       max(_ord) FILTER (WHERE model_stage AND work = 'audio'
-                                         AND audio_s IS NOT NULL) OVER item,
-                       arg_max(_ord, audio_s) FILTER (WHERE audio_s IS NOT NULL) OVER item
-                   ) AS carries_audio,
+                   {g_model} AS g_model,
+                   audio_s IS NOT NULL AND _ord = items.carrier AS carries_audio,
                    {_in_scope(self.scope, "recorded_at", "tenant", PARTITION)} AS in_scope
-            FROM roles {model_join}
-            WINDOW item AS (PARTITION BY run_id, item_id)
+            FROM {rows} JOIN items USING (run_id, item_id) {model_join}
         """)
-        self._run("DROP TABLE roles")
-        # Result rows: a row of a flat file (no run date) is of its item's ledger time.
-        flat = sources.results.num_rows and sources.results[PARTITION].null_count
-        times = ""
-        when = "processed_at"
+        if rows == "deduped":
+            self._run("DROP TABLE deduped")
+        times, when = "", "processed_at"
         if flat:
-            self._run("""
-                CREATE TEMP TABLE item_time AS
-                SELECT run_id, item_id,
-                       arg_min(recorded_at, _ord) FILTER (WHERE recorded_at IS NOT NULL) AS t
-                FROM L GROUP BY run_id, item_id
-            """)
-            times = "LEFT JOIN item_time USING (run_id, item_id)"
-            when = "coalesce(item_time.t, processed_at)"
+            times = "LEFT JOIN items USING (run_id, item_id)"
+            when = "coalesce(items.t, processed_at)"
         self._run(f"""
             CREATE TEMP TABLE R AS
             SELECT results_in.*, {when} AS _when,
@@ -433,6 +427,7 @@ class _Engine:
                    {_in_scope(self.scope, when, "tenant", PARTITION)} AS in_scope
             FROM results_in {times}
         """)
+        self._run("DROP TABLE items")
 
     # -- the figures of each grouping ---------------------------------------------------------
 
