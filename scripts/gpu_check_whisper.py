@@ -602,7 +602,7 @@ def engines(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"mode": "cpu" if args.cpu else "gpu"}
     vocab = Path(args.dir) / "whisper"
     started = time.time()
-    missing = [m for m in ("torch", "numpy", "pydantic") if not _importable(m)]
+    missing = [m for m in ("torch", "numpy") if not _importable(m)]
     if missing or not (vocab / "vocabulary.txt").is_file():
         why = f"{', '.join(missing)} not installed" if missing else f"no {vocab}/vocabulary.txt"
         report["status"] = f"skip: {why}"
