@@ -1,4 +1,5 @@
-"""Checks on the driver before Ray starts: the output can be written, the model can be had.
+"""Checks on the driver before Ray starts: the output can be written, the model can be had,
+the optional packages a feature asks for are installed (the extras of pyproject.toml).
 
 Both failed late before: an output under ``/sys`` as a raw ``PermissionError`` (exit 1), and a
 model name the hub could not serve as a crashed actor (exit 6, some 200 lines of Ray and
@@ -12,6 +13,7 @@ copy, as it did before.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import tempfile
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from overnight.jobs.dataset import storage
-from overnight.jobs.errors import ModelNotFound, OutputNotWritable
+from overnight.jobs.errors import ConfigError, ModelNotFound, OutputNotWritable, OvernightError
 from overnight.jobs.run import console
 from overnight.workers.whisper_models import (
     BUNDLED_MODEL,
@@ -32,6 +34,55 @@ from overnight.workers.whisper_models import (
 # One hub request (metadata, not a file download) waits at most this long; an unreachable
 # hub usually fails at once (refused, no DNS), a dropped packet after this.
 HUB_TIMEOUT_S = 10.0
+
+
+# -- optional features -----------------------------------------------------------------------
+
+# pyproject.toml's feature extras and the modules each one brings (tests/infra/test_extras.py
+# holds the two together). scripts/install.sh installs them all: its lock files hold `full`.
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "redact": ("presidio_analyzer", "spacy", "text_to_num"),
+    "eval": ("jiwer", "whisper_normalizer"),
+    "gguf": ("gguf",),
+}
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a broken parent package; a module without a spec
+        return False
+
+
+def extra_missing(
+    extra: str,
+    feature: str,
+    *,
+    error: type[OvernightError] = ConfigError,
+    missing: list[str] | None = None,
+    instead: str = "",
+) -> OvernightError:
+    """The one-paragraph error for ``feature`` without ``extra`` (``missing``: its modules
+    that are not installed; default: those ``find_spec`` cannot find)."""
+    if missing is None:
+        missing = [m for m in EXTRAS[extra] if not _installed(m)] or list(EXTRAS[extra])
+    return error(
+        f"{feature} needs the `{extra}` extra, which is not installed here "
+        f"({', '.join(missing)} missing): pip install 'overnight[{extra}]' "
+        f"('overnight[full]' for every feature; scripts/install.sh installs them all){instead}. "
+        "Nothing was run or written."
+    )
+
+
+def require_extra(
+    extra: str, feature: str, *, error: type[OvernightError] = ConfigError, instead: str = ""
+) -> None:
+    """Raise ``error`` (``ConfigError``, exit 2, unless told) naming the extra to install,
+    unless every module of ``extra`` can be imported. Finds the modules without importing
+    them (spaCy alone takes seconds), so it runs before any work."""
+    missing = [m for m in EXTRAS[extra] if not _installed(m)]
+    if missing:
+        raise extra_missing(extra, feature, error=error, missing=missing, instead=instead)
 
 
 # -- output ---------------------------------------------------------------------------------
@@ -197,17 +248,38 @@ def _whisper_in_storage(model: str) -> int:
 
 
 def llm_model(
-    backend: str, model: str | None, *, download: bool = True, progress: bool = False
+    backend: str,
+    model: str | None,
+    *,
+    download: bool = True,
+    progress: bool = False,
+    device: str = "auto",
 ) -> str | None:
     """Check (and for CTranslate2 with ``download``, fetch) the LLM; returns a local copy of
     a hub model for the actors, else None (they resolve ``model`` themselves).
 
     vLLM fetches a hub model itself (it chooses which weight files to take), so with it the
-    driver only checks that the cache holds the name or the hub knows it.
+    driver only checks that the cache holds the name or the hub knows it. A GGUF model (the
+    embedded default of ``ctranslate2`` and of vLLM on CPU, or a ``.gguf`` file) needs the
+    ``gguf`` extra: without it, ``ModelNotFound`` (exit 5) before anything runs.
     """
-    if model is None:
+    path = Path(model).expanduser() if model is not None else None
+    if path is not None and path.is_file() and path.suffix == ".gguf":
+        require_extra(
+            "gguf",
+            f"the LLM model {model} (a GGUF file, converted for the {backend} backend)",
+            error=ModelNotFound,
+            instead="; or give a CTranslate2 or Hugging Face model folder, or a hub id",
+        )
+    if model is None and (backend == "ctranslate2" or device == "cpu"):
+        require_extra(
+            "gguf",
+            f"the {backend} backend's default LLM (SmolLM2-135M, bundled as a GGUF file)",
+            error=ModelNotFound,
+            instead="; or choose a model with --model (a model folder or a hub id)",
+        )
+    if model is None or path is None:
         return None  # the backend's embedded default
-    path = Path(model).expanduser()
     need = "model.bin" if backend == "ctranslate2" else "config.json"
     kind = "CTranslate2" if backend == "ctranslate2" else "Hugging Face"
     if path.is_file() and path.suffix == ".gguf":

@@ -165,6 +165,7 @@ def check_process(spec: JobSpec, *, dry: bool = False) -> str | None:
         spec.process.model,
         download=not dry and preflight.local_run(spec.job.ray_address),
         progress=spec.job.progress,
+        device=spec.process.device,
     )
 
 

@@ -19,15 +19,17 @@ import functools
 import posixpath
 import re
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from overnight.jobs.dataset import commits, storage
 from overnight.jobs.errors import OvernightError
 from overnight.schemas import TRANSCRIPTS, TRANSCRIPTS_UNREDACTED, ErrorCode
-from overnight.workers.redact import Redactor
 from overnight.workers.redact.audio import silence
+
+if TYPE_CHECKING:  # the recognizers (Presidio, text2num: the redact extra) load on first use
+    from overnight.workers.redact import Redactor
 
 UNREDACTED_DATASET = "transcripts_unredacted"
 AUDIO_FOLDER = "redacted_audio"
@@ -37,6 +39,8 @@ _TAG = re.compile(r"\[[A-Z_]+\]")
 @functools.lru_cache(maxsize=4)
 def _redactor(types: tuple[str, ...]) -> Redactor:
     # Presidio and spaCy load once per Ray worker process, on its first batch.
+    from overnight.workers.redact import Redactor
+
     return Redactor(types)
 
 

@@ -297,6 +297,8 @@ class TranscribeJob(Job[TranscribePrepared]):
         """``dry``: the model is checked as a cluster run checks it (the cache, else the hub's
         metadata), never downloaded."""
         job = self.spec.job
+        if self.opts.redact:
+            preflight.require_extra("redact", "redaction (redact / --redact)")
         preflight.check_output(job.output)
         download = not dry and preflight.local_run(job.ray_address)
         model = preflight.whisper_model(self.opts.model, download=download, progress=job.progress)

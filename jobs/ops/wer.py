@@ -17,10 +17,19 @@ import functools
 from collections.abc import Callable, Mapping
 
 
+def _missing(exc: ImportError) -> Exception:
+    from overnight.jobs.preflight import extra_missing
+
+    return extra_missing("eval", "the word error rate (jobs.ops.wer)", missing=[str(exc.name)])
+
+
 @functools.cache
 def _normaliser() -> Callable[[str], str]:
     # Built once: it loads its British-to-American spelling table from a JSON file.
-    from whisper_normalizer.english import EnglishTextNormalizer
+    try:
+        from whisper_normalizer.english import EnglishTextNormalizer
+    except ImportError as exc:
+        raise _missing(exc) from None
 
     return EnglishTextNormalizer()
 
@@ -36,7 +45,10 @@ def words(text: str) -> list[str]:
 
 def word_errors(references: list[str], hypotheses: list[str]) -> tuple[int, int]:
     """(word edits, reference words) summed over aligned pairs of texts, after normalising."""
-    import jiwer
+    try:
+        import jiwer
+    except ImportError as exc:
+        raise _missing(exc) from None
 
     if not references:
         return 0, 0

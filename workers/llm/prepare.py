@@ -276,7 +276,13 @@ class _LlamaGGUF:
     """A llama-architecture GGUF file: hyper-parameters, dequantized weights, vocabulary."""
 
     def __init__(self, gguf_path: Path):
-        import gguf
+        try:
+            import gguf
+        except ImportError:  # jobs.preflight says so before a job starts; this, to the API
+            raise ModelPreparationError(
+                f"reading the GGUF file {gguf_path.name} needs the `gguf` extra, which is not "
+                "installed here: pip install 'overnight[gguf]'"
+            ) from None
 
         self.path = gguf_path
         self.reader = reader = gguf.GGUFReader(str(gguf_path))

@@ -145,6 +145,9 @@ def tune(
     """Measure the grid on the sample within the budget, decide, write the outputs."""
     if kind not in KINDS:
         raise ConfigError(f"--kind {kind!r}: choose one of {', '.join(KINDS)}")
+    from overnight.jobs.preflight import require_extra
+
+    require_extra("eval", "overnight tune (it scores each configuration's word error rate)")
     started = clock()
     say = echo or (lambda _line: None)
     workdir = storage.resolve(out)
