@@ -8,10 +8,13 @@ holds PyPI's ``schemas`` and ``workers`` packages must run overnight unchanged.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -82,3 +85,90 @@ def test_pypi_packages_named_schemas_and_workers_do_not_shadow_overnights(tmp_pa
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "transcribe"
+
+
+_PIP_WHEEL = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
+
+
+def _build_wheel(into: Path) -> Path:
+    subprocess.run(
+        [*_PIP_WHEEL, "-w", str(into), str(REPO)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    [wheel] = into.glob("overnight-*.whl")
+    return wheel
+
+
+@pytest.mark.skipif(
+    shutil.which("espeak-ng") is None, reason="the demo speaks its calls with espeak-ng"
+)
+def test_the_wheel_installs_in_a_fresh_venv_and_runs_the_demo(tmp_path: Path) -> None:
+    """The built wheel, installed in a new virtual environment, runs ``overnight demo``.
+
+    The wheel goes in without its dependencies, which come from the development venv through
+    a ``.pth`` line in the fresh venv's site-packages: a real install downloads about 1 GB
+    (Ray, CTranslate2, pyarrow, spaCy, ...), which cannot be done here in reasonable time
+    (.github/workflows/lowest.yml does a real install, with the lowest versions). A ``.pth``
+    path is appended to ``sys.path`` after the venv's own site-packages, so ``overnight``
+    itself is the wheel's copy (checked through ``overnight.__file__``), never the checkout's
+    or the development venv's editable install (whose finder .pth is not run: a path line does
+    not process the .pth files of the folder it adds).
+    """
+    wheel = _build_wheel(tmp_path / "dist")
+    venv = tmp_path / "venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120
+    )
+    python = venv / "bin" / "python"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", wheel],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    [fresh_site] = (venv / "lib").glob("python3*/site-packages")
+    dev_site = next(Path(p) for p in sys.path if p.endswith("site-packages") and ".venv" in p)
+    (fresh_site / "zz_overnight_dev_dependencies.pth").write_text(f"{dev_site}\n")
+
+    work = tmp_path / "work"  # not the checkout: nothing of the source tree on the path
+    work.mkdir()
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "VIRTUAL_ENV", "RAY_ADDRESS") and not k.startswith("HF_")
+    }
+    env["PATH"] = os.pathsep.join([str(venv / "bin"), str(REPO / ".venv" / "bin"), env["PATH"]])
+    where = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import overnight, ray; print(overnight.__file__); print(ray.__file__)",
+        ],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert where.returncode == 0, where.stderr[-2000:]
+    ours, ray_file = where.stdout.split()
+    assert Path(ours).is_relative_to(fresh_site), ours
+    assert Path(ray_file).is_relative_to(dev_site), ray_file
+
+    output = tmp_path / "demo"
+    done = subprocess.run(
+        [str(venv / "bin" / "overnight"), "demo", "--output", str(output)],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    transcripts = list((output / "transcripts").rglob("*.parquet"))
+    assert transcripts, sorted(p.relative_to(output).as_posix() for p in output.rglob("*"))
+    assert "the calls' scripts and their transcripts" in done.stdout
