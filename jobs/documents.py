@@ -44,8 +44,7 @@ def transcripts_dataset(url: str) -> storage.Location | None:
 
 
 def transcript_records(dataset: storage.Location, task: str) -> list[dict[str, Any]]:
-    table = commits.read_results(
-        dataset,
+    table = commits.CommittedDataset(dataset).read_results(
         [
             "item_id",
             "source_uri",

@@ -178,8 +178,8 @@ def run_probe(spec: JobSpec) -> dict[str, Any]:
 
 def audio_hours(output: str, item_ids: list[str]) -> float:
     """Hours of audio in the probed items ``item_ids`` (committed by this run or earlier)."""
-    table = commits.read_results(
-        storage.resolve(output).join("probes"), ["item_id", "status", "duration_s"]
+    table = commits.CommittedDataset(storage.resolve(output).join("probes")).read_results(
+        ["item_id", "status", "duration_s"],
     )
     if table is None:
         return 0.0

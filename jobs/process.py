@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from overnight.jobs import documents, preflight
 from overnight.jobs.accounting.ledger import Cost
-from overnight.jobs.dataset import storage
+from overnight.jobs.dataset import commits, storage
 from overnight.jobs.dataset.manifest import Selection, select_items
 from overnight.jobs.errors import ConfigError
 from overnight.jobs.run import console, runner, sizing
@@ -203,7 +203,7 @@ def extract_once(spec: JobSpec, jobs: list[ProcessJob], prepared: list[ProcessPr
     # prepared.records, so what is filled in here is what the run's manifest gets.
     pending = []
     for job, ready in zip(jobs, prepared, strict=True):
-        todo, _ = runner.left_to_do(job, ready, output.join(job.dataset))
+        todo, _ = runner.left_to_do(job, ready, commits.CommittedDataset(output.join(job.dataset)))
         todo = todo if limit is None else todo[:limit]
         pending.append([r for r in todo if r["status"] is None])  # not yet read
     documents_to_read: dict[str, dict[str, Any]] = {}

@@ -96,8 +96,8 @@ def redact_batch(
             row["entities"] = None
         row["redact_s"] = time.perf_counter() - t0  # per row: the runner sees only the call
     if unredacted is not None and originals:
-        commits.write_table(
-            unredacted, pa.Table.from_pylist(originals, schema=TRANSCRIPTS_UNREDACTED)
+        commits.CommittedDataset(unredacted).write_table(
+            pa.Table.from_pylist(originals, schema=TRANSCRIPTS_UNREDACTED),
         )
     return pa.Table.from_pylist(rows, schema=TRANSCRIPTS)
 

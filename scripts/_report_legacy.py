@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from overnight.jobs.choices import REPORT_GROUPS as GROUPS
 from overnight.jobs.dataset import storage
-from overnight.jobs.dataset.commits import PARTITION, read_results
+from overnight.jobs.dataset.commits import PARTITION, CommittedDataset
 from overnight.jobs.errors import ConfigError, InputNotFound
 from overnight.jobs.ops.report.analytics import analytics_table
 
@@ -84,12 +84,14 @@ def load(
             continue
         seen.add(loc.url())
         shown.append(storage.scrub_secrets(url))
-        costs = read_results(loc.join("costs"), [*COSTS.names, PARTITION], dates=dates)
+        costs = CommittedDataset(loc.join("costs")).read_results(
+            [*COSTS.names, PARTITION], dates=dates
+        )
         found = costs is not None
         if costs is not None and costs.num_rows:
             ledgers.append(costs)
         for name in _RESULT_DIRS:
-            table = read_results(loc.join(name), _RESULT_COLUMNS, dates=dates)
+            table = CommittedDataset(loc.join(name)).read_results(_RESULT_COLUMNS, dates=dates)
             if table is not None:
                 found = True
                 results.extend(table.to_pylist())

@@ -49,8 +49,10 @@ def ours(root: Path, args, probe: list[str]) -> dict:
     output = storage.resolve(str(root))
     write_s = bh.write_history(output, args.nights, args.items, args.rows_per_commit)
     dataset = output.join("transcripts")
-    found = commits.committed_ids(dataset, among=probe)
-    resume_s = median_time(lambda: commits.committed_ids(dataset, among=probe), args.repeats)
+    found = commits.CommittedDataset(dataset).committed_ids(among=probe)
+    resume_s = median_time(
+        lambda: commits.CommittedDataset(dataset).committed_ids(among=probe), args.repeats
+    )
     day = bh.FIRST_NIGHT
     query_s = bh.duckdb_day_query(root, day, args.repeats)["pruned_s"]
     files = sum(1 for p in root.rglob("*.parquet"))

@@ -24,7 +24,6 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import shutil
@@ -122,10 +121,10 @@ def write_history(output: storage.Location, nights: int, items: int, per_commit:
         night = FIRST_NIGHT + timedelta(days=k)
         run_id = f"night-{night}"
         rows = night_rows(night, items, seed=k)
-        staged = commits.staging_dir(dataset, night, run_id)
+        staged = commits.CommittedDataset(dataset).staging_dir(night, run_id)
         chunks = [rows.slice(i, per_commit) for i in range(0, items, per_commit)]
-        storage.map_threads(functools.partial(commits.write_table, staged), chunks)
-        commits.publish(dataset, TRANSCRIPTS, run_id, price(output, night))
+        storage.map_threads(commits.CommittedDataset(staged).write_table, chunks)
+        commits.CommittedDataset(dataset).publish(TRANSCRIPTS, run_id, price(output, night))
         print(f"  night {k + 1}/{nights} written", file=sys.stderr, flush=True)
     return time.perf_counter() - started
 

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from overnight.jobs.dataset import storage
-from overnight.jobs.dataset.commits import committed_ids, read_results, write_table
+from overnight.jobs.dataset.commits import CommittedDataset
 from overnight.schemas import COSTS, RUNS, SCHEMA_VERSION
 
 
@@ -166,14 +166,16 @@ def catch_up(
     so every result row ends with its cost rows exactly once.
     """
     costs_loc = output.join("costs")
-    results = read_results(output.join(results_dir), columns(costs), flat_only=True)
+    results = CommittedDataset(output.join(results_dir)).read_results(
+        columns(costs), flat_only=True
+    )
     if results is None or results.num_rows == 0:
         return pa.Table.from_pylist([], schema=COSTS)
-    priced = committed_ids(costs_loc)
+    priced = CommittedDataset(costs_loc).committed_ids()
     missing = [r for r in results.to_pylist() if r["item_id"] not in priced]
     ledger = build_ledger(missing, prices, costs)
     if ledger.num_rows:
-        write_table(costs_loc, ledger)
+        CommittedDataset(costs_loc).write_table(ledger)
     return ledger
 
 

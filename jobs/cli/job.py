@@ -519,10 +519,12 @@ def _demo(args: argparse.Namespace) -> dict[str, Any]:
     print(f"[overnight] synthesized {len(refs)} calls in {calls}", file=sys.stderr)
     spec = build_spec(overrides=_overrides(args, None, input=str(manifest), output=str(output)))
     summary = run_spec(spec)
-    from overnight.jobs.accounting import ledger
     from overnight.jobs.dataset import storage
+    from overnight.jobs.dataset.commits import CommittedDataset
 
-    table = ledger.read_results(storage.resolve(summary["transcripts"]), COLUMNS["transcripts"])
+    table = CommittedDataset(storage.resolve(summary["transcripts"])).read_results(
+        COLUMNS["transcripts"]
+    )
     rows = [
         r
         for r in (table.to_pylist() if table is not None else [])

@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from overnight.jobs.dataset import storage
+from overnight.jobs.dataset import commits, storage
 from overnight.jobs.run import runner
 from overnight.jobs.spec import JobSpec
 
@@ -93,7 +93,9 @@ def dry_run(spec: JobSpec) -> dict[str, Any]:
     output = storage.resolve(spec.job.output)
     stages = []
     for job, prepared in _prepared(spec):
-        todo, found = runner.left_to_do(job, prepared, output.join(job.dataset))
+        todo, found = runner.left_to_do(
+            job, prepared, commits.CommittedDataset(output.join(job.dataset))
+        )
         redo = {i for rows in found.values() for i in rows}
         limit = spec.job.max_items
         pending = todo[:limit] if limit is not None else todo

@@ -253,7 +253,7 @@ def export(
             "an `overnight transcribe` run?"
         )
     _check_destination(output, dest, config)
-    table = commits.read_results(transcripts, COLUMNS)
+    table = commits.CommittedDataset(transcripts).read_results(COLUMNS)
     all_rows = table.to_pylist() if table is not None else []
     rows = latest_ok(all_rows)
     if redacted_only:

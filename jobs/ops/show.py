@@ -20,8 +20,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from overnight.jobs.accounting import ledger
 from overnight.jobs.dataset import storage
+from overnight.jobs.dataset.commits import CommittedDataset
 from overnight.jobs.errors import InputNotFound
 from overnight.jobs.run.console import printable
 
@@ -212,7 +212,7 @@ def read(output: str, selection: Selection) -> dict[str, tuple[list[dict[str, An
     out: dict[str, tuple[list[dict[str, Any]], int]] = {}
     every: dict[str, list[dict[str, Any]]] = {}
     for name, loc in locate(output):
-        table = ledger.read_results(loc, COLUMNS[name])
+        table = CommittedDataset(loc).read_results(COLUMNS[name])
         every[name] = table.to_pylist() if table is not None else []
     source = selection.source
     if source and _is_glob(source):

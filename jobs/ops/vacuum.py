@@ -183,7 +183,7 @@ def _partitions(dataset: storage.Location, before: date) -> list[storage.Locatio
 
 def _staged(dataset: storage.Location, before: date) -> list[storage.Location]:
     """The dataset's staging folders of run dates before ``before``."""
-    root = commits.staging_root(dataset)
+    root = commits.CommittedDataset(dataset).staging_root()
     return [
         storage.Location(root.fs, folder, root.scheme)
         for folder in storage.list_dirs(root)
@@ -245,7 +245,7 @@ def _modified(loc: storage.Location, path: str) -> datetime:
 def _prune_index(dataset: storage.Location, before: date, dry_run: bool) -> int:
     """Drop the index entries of run dates before ``before``; returns how many."""
     removed = 0
-    for path in commits.index_segments(dataset):
+    for path in commits.CommittedDataset(dataset).index_segments():
         with dataset.fs.open(path, "rb") as f:
             table = pq.read_table(f)
         old = pc.less(table[commits.PARTITION], before)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import posixpath
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -18,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from overnight.jobs.dataset import storage
-from overnight.jobs.dataset.commits import Provenance, check_claim, commit, with_provenance
+from overnight.jobs.dataset.commits import CommittedDataset, Provenance, with_provenance
 from overnight.jobs.run import metrics
 from overnight.jobs.run.stage import Stage, run_task
 from overnight.schemas.errors import ErrorCode
@@ -116,7 +115,7 @@ class CommittingActor:
     def __init__(
         self,
         make_worker: Callable[[], Callable[[pa.Table], pa.Table]],
-        dataset: storage.Location,
+        dataset: CommittedDataset,
         schema: pa.Schema,
         slim: Sequence[str],
         token: str,
@@ -139,7 +138,7 @@ class CommittingActor:
             task: Callable[..., Any] = run_task  # ray.remote's typing knows no keyword-only args
             self.after = [(ray.remote(**s.resources(), max_retries=3)(task), s) for s in after]
         # Where the batches are written (the run's staging folder); the claim is the dataset's.
-        self.into = into or dataset
+        self.into = CommittedDataset(into) if into is not None else dataset
         self.deaths = _CallDeaths(token)
         self._suspects = threading.Lock()
 
@@ -167,9 +166,9 @@ class CommittingActor:
                 finished = ray.get(task.remote(finished, stage=stage))
         # Checked after the model, right before the write: the window a dying run's actor
         # has to commit after a new run's claim is one small read long.
-        check_claim(self.dataset, self.token)
-        slim = commit(finished, self.into, self.schema, self.slim)
-        metrics.record_committed(posixpath.basename(self.dataset.path.rstrip("/")), finished)
+        self.dataset.check_claim(self.token)
+        slim = self.into.commit(finished, self.schema, self.slim)
+        metrics.record_committed(self.dataset.name, finished)
         n = slim.num_rows
         slim = slim.append_column(ACTOR_STARTED, pa.array([self.started_at] * n, pa.float64()))
         return slim.append_column(MODEL_READY, pa.array([self.ready_at] * n, pa.float64()))

@@ -61,7 +61,7 @@ def costs(job: Job[P], prepared: P) -> tuple[ledger.Cost, ...]:
 class Claimed:
     """What the runner knows before Ray starts: this run's claim and what is left to do."""
 
-    dataset: storage.Location
+    dataset: commits.CommittedDataset
     run_date: date
     token: str
     costs: tuple[ledger.Cost, ...]  # what the ledger prices (``costs``)
@@ -80,15 +80,15 @@ def claim_and_subtract(job: Job[P], prepared: P) -> Claimed:
     """
     settings = job.spec.job
     output = storage.resolve(settings.output)
-    dataset = output.join(job.dataset)
-    token = commits.claim(dataset, job.run_id)  # before reading what is committed: see claim
+    dataset = commits.CommittedDataset(output.join(job.dataset))
+    token = dataset.claim(job.run_id)  # before reading what is committed: see claim
     priced = costs(job, prepared)
     price = functools.partial(_price, output, job.spec.prices, priced, job.dataset)
     # A killed run's staged commits (and any publish it left half done) go out first.
-    leftover = commits.publish(dataset, job.schema, job.run_id, price)
-    commits.finish_forgetting(dataset)  # a killed run's retry of error rows
+    leftover = dataset.publish(job.schema, job.run_id, price)
+    dataset.finish_forgetting()  # a killed run's retry of error rows
     todo, redo = left_to_do(job, prepared, dataset)
-    retried = commits.forget(dataset, redo)
+    retried = dataset.forget(redo)
     pending = todo[: settings.max_items] if settings.max_items is not None else todo
     run_date = settings.run_date or datetime.now(UTC).date()
     return Claimed(dataset, run_date, token, priced, price, leftover, todo, pending, len(retried))
@@ -101,19 +101,19 @@ def record_ids(record: dict[str, Any]) -> set[str]:
 
 
 def left_to_do(
-    job: Job[P], prepared: P, dataset: storage.Location
+    job: Job[P], prepared: P, dataset: commits.CommittedDataset
 ) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
     """The listed records with no committed row once the error rows this run redoes are
     forgotten, and those rows (``failures_to_redo``). Reads only (the dry run asks too)."""
     records = prepared.records
-    done = commits.committed_ids(dataset, among={i for r in records for i in record_ids(r)})
+    done = dataset.committed_ids(among={i for r in records for i in record_ids(r)})
     redo = failures_to_redo(job, prepared, dataset, done)
     done -= {i for rows in redo.values() for i in rows}
     return [r for r in records if not record_ids(r) & done], redo
 
 
 def failures_to_redo(
-    job: Job[P], prepared: P, dataset: storage.Location, done: set[str]
+    job: Job[P], prepared: P, dataset: commits.CommittedDataset, done: set[str]
 ) -> dict[str, list[str]]:
     """The error rows this run replaces, as ``commits.error_rows`` gives them (file -> item
     ids): rows of ``retry_errors``' codes, and rows of an upstream failure
@@ -129,7 +129,7 @@ def failures_to_redo(
     if settings.retry_errors:
         asked.append((done, None if settings.retry_errors == ["all"] else settings.retry_errors))
     for among, codes in asked:
-        for path, rows in commits.error_rows(dataset, among, codes).items():
+        for path, rows in dataset.error_rows(among, codes).items():
             found[path].update(rows)
     failed = {i for rows in found.values() for i in rows}
     if settings.max_items is not None:
@@ -176,7 +176,7 @@ def run(job: Job[P], prepared: P | None = None) -> dict[str, Any]:
 
     outcome = on_ray.Outcome()
     progressive = _Progressive(
-        functools.partial(commits.publish, dataset, job.schema, run_id, claimed.price)
+        functools.partial(dataset.publish, job.schema, run_id, claimed.price)
     )
     if pending:
         table = pa.Table.from_pylist(pending, schema=job.manifest_schema)
@@ -188,7 +188,7 @@ def run(job: Job[P], prepared: P | None = None) -> dict[str, Any]:
             ds,
             build.stages,
             dataset=dataset,
-            into=commits.staging_dir(dataset, run_date, run_id),
+            into=dataset.staging_dir(run_date, run_id),
             schema=job.schema,
             slim=job.slim,
             token=token,
@@ -205,10 +205,10 @@ def run(job: Job[P], prepared: P | None = None) -> dict[str, Any]:
 
     rows = outcome.rows
     published = progressive.publish()
-    repaired = commits.drop_duplicates(dataset, job.schema, run_id) + published.duplicates_dropped
+    repaired = dataset.drop_duplicates(job.schema, run_id) + published.duplicates_dropped
     # Side datasets (transcripts_unredacted) are flat, written by their stage directly.
     for name, schema in job.side_datasets:
-        commits.drop_duplicates(output.join(name), schema, run_id)
+        commits.CommittedDataset(output.join(name)).drop_duplicates(schema, run_id)
     # Published rows are priced as they are published; catch_up prices the flat files of an
     # output written before partitions.
     priced = pa.concat_tables(
@@ -245,7 +245,7 @@ def run(job: Job[P], prepared: P | None = None) -> dict[str, Any]:
             "errors_retried": claimed.retried,
             "startup": startup.report(outcome),
             "options": {**build.options, **sizing.record(pool)},
-            job.dataset: dataset.url(),
+            job.dataset: dataset.location.url(),
             "costs": output.join("costs").url(),
         },
     )
@@ -322,7 +322,7 @@ def _chain(
     ds: Any,
     stages: list[Stage],
     *,
-    dataset: storage.Location,
+    dataset: commits.CommittedDataset,
     into: storage.Location,
     schema: pa.Schema,
     slim: Sequence[str],

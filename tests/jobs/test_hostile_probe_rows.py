@@ -53,15 +53,18 @@ def test_a_staged_file_that_publish_cannot_reach_is_not_done(tmp_path):
     day = date(2026, 12, 6)
     for run, item in (("nightly/2026-12-06", "nested"), ("", "flat")):
         table = pa.table({"item_id": [item], "run_id": [run]}, schema=SCHEMA)
-        commits.write_table(commits.staging_dir(dataset, day, run), table)
-    commits.write_table(
-        commits.staging_dir(dataset, day, "good"),
+        commits.CommittedDataset(
+            commits.CommittedDataset(dataset).staging_dir(day, run)
+        ).write_table(table)
+    commits.CommittedDataset(
+        commits.CommittedDataset(dataset).staging_dir(day, "good")
+    ).write_table(
         pa.table({"item_id": ["good"], "run_id": ["good"]}, schema=SCHEMA),
     )
     among = {"nested", "flat", "good"}
-    assert commits.committed_ids(dataset, among=among) == {"good"}
-    assert commits.publish(dataset, SCHEMA, "next").rows == 1
-    assert commits.committed_ids(dataset, among=among) == {"good"}
+    assert commits.CommittedDataset(dataset).committed_ids(among=among) == {"good"}
+    assert commits.CommittedDataset(dataset).publish(SCHEMA, "next").rows == 1
+    assert commits.CommittedDataset(dataset).committed_ids(among=among) == {"good"}
 
 
 @pytest.mark.parametrize(("command", "flag"), [("vacuum", "--older-than"), ("report", "--since")])
@@ -139,11 +142,12 @@ def test_a_process_job_over_transcripts_records_a_manifest_without_their_text(tm
     out = tmp_path / "out"
     transcripts = storage.resolve(str(out / "transcripts"))
     row = {"item_id": "call-1", "source_uri": "/calls/1.wav", "status": "ok", "text": SECRET_TEXT}
-    commits.write_table(
-        commits.staging_dir(transcripts, date(2026, 12, 6), "night"),
+    commits.CommittedDataset(
+        commits.CommittedDataset(transcripts).staging_dir(date(2026, 12, 6), "night")
+    ).write_table(
         pa.Table.from_pylist([{**row, "run_id": "night"}], schema=TRANSCRIPTS),
     )
-    commits.publish(transcripts, TRANSCRIPTS, "night")
+    commits.CommittedDataset(transcripts).publish(TRANSCRIPTS, "night")
     spec = build_spec(
         overrides={
             "job": {"kind": "process", "input": str(out), "output": str(out), "progress": False},

@@ -14,7 +14,7 @@ import pytest
 
 from overnight.jobs.cli import main
 from overnight.jobs.dataset import storage
-from overnight.jobs.dataset.commits import write_table
+from overnight.jobs.dataset.commits import CommittedDataset
 from overnight.jobs.documents import transcript_records
 from overnight.jobs.errors import ConfigError
 from overnight.jobs.ops.demo import espeak_available, stereo_dialogue, write_wav
@@ -179,8 +179,7 @@ def test_export_redacted_only_refuses_an_output_with_unredacted_transcripts(tmp_
         "segments": [],
         "run_id": "r",
     }
-    write_table(
-        storage.resolve(str(out / "transcripts")),
+    CommittedDataset(storage.resolve(str(out / "transcripts"))).write_table(
         pa.Table.from_pylist(
             [
                 {**base, "item_id": "a", "text": "my card is [CARD_NUMBER]", "entities": []},

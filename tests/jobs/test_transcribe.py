@@ -292,7 +292,7 @@ def test_killed_run_restarted_ends_with_exactly_one_row_per_item(tmp_path):
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # driver and its local Ray: the whole job dies
         proc.wait()
-    partial = commits.committed_ids(storage.resolve(str(out / "transcripts")))
+    partial = commits.CommittedDataset(storage.resolve(str(out / "transcripts"))).committed_ids()
     assert 0 < len(partial) < 16
 
     summary = transcribe(str(src), str(out))
@@ -536,7 +536,7 @@ def test_a_superseded_run_exits_8_through_the_cli(tmp_path):
             time.sleep(0.05)
         assert claim.exists(), "the run never claimed its output"
         # What a second run on the same OUTPUT does first: the first run's commits must stop.
-        commits.claim(storage.resolve(str(out / "transcripts")), "a-later-run")
+        commits.CommittedDataset(storage.resolve(str(out / "transcripts"))).claim("a-later-run")
         _, err = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:

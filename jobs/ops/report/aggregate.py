@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 
 from overnight.jobs.choices import REPORT_GROUPS as GROUPS
 from overnight.jobs.dataset import storage
-from overnight.jobs.dataset.commits import PARTITION, read_results
+from overnight.jobs.dataset.commits import PARTITION, CommittedDataset
 from overnight.jobs.errors import ConfigError, InputNotFound
 from overnight.jobs.ops.report.analytics import analytics_table
 
@@ -89,10 +89,9 @@ class Sources:
     """Everything a report reads, from one or many outputs, as Arrow tables in read order."""
 
     outputs: list[str]
-    ledger: pa.Table  # _LEDGER_COLUMNS (rows given twice included; see duplicate_ledger_rows)
+    ledger: pa.Table  # _LEDGER_COLUMNS, rows given twice included (the report counts them once)
     results: pa.Table  # _RESULT_COLUMNS of transcripts/ and results/
     summaries: dict[str, dict[str, Any]]
-    duplicate_ledger_rows: int = 0
 
 
 def _with_order(table: pa.Table) -> pa.Table:
@@ -135,12 +134,12 @@ def load(
             continue
         seen.add(loc.url())
         shown.append(storage.scrub_secrets(url))
-        costs = read_results(loc.join("costs"), _LEDGER_COLUMNS, dates=dates)
+        costs = CommittedDataset(loc.join("costs")).read_results(_LEDGER_COLUMNS, dates=dates)
         found = costs is not None
         if costs is not None and costs.num_rows:
             ledgers.append(_complete(costs, _LEDGER_COLUMNS, COSTS))
         for name in _RESULT_DIRS:
-            table = read_results(loc.join(name), _RESULT_COLUMNS, dates=dates)
+            table = CommittedDataset(loc.join(name)).read_results(_RESULT_COLUMNS, dates=dates)
             if table is not None:
                 found = True
                 if table.num_rows:
@@ -163,9 +162,7 @@ def load(
         if results
         else _complete(None, _RESULT_COLUMNS, TRANSCRIPTS)
     )
-    keys = pa.table([ledger[c] for c in ("run_id", "item_id", "stage")], ["r", "i", "s"])
-    duplicates = ledger.num_rows - keys.group_by(["r", "i", "s"]).aggregate([]).num_rows
-    return Sources(shown, _with_order(ledger), _with_order(result), summaries, duplicates)
+    return Sources(shown, _with_order(ledger), _with_order(result), summaries)
 
 
 def parse_until(text: str | None, now: datetime | None = None) -> datetime | None:
@@ -353,13 +350,6 @@ class _Engine:
         self.con.execute(text).fetchall()
 
     def _prepare(self, sources: Sources, by: str) -> None:
-        rows = "ledger_in"
-        if sources.duplicate_ledger_rows:
-            self._run("""
-                CREATE TEMP TABLE deduped AS SELECT * FROM ledger_in
-                QUALIFY row_number() OVER (PARTITION BY run_id, item_id, stage ORDER BY _ord) = 1
-            """)
-            rows = "deduped"
         legacy = sources.ledger.num_rows and (
             sources.ledger["model_stage"].null_count or sources.ledger["work"].null_count
         )
@@ -375,19 +365,41 @@ class _Engine:
             else "work"
         )
         # Per item: the model's row says how much audio it had; other rows only say so when
-        # the model has no row of it (then the largest): one row carries it. A result row of
-        # a flat file (no run date) is of its item's first ledger time.
+        # the model has no row of it (then the largest): one stage's row carries it. A result
+        # row of a flat file (no run date) is of its item's first ledger time. Rows given twice
+        # (an output listed twice; same run, item and stage) count once: the first read.
         self._run(f"""
             CREATE TEMP TABLE items AS
             SELECT run_id, item_id,
                    {"bool_or(stage IN ('decode', 'transcribe'))" if legacy else "NULL"} AS speech,
                    coalesce(
-                       max(_ord) FILTER (WHERE {is_model} AND {is_audio} AND audio_s IS NOT NULL),
-                       arg_max(_ord, audio_s) FILTER (WHERE audio_s IS NOT NULL)
+                       arg_max(stage, _ord) FILTER (WHERE {is_model} AND {is_audio}
+                                                    AND audio_s IS NOT NULL),
+                       arg_max(stage, audio_s) FILTER (WHERE audio_s IS NOT NULL)
                    ) AS carrier,
-                   {"arg_min(recorded_at, _ord) FILTER (WHERE recorded_at IS NOT NULL)" if flat else "NULL"} AS t
-            FROM {rows} GROUP BY run_id, item_id
+                   {"arg_min(recorded_at, _ord) FILTER (WHERE recorded_at IS NOT NULL)" if flat else "NULL"} AS t,
+                   count(*) - count(DISTINCT stage) AS repeated
+            FROM ledger_in GROUP BY run_id, item_id
         """)
+        self.duplicates = self.sql("SELECT sum(repeated) AS n FROM items")["n"][0].as_py() or 0
+        self.run_items = {
+            r["run_id"]: r["n"]
+            for r in self.sql("SELECT run_id, count(*) AS n FROM items GROUP BY run_id").to_pylist()
+        }
+        rows = "ledger_in"
+        if self.duplicates:
+            self._run("""
+                CREATE TEMP TABLE deduped AS SELECT * FROM ledger_in
+                QUALIFY row_number() OVER (PARTITION BY run_id, item_id, stage ORDER BY _ord) = 1
+            """)
+            rows = "deduped"
+        self.repeated_results = bool(
+            self.sql("""
+                SELECT count(*) AS n FROM (
+                    SELECT 1 FROM results_in GROUP BY run_id, item_id HAVING count(*) > 1
+                )
+            """)["n"][0].as_py()
+        )
         model_join, g_model = "", "NULL::VARCHAR"
         if by == "model":  # a ledger row's model is its item's result row's (the last read)
             self._run(f"""
@@ -407,7 +419,7 @@ class _Engine:
                             '{NONE_LABEL}') AS g_day,
                    {_label("tenant")} AS g_tenant, {_label("submission_id")} AS g_sub,
                    {g_model} AS g_model,
-                   audio_s IS NOT NULL AND _ord = items.carrier AS carries_audio,
+                   audio_s IS NOT NULL AND stage = items.carrier AS carries_audio,
                    {_in_scope(self.scope, "recorded_at", "tenant", PARTITION)} AS in_scope
             FROM {rows} JOIN items USING (run_id, item_id) {model_join}
         """)
@@ -419,7 +431,7 @@ class _Engine:
             when = "coalesce(items.t, processed_at)"
         self._run(f"""
             CREATE TEMP TABLE R AS
-            SELECT results_in.*, {when} AS _when,
+            SELECT run_id, item_id, status, error_code, analytics, _ord,
                    coalesce(strftime({PARTITION}, '%Y-%m-%d'), strftime({when}, '%Y-%m-%d'),
                             '{NONE_LABEL}') AS g_day,
                    {_label("tenant")} AS g_tenant, {_label("submission_id")} AS g_sub,
@@ -466,33 +478,51 @@ class _Engine:
                         cell.speech_busy.add(e, m)
                 else:
                     cell.audio.add(e, m)
-        # Counts per (group, run) cell; distinct items do not add up across groupings, so
-        # each grouping is its own grouping set.
-        sets = ", ".join(f"({c}, run_id)" for c in cols) + (", (run_id)")
-        counted = self.sql(f"""
-            SELECT GROUPING({keys}) AS gid, {keys},
-                   count(DISTINCT item_id) AS items,
-                   count(DISTINCT item_id) FILTER (WHERE work IS DISTINCT FROM 'audio') AS documents,
-                   count(*) FILTER (WHERE carries_audio) AS audio_items,
+        # One row per item and key combination in scope; with the results' items, each
+        # (run, item) once per combination. An item has one combination unless its rows
+        # disagree (a flat file's rows recorded either side of midnight): then, and only
+        # then, counting needs DISTINCT.
+        self._run(f"""
+            CREATE OR REPLACE TEMP TABLE I AS
+            SELECT {keys}, item_id,
+                   bool_or(work IS DISTINCT FROM 'audio') AS doc,
+                   bool_or(carries_audio) AS audio,
                    sum(input_tokens) FILTER (WHERE model_stage AND work = 'documents') AS i,
                    sum(output_tokens) FILTER (WHERE model_stage AND work = 'documents') AS o
-            FROM L WHERE in_scope GROUP BY GROUPING SETS ({sets})
-        """).to_pylist()
-        # Items of ledger and results, each (run, item) once; outcomes of each result item.
-        set_of = {n: (f"({_KEY[n]})" if n != "all" else "()") for n in names}
-        union = self.sql(f"""
-            WITH u AS (
-                SELECT {keys}, item_id FROM L WHERE in_scope
-                UNION ALL
-                SELECT {keys}, item_id FROM R WHERE in_scope
-            ),
-            first AS (
-                SELECT DISTINCT ON (run_id, item_id) {keys}, status, error_code
-                FROM R WHERE in_scope ORDER BY run_id, item_id, _ord
+            FROM L WHERE in_scope GROUP BY ALL
+        """)
+        self._run(f"""
+            CREATE OR REPLACE TEMP TABLE U AS
+            SELECT {keys}, item_id FROM I UNION SELECT {keys}, item_id FROM R WHERE in_scope
+        """)
+        split = self.sql("""
+            SELECT count(*) AS n FROM (
+                SELECT 1 FROM U GROUP BY run_id, item_id HAVING count(*) > 1
             )
+        """)["n"][0].as_py()
+        items = "count(DISTINCT item_id)" if split else "count(*)"
+        pairs = "count(DISTINCT (run_id, item_id))" if split else "count(*)"
+        sets = ", ".join(f"({c}, run_id)" for c in cols) + (", (run_id)")
+        counted = self.sql(f"""
+            SELECT GROUPING({keys}) AS gid, {keys}, {items} AS items,
+                   {items} FILTER (WHERE doc) AS documents,
+                   {items} FILTER (WHERE audio) AS audio_items,
+                   sum(i) AS i, sum(o) AS o
+            FROM I GROUP BY GROUPING SETS ({sets})
+        """).to_pylist()
+        # Items of ledger and results; the outcome of each result item, its first row's.
+        set_of = {n: (f"({_KEY[n]})" if n != "all" else "()") for n in names}
+        first = (
+            f"SELECT DISTINCT ON (run_id, item_id) {keys}, status, error_code FROM R "
+            "WHERE in_scope ORDER BY run_id, item_id, _ord"
+            if self.repeated_results
+            else f"SELECT {keys}, status, error_code FROM R WHERE in_scope"
+        )
+        union = self.sql(f"""
+            WITH first AS ({first})
             SELECT 'items' AS what, GROUPING({keys}) AS gid, {keys}, NULL::VARCHAR AS code,
-                   count(DISTINCT (run_id, item_id)) AS n
-            FROM u GROUP BY GROUPING SETS ({", ".join(dict.fromkeys(set_of.values()))})
+                   {pairs} AS n
+            FROM U GROUP BY GROUPING SETS ({", ".join(dict.fromkeys(set_of.values()))})
             UNION ALL
             SELECT CASE WHEN status = 'ok' THEN 'ok' ELSE 'failed' END, GROUPING({keys}),
                    {keys}, CASE WHEN status = 'ok' THEN NULL

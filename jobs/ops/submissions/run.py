@@ -61,8 +61,10 @@ def _inbox(tenant: Tenant) -> list[storage.ObjectInfo]:
 def _totals(out: storage.Location) -> dict[str, Any]:
     from overnight.jobs.dataset import commits
 
-    table = commits.read_results(out.join("transcripts"), ["item_id", "status", "duration_s"])
-    costs = commits.read_results(out.join("costs"), ["cost_usd"])
+    table = commits.CommittedDataset(out.join("transcripts")).read_results(
+        ["item_id", "status", "duration_s"]
+    )
+    costs = commits.CommittedDataset(out.join("costs")).read_results(["cost_usd"])
     if table is None:
         return {"recordings": 0, "audio_minutes": 0.0, "failures": 0, "cost_usd": 0.0}
     return {

@@ -164,7 +164,7 @@ def _run_job(
 
 def measure_transcribe(candidate: Candidate, index: int, ctx: Context) -> Measurement:
     """Run the transcription job on the sample with one configuration and measure it."""
-    from overnight.jobs.dataset.commits import read_results
+    from overnight.jobs.dataset.commits import CommittedDataset
     from overnight.jobs.transcribe import run_transcribe
 
     run_id = f"tune-{ctx.stamp}-{index:02d}"
@@ -192,12 +192,11 @@ def measure_transcribe(candidate: Candidate, index: int, ctx: Context) -> Measur
     summary = _run_job(m, run_transcribe, spec)
     if summary is None:
         return m
-    rows = read_results(
-        out.join("transcripts"),
+    rows = CommittedDataset(out.join("transcripts")).read_results(
         ["item_id", "run_id", "source_uri", "status", "text", "options"],
         run_id=run_id,
     )
-    costs = read_results(out.join("costs"), run_id=run_id)
+    costs = CommittedDataset(out.join("costs")).read_results(run_id=run_id)
     ok_rows = [r for r in (rows.to_pylist() if rows is not None else []) if r["status"] == "ok"]
     ok_ids = {r["item_id"] for r in ok_rows}
     ledger_rows = costs.to_pylist() if costs is not None else []
@@ -244,7 +243,7 @@ def measure_process(candidate: Candidate, index: int, ctx: Context) -> Measureme
     Throughput is documents (that succeeded) per busy second of the LLM actor; the outputs
     compared for accuracy are the labels of a classification, else the generated JSON or text.
     """
-    from overnight.jobs.dataset.commits import read_results
+    from overnight.jobs.dataset.commits import CommittedDataset
     from overnight.jobs.process import run_process
 
     run_id = f"tune-{ctx.stamp}-{index:02d}"
@@ -272,8 +271,7 @@ def measure_process(candidate: Candidate, index: int, ctx: Context) -> Measureme
     summary = _run_job(m, run_process, spec)
     if summary is None:
         return m
-    rows = read_results(
-        out.join("results"),
+    rows = CommittedDataset(out.join("results")).read_results(
         [
             "item_id",
             "run_id",
@@ -286,7 +284,7 @@ def measure_process(candidate: Candidate, index: int, ctx: Context) -> Measureme
         ],
         run_id=m.run_id,
     )
-    costs = read_results(out.join("costs"), run_id=m.run_id)
+    costs = CommittedDataset(out.join("costs")).read_results(run_id=m.run_id)
     ok_rows = [r for r in (rows.to_pylist() if rows is not None else []) if r["status"] == "ok"]
     ledger_rows = costs.to_pylist() if costs is not None else []
     model_rows = [r for r in ledger_rows if r["stage"] == "generate"]

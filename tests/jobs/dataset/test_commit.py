@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from overnight.jobs.dataset import commits, storage
-from overnight.jobs.dataset.commits import committed_files
+from overnight.jobs.dataset.commits import CommittedDataset
 from overnight.jobs.dataset.manifest import manifest_table
 from overnight.jobs.errors import StorageUnavailable, Superseded
 from overnight.jobs.run import committing, on_ray
@@ -41,7 +41,11 @@ def batch(run_id: str, *items: str) -> pa.Table:
 
 def actor(dataset: storage.Location, token: str) -> committing.CommittingActor:
     return committing.CommittingActor(
-        lambda: lambda table: table, dataset, SCHEMA, ["item_id", "status"], token
+        lambda: lambda table: table,
+        commits.CommittedDataset(dataset),
+        SCHEMA,
+        ["item_id", "status"],
+        token,
     )
 
 
@@ -63,11 +67,11 @@ def read_all(dataset: storage.Location) -> list[dict]:
 def test_a_writer_of_an_earlier_run_cannot_commit_once_a_new_run_has_claimed_the_dataset(
     dataset,
 ):
-    old = actor(dataset, commits.claim(dataset, "nightly"))
+    old = actor(dataset, commits.CommittedDataset(dataset).claim("nightly"))
     assert old(batch("nightly", "a", "b")).num_rows == 2  # the holder of the claim commits
 
     # The rerun reuses the scheduled run id: the claim still tells the two attempts apart.
-    new = actor(dataset, commits.claim(dataset, "nightly"))
+    new = actor(dataset, commits.CommittedDataset(dataset).claim("nightly"))
     with pytest.raises(Superseded) as err:
         old(batch("nightly", "c"))
     assert "nightly" in str(err.value) and "one job per output" in str(err.value)
@@ -78,30 +82,36 @@ def test_a_writer_of_an_earlier_run_cannot_commit_once_a_new_run_has_claimed_the
     assert sorted(r["item_id"] for r in read_all(dataset)) == ["a", "b", "c"]
     # The claim lives beside the dataset: its folder holds only the Parquet files.
     assert all(p.endswith(".parquet") for p in storage.list_files(dataset))
-    assert storage.exists(commits.claim_file(dataset))
+    assert storage.exists(commits.CommittedDataset(dataset).claim_file())
 
 
 def test_late_rows_of_a_killed_run_are_removed_and_the_current_runs_rows_kept(dataset):
     for part in (batch("run-2", "x", "z"), batch("run-1", "x", "y", "w"), batch("run-2", "y")):
-        commits.commit(part, dataset, SCHEMA, ["item_id"])
+        commits.CommittedDataset(dataset).commit(part, SCHEMA, ["item_id"])
 
-    removed = commits.drop_duplicates(dataset, SCHEMA, keep_run="run-2")
+    removed = commits.CommittedDataset(dataset).drop_duplicates(SCHEMA, keep_run="run-2")
 
     assert removed == 2
     rows = {r["item_id"]: r for r in read_all(dataset)}
     assert len(read_all(dataset)) == len(rows) == 4  # exactly one row per item
     assert rows["x"]["run_id"] == rows["y"]["run_id"] == "run-2"  # the ones the summary counted
     assert rows["w"]["text"] == "w by run-1"  # the killed run's other item is kept
-    assert sorted(len(ids) for ids in committed_files(dataset).values()) == [1, 1, 2]
-    assert commits.drop_duplicates(dataset, SCHEMA, keep_run="run-2") == 0  # nothing left to do
+    assert sorted(len(ids) for ids in CommittedDataset(dataset).committed_files().values()) == [
+        1,
+        1,
+        2,
+    ]
+    assert (
+        commits.CommittedDataset(dataset).drop_duplicates(SCHEMA, keep_run="run-2") == 0
+    )  # nothing left to do
 
 
 def test_duplicates_between_two_earlier_runs_keep_one_row_chosen_by_file_name(dataset):
-    commits.commit(batch("run-1", "x"), dataset, SCHEMA, ["item_id"])
-    commits.commit(batch("run-2", "x", "y"), dataset, SCHEMA, ["item_id"])
-    first = committed_files(dataset)
+    commits.CommittedDataset(dataset).commit(batch("run-1", "x"), SCHEMA, ["item_id"])
+    commits.CommittedDataset(dataset).commit(batch("run-2", "x", "y"), SCHEMA, ["item_id"])
+    first = CommittedDataset(dataset).committed_files()
 
-    assert commits.drop_duplicates(dataset, SCHEMA, keep_run="run-3") == 1
+    assert commits.CommittedDataset(dataset).drop_duplicates(SCHEMA, keep_run="run-3") == 1
 
     rows = read_all(dataset)
     assert sorted(r["item_id"] for r in rows) == ["x", "y"]
@@ -214,10 +224,10 @@ def test_a_duplicate_in_a_file_of_an_older_schema_version_is_repaired_in_its_own
     old = pa.Table.from_pylist(
         [{"item_id": i, "run_id": "run-1", "status": "ok"} for i in ("x", "w")], schema=old_schema
     )
-    commits.write_table(dataset, old)
-    commits.commit(batch("run-2", "x"), dataset, SCHEMA, ["item_id"])
+    commits.CommittedDataset(dataset).write_table(old)
+    commits.CommittedDataset(dataset).commit(batch("run-2", "x"), SCHEMA, ["item_id"])
 
-    assert commits.drop_duplicates(dataset, SCHEMA, keep_run="run-2") == 1
+    assert commits.CommittedDataset(dataset).drop_duplicates(SCHEMA, keep_run="run-2") == 1
 
     rows = {r["item_id"]: r for r in read_all(dataset)}
     assert sorted(rows) == ["w", "x"] and rows["x"]["run_id"] == "run-2"
@@ -302,7 +312,7 @@ def test_a_call_that_kills_its_model_process_every_time_ends_as_error_rows_and_t
         pa.field("error_message", pa.string())
     )
     dataset = storage.resolve(str(tmp_path / "out" / "transcripts"))
-    token = commits.claim(dataset, "nightly")
+    token = commits.CommittedDataset(dataset).claim("nightly")
     items = [f"item-{i}" for i in range(10)]
     items[4:6] = ["poison", "mate"]  # one call of two: the poison and an innocent item
     blocks = [batch("nightly", *items[i : i + 2]) for i in range(0, len(items), 2)]
@@ -310,7 +320,7 @@ def test_a_call_that_kills_its_model_process_every_time_ends_as_error_rows_and_t
         committing.CommittingActor,
         fn_constructor_kwargs={
             "make_worker": _dies_on_poison,
-            "dataset": dataset,
+            "dataset": commits.CommittedDataset(dataset),
             "schema": schema,
             "slim": ["item_id", "status"],
             "token": token,

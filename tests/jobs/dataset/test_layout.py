@@ -226,17 +226,19 @@ def with_group_gone(pgid: int) -> None:
 def test_publish_compacts_many_small_commits_into_files_of_the_configured_size(tmp_path):
     dataset = storage.resolve(str(tmp_path / "out" / "transcripts"))
     schema = pa.schema([("item_id", pa.string()), ("run_id", pa.string()), ("tenant", pa.string())])
-    staged = commits.staging_dir(dataset, date(2026, 11, 3), "run-1")
+    staged = commits.CommittedDataset(dataset).staging_dir(date(2026, 11, 3), "run-1")
     for k in range(25):  # 25 actor calls of 8 items
         ids = [f"item-{k:02d}-{i}" for i in range(8)]
-        commits.write_table(
-            staged, pa.table({"item_id": ids, "run_id": ["run-1"] * 8, "tenant": ["t"] * 8})
+        commits.CommittedDataset(staged).write_table(
+            pa.table({"item_id": ids, "run_id": ["run-1"] * 8, "tenant": ["t"] * 8}),
         )
-    published = commits.publish(dataset, schema, "run-1", rows_per_file=64)
+    published = commits.CommittedDataset(dataset).publish(schema, "run-1", rows_per_file=64)
     assert published.rows == 200
     files = sorted((tmp_path / "out" / "transcripts" / "run_date=2026-11-03").glob("*.parquet"))
     assert [pq.read_metadata(f).num_rows for f in files] == [64, 64, 64, 8]
-    assert commits.committed_ids(dataset, among=["item-03-1", "nope"]) == {"item-03-1"}
+    assert commits.CommittedDataset(dataset).committed_ids(among=["item-03-1", "nope"]) == {
+        "item-03-1"
+    }
     assert not list((tmp_path / "out" / "_staging").glob("**/*.parquet"))
 
 
@@ -286,7 +288,7 @@ def test_vacuum_removes_old_nights_and_the_report_of_the_others_stays_exact(two_
         assert after.totals == before.totals, by
     # The vacuumed night's recordings are forgotten: submitted again, they are new work.
     dataset = storage.resolve(str(out / "transcripts"))
-    assert commits.committed_ids(dataset, among=first_ids) == set()
+    assert commits.CommittedDataset(dataset).committed_ids(among=first_ids) == set()
     assert len(visible(out)) == 1
 
 

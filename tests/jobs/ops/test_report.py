@@ -21,6 +21,7 @@ from overnight.jobs.accounting import ledger
 from overnight.jobs.accounting.ledger import Cost
 from overnight.jobs.cli import main
 from overnight.jobs.dataset import storage
+from overnight.jobs.dataset.commits import CommittedDataset
 from overnight.jobs.ops.report import build_report, load, parse_since, write
 from overnight.jobs.spec import DEFAULT_PRICES
 from overnight.schemas import DOCUMENT_RESULTS, TRANSCRIPTS
@@ -108,14 +109,14 @@ def _write_run(
         if kind == "transcribe"
         else (DOCUMENT_RESULTS, "results", TEXT_COSTS)
     )
-    ledger.write_table(loc.join(folder), pa.Table.from_pylist(rows, schema=schema))
+    CommittedDataset(loc.join(folder)).write_table(pa.Table.from_pylist(rows, schema=schema))
     costs = ledger.build_ledger(rows, DEFAULT_PRICES, stages)
     costs = costs.set_column(
         costs.schema.get_field_index("recorded_at"),
         "recorded_at",
         pa.array([when] * costs.num_rows, pa.timestamp("us", tz="UTC")),
     )
-    ledger.write_table(loc.join("costs"), costs)
+    CommittedDataset(loc.join("costs")).write_table(costs)
     resource = rows[0].get("asr_resource") or rows[0].get("llm_resource")
     summary = ledger.summarize_run(
         run_id=run_id,

@@ -1,6 +1,6 @@
 """`overnight show`: transcripts as dialogue, document results, filters, JSON, errors, S3.
 
-The outputs are written with the project's own writer and schemas (ledger.write_table,
+The outputs are written with the project's own writer and schemas (CommittedDataset.write_table,
 schemas.TRANSCRIPTS / DOCUMENT_RESULTS), exactly as a run commits them; the quick start's
 test (test_cli_experience) shows a real run's output too.
 """
@@ -17,8 +17,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from overnight.jobs.accounting import ledger
 from overnight.jobs.dataset import storage
+from overnight.jobs.dataset.commits import CommittedDataset
 from overnight.schemas import DOCUMENT_RESULTS, TRANSCRIPTS
 from tests.conftest import REPO, upload_folder
 
@@ -122,10 +122,10 @@ def write_output(folder: Path, transcripts=True, results=False) -> Path:
     out = storage.resolve(str(folder))
     if transcripts:
         table = pa.Table.from_pylist(transcript_rows(), schema=TRANSCRIPTS)
-        ledger.write_table(out.join("transcripts"), table)
+        CommittedDataset(out.join("transcripts")).write_table(table)
     if results:
         table = pa.Table.from_pylist(result_rows(), schema=DOCUMENT_RESULTS)
-        ledger.write_table(out.join("results"), table)
+        CommittedDataset(out.join("results")).write_table(table)
     return folder
 
 
@@ -235,8 +235,7 @@ def _named_output(folder: Path, uris: list[str], **extra) -> Path:
         {**transcript_rows()[1], "item_id": f"{n:032d}", "source_uri": uri, **extra}
         for n, uri in enumerate(uris)
     ]
-    ledger.write_table(
-        storage.resolve(str(folder)).join("transcripts"),
+    CommittedDataset(storage.resolve(str(folder)).join("transcripts")).write_table(
         pa.Table.from_pylist(rows, schema=TRANSCRIPTS),
     )
     return folder

@@ -32,7 +32,7 @@ SCHEMA = pa.schema(
 
 
 def _publish(dataset: storage.Location, day: date, run: str, rows: list[tuple[str, str | None]]):
-    staged = commits.staging_dir(dataset, day, run)
+    staged = commits.CommittedDataset(dataset).staging_dir(day, run)
     table = pa.table(
         {
             "item_id": [i for i, _ in rows],
@@ -42,13 +42,13 @@ def _publish(dataset: storage.Location, day: date, run: str, rows: list[tuple[st
         },
         schema=SCHEMA,
     )
-    commits.write_table(staged, table)
-    commits.publish(dataset, SCHEMA, run)
+    commits.CommittedDataset(staged).write_table(table)
+    commits.CommittedDataset(dataset).publish(SCHEMA, run)
 
 
 def _rows(dataset: storage.Location) -> list[tuple[str, str, str | None]]:
-    files = commits.published_files(dataset)
-    table = pa.concat_tables([commits._read_part(dataset, p) for p in files])
+    files = commits.CommittedDataset(dataset).published_files()
+    table = pa.concat_tables([commits.CommittedDataset(dataset)._read_part(p) for p in files])
     columns = (table[c].to_pylist() for c in ("item_id", "status", "error_code"))
     return sorted(zip(*columns, strict=True))
 
@@ -74,45 +74,57 @@ def test_forgetting_takes_only_the_error_rows_of_the_codes_asked_out_of_rows_and
 ):
     dataset = two_nights_with_errors
     listed = {"a", "b", "c", "d"}
-    assert commits.committed_ids(dataset, among=listed) == listed
+    assert commits.CommittedDataset(dataset).committed_ids(among=listed) == listed
     # Only items of this input are looked at: "d" is not listed this time.
-    assert commits.forget(
-        dataset, commits.error_rows(dataset, {"a", "b", "c"}, ["fetch_failed"])
+    assert commits.CommittedDataset(dataset).forget(
+        commits.CommittedDataset(dataset).error_rows({"a", "b", "c"}, ["fetch_failed"]),
     ) == {"b"}
-    assert commits.committed_ids(dataset, among=listed) == {"a", "c", "d"}
+    assert commits.CommittedDataset(dataset).committed_ids(among=listed) == {"a", "c", "d"}
     assert _rows(dataset) == [("a", "ok", None), ("c", "error", "encrypted"), ("d", "error", "fetch_failed")]  # fmt: skip
     # Any code; an ok row is never forgotten.
-    assert commits.forget(dataset, commits.error_rows(dataset, listed, None)) == {"c", "d"}
+    assert commits.CommittedDataset(dataset).forget(
+        commits.CommittedDataset(dataset).error_rows(listed, None)
+    ) == {
+        "c",
+        "d",
+    }
     assert _rows(dataset) == [("a", "ok", None)]
-    assert commits.committed_ids(dataset, among=listed) == {"a"}
-    assert not storage.exists(commits._retry_intent(dataset))
+    assert commits.CommittedDataset(dataset).committed_ids(among=listed) == {"a"}
+    assert not storage.exists(commits.CommittedDataset(dataset)._retry_intent())
 
 
 def test_a_retry_killed_between_its_steps_is_finished_by_the_next_claim(
     two_nights_with_errors, monkeypatch
 ):
     dataset = two_nights_with_errors
-    real_finish = commits.finish_forgetting
+    real_finish = commits.CommittedDataset.finish_forgetting
     # Killed right after the intent was written: nothing changed yet, all four stay done.
-    monkeypatch.setattr(commits, "finish_forgetting", lambda dataset: None)
-    assert commits.forget(dataset, commits.error_rows(dataset, {"b", "d"}, None)) == {"b", "d"}
-    assert commits.committed_ids(dataset, among={"a", "b", "c", "d"}) == {"a", "b", "c", "d"}
+    monkeypatch.setattr(commits.CommittedDataset, "finish_forgetting", lambda self: None)
+    assert commits.CommittedDataset(dataset).forget(
+        commits.CommittedDataset(dataset).error_rows({"b", "d"}, None)
+    ) == {"b", "d"}
+    assert commits.CommittedDataset(dataset).committed_ids(among={"a", "b", "c", "d"}) == {
+        "a",
+        "b",
+        "c",
+        "d",
+    }
     # Killed after the rows went, before the index entries: the items have no row but are
     # still indexed, so no run can do them a second time before the intent is finished.
-    monkeypatch.setattr(commits, "index_segments", lambda dataset: 1 / 0)
+    monkeypatch.setattr(commits.CommittedDataset, "index_segments", lambda self: 1 / 0)
     with pytest.raises(ZeroDivisionError):
-        real_finish(dataset)
+        real_finish(commits.CommittedDataset(dataset))
     assert _rows(dataset) == [("a", "ok", None), ("c", "error", "encrypted")]
     monkeypatch.undo()
-    assert commits.committed_ids(dataset, among={"b", "d"}) == {"b", "d"}
-    intent = commits._retry_intent(dataset)
+    assert commits.CommittedDataset(dataset).committed_ids(among={"b", "d"}) == {"b", "d"}
+    intent = commits.CommittedDataset(dataset)._retry_intent()
     if dataset.scheme == "file":  # retention never takes the intent, however old it is
         os.utime(intent.path, (0, 0))
         vacuum(str(Path(dataset.path).parent), before=date(2026, 10, 1))
         assert storage.exists(intent)
-    commits.finish_forgetting(dataset)  # what the next claim does first
-    assert commits.committed_ids(dataset, among={"a", "b", "c", "d"}) == {"a", "c"}
-    assert not storage.exists(commits._retry_intent(dataset))
+    commits.CommittedDataset(dataset).finish_forgetting()  # what the next claim does first
+    assert commits.CommittedDataset(dataset).committed_ids(among={"a", "b", "c", "d"}) == {"a", "c"}
+    assert not storage.exists(commits.CommittedDataset(dataset)._retry_intent())
 
 
 def test_unknown_error_codes_are_refused_with_the_list_of_known_ones() -> None:
@@ -290,10 +302,10 @@ def _retry_run(output: Path, run_id: str, records: list[dict]) -> None:
         {"item_id": r["item_id"], "run_id": run_id, "status": "ok", "asr_s": 1.0}
         for r in claimed.pending
     ]
-    staged = commits.staging_dir(claimed.dataset, claimed.run_date, run_id)
+    staged = claimed.dataset.staging_dir(claimed.run_date, run_id)
     if rows:
-        commits.write_table(staged, pa.Table.from_pylist(rows, schema=COSTED))
-    commits.publish(claimed.dataset, COSTED, run_id, claimed.price)
+        commits.CommittedDataset(staged).write_table(pa.Table.from_pylist(rows, schema=COSTED))
+    claimed.dataset.publish(COSTED, run_id, claimed.price)
 
 
 def test_a_retry_killed_at_any_write_is_finished_by_its_rerun_with_one_row_per_item(tmp_path):
@@ -314,13 +326,15 @@ def test_a_retry_killed_at_any_write_is_finished_by_its_rerun_with_one_row_per_i
         points.append(point.name)
         if point.name is not None:
             _retry_run(output, "retry-2", records)  # the same command again
-        table = commits.read_results(dataset, ["item_id", "status", "error_code"])
+        table = commits.CommittedDataset(dataset).read_results(["item_id", "status", "error_code"])
         assert table is not None
         rows = sorted(zip(*(table[c].to_pylist() for c in table.column_names), strict=True))
         assert rows == expected, f"killed at write {n}: {point.name}"
-        index = [i for p in commits.index_segments(dataset) for i in pq.read_table(p)["item_id"].to_pylist()]  # fmt: skip
+        index = [i for p in commits.CommittedDataset(dataset).index_segments() for i in pq.read_table(p)["item_id"].to_pylist()]  # fmt: skip
         assert sorted(index) == ["a", "b", "c", "e"], point.name
-        costs = commits.read_results(storage.resolve(str(output / "costs")), ["item_id"])
+        costs = commits.CommittedDataset(storage.resolve(str(output / "costs"))).read_results(
+            ["item_id"]
+        )
         assert costs is not None and sorted(costs["item_id"].to_pylist()) == ["b", "e"], point.name
         assert not list(output.glob("_staging/**/*.*")), point.name
         assert not list(output.glob("_claims/*.retry.json")), point.name
