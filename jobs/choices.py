@@ -12,7 +12,7 @@ from overnight.workers.devices import DEVICES
 from overnight.workers.llm.contract import BACKENDS
 from overnight.workers.llm.tasks.registry import TASK_NAMES
 from overnight.workers.redact.types import PRESETS, TYPES
-from overnight.workers.whisper_models import WHISPER_TASKS
+from overnight.workers.whisper_models import WHISPER_ENGINES, WHISPER_TASKS
 
 __all__ = [
     "BACKENDS",
@@ -28,6 +28,7 @@ __all__ = [
     "REPORT_FORMATS",
     "REPORT_GROUPS",
     "TUNE_KINDS",
+    "WHISPER_ENGINES",
     "WHISPER_TASKS",
 ]
 

@@ -20,6 +20,10 @@ BUNDLED_MODEL = "bundled:tiny.en"
 # What the decoder is asked for: the text as spoken, or English text from any language.
 WhisperTask = Literal["transcribe", "translate"]
 WHISPER_TASKS: tuple[str, ...] = get_args(WhisperTask)
+# Which Whisper implementation runs the model: auto is CTranslate2 until device measurements
+# say otherwise (issue #39); torch is ``workers.whisper_torch`` (needs PyTorch installed).
+WhisperEngine = Literal["auto", "ctranslate2", "torch"]
+WHISPER_ENGINES: tuple[str, ...] = get_args(WhisperEngine)
 
 # faster-whisper names whose feature extractor uses 128 mel bins (large-v3 family); every
 # other Whisper uses 80. Decode tasks need this before any model is loaded.

@@ -9,17 +9,23 @@ Light on purpose (pydantic only): the spec, and so every command, imports it; th
 
 from __future__ import annotations
 
-from typing import Literal, get_args
-
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from overnight.workers.devices import Device
-from overnight.workers.whisper_models import BUNDLED_MODEL, WhisperTask
+from overnight.workers.whisper_models import (
+    BUNDLED_MODEL,
+    WHISPER_ENGINES,
+    WhisperEngine,
+    WhisperTask,
+)
 
-# Which Whisper implementation runs the model: auto is CTranslate2 until device measurements
-# say otherwise (issue #39); torch is ``workers.whisper_torch`` (needs PyTorch installed).
-WhisperEngine = Literal["auto", "ctranslate2", "torch"]
-WHISPER_ENGINES: tuple[str, ...] = get_args(WhisperEngine)
+__all__ = [
+    "WHISPER_ENGINES",
+    "DecodingOptions",
+    "WhisperEngine",
+    "WhisperOptions",
+    "resolve_engine",
+]
 
 
 _TORCH_TYPES = ("auto", "float32", "float16", "bfloat16")

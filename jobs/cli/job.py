@@ -20,6 +20,7 @@ from overnight.jobs.choices import (
     LLM_TASKS,
     REDACTION_PRESETS,
     REDACTION_TYPES,
+    WHISPER_ENGINES,
     WHISPER_TASKS,
 )
 
@@ -51,6 +52,12 @@ def _transcribe_flags(p: argparse.ArgumentParser) -> None:
         "--language",
         metavar="CODE",
         help="spoken language, e.g. en, de (default: detected per recording)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=WHISPER_ENGINES,
+        help="Whisper implementation: ctranslate2 (faster-whisper), torch (PyTorch, for large "
+        "GPU batches); auto: ctranslate2",
     )
     p.add_argument("--actors", type=int, help="Whisper actors (one model each)")
     p.add_argument(

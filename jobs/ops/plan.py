@@ -446,6 +446,7 @@ def _option_key(summary: dict[str, Any]) -> tuple:
         summary.get("model") or opts.get("model"),
         summary.get("accelerator"),
         summary.get("device"),
+        opts.get("engine") or "ctranslate2",  # runs before engines were an option: ctranslate2
         opts.get("compute_type"),
         opts.get("batch_size"),
         opts.get("beam_size"),
@@ -475,7 +476,7 @@ def profiles_from_runs(
             groups[_option_key(s)].append(s)
     out = []
     for key, runs in sorted(groups.items(), key=lambda kv: str(kv[0])):
-        kind, model, resource, device, compute_type, batch, beam, units = key
+        kind, model, resource, device, engine, compute_type, batch, beam, units = key
         unit = "audio_s" if kind in ("transcribe", "chain", None) else "documents"
         work = sum(
             (r.get("audio_seconds") or 0.0) if unit == "audio_s" else (r.get("items") or 0)
@@ -489,7 +490,9 @@ def profiles_from_runs(
         hourly = price_of(prices, resource) if prices else 0.0
         busy_cost = busy * units * hourly / 3600.0
         other = max(0.0, sum(r.get("cost_usd") or 0.0 for r in runs) - busy_cost) / work
-        name = f"{model} {compute_type} batch {batch} beam {beam} on {resource}"
+        # The engine is named only where it is not the default one: older names stay.
+        how = f"{engine} " if engine != "ctranslate2" else ""
+        name = f"{model} {how}{compute_type} batch {batch} beam {beam} on {resource}"
         out.append(
             WorkerProfile(
                 name=name,

@@ -127,6 +127,7 @@ KIND_OPTIONS = {
         [
             *("--model", "small", "--device", "cpu", "--compute-type", "int8"),
             *("--batch-size", "8", "--beam-size", "2", "--language", "de", "--actors", "2"),
+            *("--engine", "ctranslate2"),
             *("--split-channels", "--channel-labels", "agent, customer"),
             *("--initial-prompt", "Acme", "--hotwords", "Vexorium", "--task", "translate"),
             *("--redact", "pci,ssn", "--keep-unredacted", "--redact-audio", "--no-vad"),
@@ -139,6 +140,7 @@ KIND_OPTIONS = {
             "beam_size": 2,
             "language": "de",
             "actors": 2,
+            "engine": "ctranslate2",
             "split_channels": True,
             "channel_labels": ["agent", "customer"],
             "initial_prompt": "Acme",

@@ -34,6 +34,7 @@ def test_device_backend_and_whisper_task_choices_are_the_specs_values():
     assert tuple(_flag("transcribe", "--device").choices) == _literal(TranscribeOptions, "device")
     assert tuple(_flag("process", "--device").choices) == _literal(ProcessOptions, "device")
     assert tuple(_flag("transcribe", "--task").choices) == _literal(TranscribeOptions, "task")
+    assert tuple(_flag("transcribe", "--engine").choices) == _literal(TranscribeOptions, "engine")
     # the spec also takes "auto", which the flag leaves to the default
     backends = [b for b in _literal(ProcessOptions, "backend") if b != "auto"]
     assert list(_flag("process", "--backend").choices) == backends

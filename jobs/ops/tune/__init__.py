@@ -74,6 +74,7 @@ from overnight.jobs.ops.tune.decide import Decision, Row, decide
 from overnight.jobs.ops.tune.grid import (
     CPU_GRID,
     GPU_GRID,
+    GPU_TORCH_GRID,
     PROCESS_CPU_GRID,
     PROCESS_GPU_GRID,
     PROCESS_VLLM_CPU_GRID,
@@ -96,6 +97,7 @@ __all__ = [
     "CPU_GRID",
     "DEFAULT_BUDGET",
     "GPU_GRID",
+    "GPU_TORCH_GRID",
     "KINDS",
     "PROCESS_CPU_GRID",
     "PROCESS_GPU_GRID",

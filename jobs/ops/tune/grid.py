@@ -17,8 +17,19 @@ CPU_GRID: dict[str, list[Any]] = {
     "compute_type": ["int8", "float32"],
 }
 GPU_GRID: dict[str, list[Any]] = {
+    "engine": ["ctranslate2"],
     "compute_type": ["float16", "int8_float16"],
     "batch_size": [16, 64],
+    "beam_size": [1, 5],
+}
+# The torch engine (workers/whisper_torch.py) is built for large batches on one GPU (CUDA
+# graphs, bf16 SDPA); it runs float types only. Measured beside CTranslate2 where torch is
+# installed (the GPU image). Not on CPU: there it runs at about half CTranslate2 int8's speed
+# (scripts/bench_whisper_engines.py), so it could never be the cheapest.
+GPU_TORCH_GRID: dict[str, list[Any]] = {
+    "engine": ["torch"],
+    "compute_type": ["auto"],
+    "batch_size": [64, 256],
     "beam_size": [1, 5],
 }
 # The document job: vLLM on GPU and, where it is installed, on CPU; CTranslate2 otherwise.
@@ -78,7 +89,12 @@ def default_grid(device: str, kind: str = "transcribe", backend: str = "auto") -
 
             backend = default_llm_backend()
         return _names(_cross(PROCESS_VLLM_CPU_GRID if backend == "vllm" else PROCESS_CPU_GRID))
-    return _names(_cross(GPU_GRID if device == "cuda" else CPU_GRID))
+    if device != "cuda":
+        return _names(_cross(CPU_GRID))
+    import importlib.util
+
+    torch = importlib.util.find_spec("torch") is not None
+    return _names(_cross(GPU_GRID) + (_cross(GPU_TORCH_GRID) if torch else []))
 
 
 def read_grid(path: str) -> list[Candidate]:

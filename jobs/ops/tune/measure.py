@@ -121,8 +121,15 @@ def _reason(exc: BaseException) -> str:
 
 
 def unsupported_compute_type(options: dict[str, Any], device: str) -> str | None:
-    """Why CTranslate2 here cannot run this compute type on this device (None: it can, or unknown)."""
+    """Why this engine here cannot run this compute type on this device (None: it can, or
+    unknown)."""
     compute = options.get("compute_type", "auto")
+    if options.get("engine") == "torch":
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:
+            return "the torch engine needs PyTorch, which is not installed here"
+        return None  # the engine's options refuse a compute type it cannot run
     dev = options.get("device", "auto")
     dev = device if dev == "auto" else dev
     if compute == "auto":

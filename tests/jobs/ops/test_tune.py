@@ -370,3 +370,27 @@ def test_tune_process_measures_the_document_job_on_the_real_smollm2_model(tmp_pa
     plan = make_plan([profile], 100000.0, "documents", 6 * 3600.0)
     assert plan.cheapest is not None
     assert plan.cheapest.workers == result.decision.chosen.option.workers
+
+
+def test_the_gpu_grid_measures_both_engines_and_plan_keeps_them_apart(monkeypatch):
+    """tune chooses the Whisper engine as it chooses beam and batch: on a GPU its grid holds
+    CTranslate2's compute types and the torch engine (where torch is installed), and runs of
+    the two engines are separate profiles in plan, priced each on its own."""
+    import importlib.util
+
+    from overnight.jobs.ops.plan import _option_key
+    from overnight.jobs.ops.tune import default_grid
+
+    grid = default_grid("cuda")
+    engines = {c.options.get("engine") for c in grid}
+    torch = importlib.util.find_spec("torch") is not None
+    assert engines == ({"ctranslate2", "torch"} if torch else {"ctranslate2"})
+    assert all(c.options["compute_type"] == "auto" for c in grid if c.options["engine"] == "torch")
+    assert {c.options.get("engine") for c in default_grid("cpu")} == {None}  # CTranslate2 only
+    run = {"kind": "transcribe", "device": "cuda", "accelerator": "h100", "options": {}}
+    ct2 = {**run, "options": {"beam_size": 1, "batch_size": 64, "compute_type": "auto"}}
+    torch_run = {**run, "options": {**ct2["options"], "engine": "torch"}}
+    assert _option_key(ct2) != _option_key(torch_run)
+    assert _option_key(ct2) == _option_key(
+        {**ct2, "options": {**ct2["options"], "engine": "ctranslate2"}}
+    )
