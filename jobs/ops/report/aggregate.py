@@ -572,13 +572,7 @@ class _Engine:
             FROM L WHERE model_stage GROUP BY ALL
         """).to_pylist():
             busy[row["run_id"]].add(int(row["e"]), int(row["m"]))
-        items = {
-            r["run_id"]: r["n"]
-            for r in self.sql(
-                "SELECT run_id, count(DISTINCT item_id) AS n FROM L GROUP BY run_id"
-            ).to_pylist()
-        }
-        return {r: b.value() for r, b in busy.items()}, items
+        return {r: b.value() for r, b in busy.items()}, self.run_items
 
     def recorded(self) -> tuple[datetime | None, datetime | None]:
         row = self.sql(
@@ -788,9 +782,9 @@ def build_report(
     tables["totals"] = _table(totals, "group")
     first, last = engine.recorded()
     notes = []
-    if sources.duplicate_ledger_rows:
+    if engine.duplicates:
         notes.append(
-            f"{sources.duplicate_ledger_rows} ledger rows given twice (the same output listed twice) were counted once"
+            f"{engine.duplicates} ledger rows given twice (the same output listed twice) were counted once"
         )
     unsummarized = sorted(r for r in run_items if r not in sources.summaries)
     if unsummarized:
