@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 from overnight.jobs.errors import ErrorRateExceeded
 
 if TYPE_CHECKING:
-    from overnight.jobs.ops.remote import Submitted
     from overnight.jobs.spec import JobSpec
 
 
@@ -228,32 +227,8 @@ def run(spec: JobSpec | str | Path | Mapping[str, Any]) -> RunSummary:
 #
 # For an orchestrator: the run happens on the cluster, not in the Airflow or Dagster worker
 # that calls these. ``address``: the head's dashboard URL (http://HEAD:8265); default
-# ``$RAY_API_SERVER_ADDRESS`` or ``$RAY_ADDRESS``.
-
-
-def submit(
-    spec: JobSpec | str | Path | Mapping[str, Any],
-    address: str | None = None,
-    *,
-    submission_id: str | None = None,
-    run_id: str | None = None,
-    date: str | None = None,
-    retry_failed: bool = False,
-) -> Submitted:
-    """Submit a job (a ``JobSpec``, a spec file, or its sections as a mapping) to run on the
-    cluster; returns at once with its ``submission_id``. At most once per submission id: the
-    default id is the same for the same job and night, so a retried task does not start a
-    second run; ``retry_failed`` resubmits a failed one (finished items are kept)."""
-    from overnight.jobs.ops import remote
-
-    return remote.submit(
-        spec,
-        address,
-        submission_id=submission_id,
-        run_id=run_id,
-        date=date,
-        retry_failed=retry_failed,
-    )
+# ``$RAY_API_SERVER_ADDRESS`` or ``$RAY_ADDRESS``. ``overnight.submit`` is
+# ``jobs.ops.remote.submit`` itself (a ``JobSpec``, a spec file or its sections as a mapping).
 
 
 def status(job_id: str, address: str | None = None) -> dict[str, Any]:

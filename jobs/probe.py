@@ -23,7 +23,7 @@ from overnight.jobs import preflight
 from overnight.jobs.accounting.ledger import Cost
 from overnight.jobs.dataset import commits, storage
 from overnight.jobs.dataset.manifest import Selection, select_items
-from overnight.jobs.run import runner, sizing
+from overnight.jobs.run import on_ray, runner, sizing
 from overnight.jobs.run.job import Build, Job, Prepared, Resolved
 from overnight.jobs.run.stage import Stage
 from overnight.jobs.spec import JobSpec
@@ -88,14 +88,8 @@ class Prober:
                 error_code=exc.code.value,
                 error_message=storage.scrub_secrets(str(exc)),
             )
-        except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
-            out.update(
-                status="error",
-                error_code=ErrorCode.FETCH_FAILED.value,
-                error_message=storage.scrub_secrets(
-                    f"cannot read the object: {type(exc).__name__}"
-                ),
-            )
+        except on_ray.READ_ERRORS as exc:
+            out.update(on_ray.read_failed(exc))
         out["probe_s"] = time.perf_counter() - t0
         return out
 

@@ -57,6 +57,10 @@ __all__ = [
 
 
 def __getattr__(name: str):
+    if name == "submit":
+        from overnight.jobs.ops import remote
+
+        return remote.submit
     if name in _API:
         from overnight.jobs import api
 

@@ -473,7 +473,15 @@ def exit_codes_reference() -> str:
 # they take, and the schemas of what they write.
 API_MODULES = (
     ("overnight", "The package: the entry points, loaded on first use."),
-    ("overnight.jobs.api", "The functions behind `overnight.transcribe`, `process` and `run`."),
+    (
+        "overnight.jobs.api",
+        "The functions behind `overnight.transcribe`, `process`, `run`, and `status`, `wait`"
+        " and `logs` of a job on a Ray cluster.",
+    ),
+    (
+        "overnight.jobs.ops.remote",
+        "A job on a Ray cluster through the Ray Jobs API: `overnight.submit` is `submit` here.",
+    ),
     ("overnight.jobs.errors", "What the entry points raise; each class has its exit code."),
     ("overnight.jobs.spec", "The job spec the entry points validate their options into."),
     ("overnight.schemas.errors", "The per-item error codes of error rows."),

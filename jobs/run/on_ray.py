@@ -203,6 +203,20 @@ def cluster_has_gpu() -> bool:
 
 # Reading one object: long enough for the largest allowed file over a slow link.
 FETCH_TIMEOUT_S = 600.0
+# What opening an object raises for an object that is missing, forbidden or a folder: the
+# item's problem (``fetch_failed``), not the storage's.
+READ_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError)
+
+
+def read_failed(exc: OSError) -> dict[str, str]:
+    """The error fields of an item whose object could not be read (one of ``READ_ERRORS``)."""
+    return {
+        "status": "error",
+        "error_code": ErrorCode.FETCH_FAILED.value,
+        "error_message": storage.scrub_secrets(
+            f"cannot read the object: {type(exc).__name__}: {exc}"
+        ),
+    }
 
 
 def fetch_item(
@@ -236,14 +250,8 @@ def fetch_item(
             error_message=storage.scrub_secrets(f"cannot read {row['uri']}: {exc}"),
         )
         return None
-    except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
-        row.update(
-            status="error",
-            error_code=ErrorCode.FETCH_FAILED.value,
-            error_message=storage.scrub_secrets(
-                f"cannot read the object: {type(exc).__name__}: {exc}"
-            ),
-        )
+    except READ_ERRORS as exc:
+        row.update(read_failed(exc))
         return None
     finally:
         row["fetch_s"] = time.perf_counter() - t0
