@@ -87,6 +87,8 @@ class Call:
     audio: np.ndarray
     reference: list[tuple[str, float, float]]  # (speaker, start, end) of real speech
     speakers: int
+    telephone: np.ndarray | None = None  # the telephone copy, made once
+    words: dict[str, tuple[list[dict], float]] = field(default_factory=dict)  # by condition
 
 
 @dataclass
@@ -101,6 +103,7 @@ class Scores:
     asr_s: float = 0.0
     der: object = None
     found: list[int] = field(default_factory=list)
+    parts: dict[str, float] = field(default_factory=dict)
 
 
 def _energy_spans(audio: np.ndarray, floor_db: float = -35.0) -> list[tuple[float, float]]:
@@ -186,6 +189,16 @@ def _trim(audio: np.ndarray) -> tuple[int, int]:
     return int(spans[0][0] * SR), int(spans[-1][1] * SR)
 
 
+def _crop(phrase: np.ndarray, rng: random.Random) -> np.ndarray:
+    """A random part (at least 1.2 s, or all) of a phrase: material is scarce (the stereo
+    file's left channel is one 4.6 s sentence), and the same phrase placed whole again and
+    again gives identical windows, which cluster by position in the phrase, not by voice."""
+    n = len(phrase)
+    length = int(rng.uniform(min(1.2 * SR, n), n))
+    start = rng.randint(0, n - length)
+    return phrase[start : start + length]
+
+
 def build_call(name: str, speakers: list[Speaker], rng: random.Random) -> Call:
     """Turns of ``speakers`` (speaker 0 first) with pauses, overlaps and backchannels."""
     n = len(speakers)
@@ -207,7 +220,7 @@ def build_call(name: str, speakers: list[Speaker], rng: random.Random) -> Call:
                 t += rng.uniform(2.0, 3.0)
             else:
                 t += rng.uniform(0.2, 1.2)
-        pieces = [rng.choice(sp.phrases) for _ in range(rng.choice([1, 1, 2]))]
+        pieces = [_crop(rng.choice(sp.phrases), rng) for _ in range(rng.choice([1, 1, 2]))]
         for k, piece in enumerate(pieces):
             if k:
                 t += rng.uniform(0.15, 0.4)
@@ -219,7 +232,7 @@ def build_call(name: str, speakers: list[Speaker], rng: random.Random) -> Call:
                 back = rng.choice(speakers[other].backchannels)
                 placed.append((other, t, back))
                 t += len(back) / SR + rng.uniform(0.2, 0.4)
-                extra = rng.choice(sp.phrases)
+                extra = _crop(rng.choice(sp.phrases), rng)
                 placed.append((s, t, extra))
                 t += len(extra) / SR
     total = t + 0.5
@@ -307,12 +320,35 @@ class Whisper:
         return out, time.perf_counter() - started
 
 
+def speech_regions(audio: np.ndarray, call: Call, how: str) -> list[tuple[float, float]]:
+    """``job``: the transcription job's mono VAD regions (2 s silence, 400 ms pad); ``fine``:
+    the same VAD cut at 160 ms pauses (the job's split-channel setting); ``fine3``: that at
+    threshold 0.3; ``oracle``: the constructed speech (DER then measures speakers alone)."""
+    from overnight.workers.audio import AudioOptions, speech_clips
+
+    if how == "oracle":
+        spans = sorted((a, b) for _, a, b in call.reference)
+        merged: list[list[float]] = []
+        for a, b in spans:
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        return [(a, b) for a, b in merged]
+    options = AudioOptions(vad_threshold=0.3) if how == "fine3" else AudioOptions()
+    return [(a / SR, b / SR) for a, b in speech_clips(audio, options, split=how != "job")]
+
+
 def evaluate(
-    calls: list[Call], options, condition: str, whisper: Whisper | None, encoder
+    calls: list[Call],
+    options,
+    condition: str,
+    whisper: Whisper | None,
+    encoder,
+    regions_from: str = "job",
 ) -> Scores:
     from pyannote.metrics.diarization import DiarizationErrorRate
 
-    from overnight.workers.audio import AudioOptions, speech_clips
     from overnight.workers.diarize import Diarizer, assign_speakers, first_speaker_roles
     from overnight.workers.diarize.assign import speaker_at
     from overnight.workers.diarize.diarize import Turn
@@ -321,12 +357,18 @@ def evaluate(
     metric = DiarizationErrorRate(collar=0.25, skip_overlap=False)
     sc = Scores(der=metric)
     for call in calls:
-        audio = telephone_copy(call.audio) if condition == "telephone" else call.audio
-        regions = [(a / SR, b / SR) for a, b in speech_clips(audio, AudioOptions())]
+        audio = call.audio
+        if condition == "telephone":
+            if call.telephone is None:
+                call.telephone = telephone_copy(call.audio)
+            audio = call.telephone
+        regions = speech_regions(audio, call, regions_from)
         result = diarizer(audio, regions)
         ref = _annotation(call.reference, call.name)
         hyp = _annotation([(t.speaker, t.start, t.end) for t in result.turns], call.name)
-        metric(ref, hyp)
+        detail = metric(ref, hyp, detailed=True)
+        for part in ("confusion", "missed detection", "false alarm", "total"):
+            sc.parts[part] = sc.parts.get(part, 0.0) + detail[part]
         mapping = metric.optimal_mapping(ref, hyp)
         sc.calls += 1
         sc.found.append(result.num_speakers)
@@ -340,7 +382,9 @@ def evaluate(
         sc.role_right += agent is not None and mapping.get(agent) == long_refs[0].speaker
         if whisper is None:
             continue
-        segments, asr_s = whisper.words(audio)
+        if condition not in call.words:
+            call.words[condition] = whisper.words(audio)
+        segments, asr_s = call.words[condition]
         sc.asr_s += asr_s
         for seg in assign_speakers(segments, result.turns):
             for w in seg["words"] or []:
@@ -361,6 +405,10 @@ def row(label: str, sc: Scores) -> dict:
         "set": label,
         "calls": sc.calls,
         "DER": round(100 * der, 1),
+        "conf/miss/fa": "/".join(
+            f"{100 * sc.parts.get(k, 0) / max(sc.parts.get('total', 0), 1e-9):.1f}"
+            for k in ("confusion", "missed detection", "false alarm")
+        ),
         "count_ok": round(100 * sc.count_right / max(sc.calls, 1), 1),
         "words_ok": round(100 * sc.words_right / sc.words, 1) if sc.words else None,
         "role_ok": round(100 * sc.role_right / max(sc.calls, 1), 1),
@@ -384,6 +432,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--data", type=Path, default=DATA)
     p.add_argument("--no-words", action="store_true", help="skip Whisper (no word scores)")
     p.add_argument("--sweep", action="store_true", help="compare methods and windows")
+    p.add_argument("--regions", default="job", help="job, fine, fine3 or oracle (comma list)")
     p.add_argument("--json", type=Path, help="write the rows here")
     for f in dataclasses.fields(DiarizeOptions):
         if (f.type in ("float", "int") or f.name == "method") and f.name != "seed":
@@ -422,10 +471,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for tag, options in variants:
         for kind, n, calls in sets:
             for condition in args.conditions.split(","):
-                sc = evaluate(calls, options, condition, whisper, encoder)
-                r = row(f"{tag} {kind}{n} {condition}".strip(), sc)
-                rows.append(r)
-                print(json.dumps(r), flush=True)
+                for how in args.regions.split(","):
+                    sc = evaluate(calls, options, condition, whisper, encoder, how)
+                    r = row(f"{tag} {kind}{n} {condition} vad={how}".strip(), sc)
+                    rows.append(r)
+                    print(json.dumps(r), flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return rows

@@ -172,3 +172,24 @@ def merge_similar(
         labels[labels == ids[b]] = ids[a]
     _, labels = np.unique(labels, return_inverse=True)
     return labels
+
+
+def absorb_small(
+    emb: np.ndarray, labels: np.ndarray, min_share: float, min_k: int = 1
+) -> np.ndarray:
+    """Clusters holding fewer than ``min_share`` of the windows (at least 2 windows) join the
+    nearest larger cluster: they are mostly windows that straddle a change of speaker or
+    hold two voices at once, not a speaker of their own."""
+    labels = labels.copy()
+    floor = max(2.0, min_share * len(labels))
+    while True:
+        ids, counts = np.unique(labels, return_counts=True)
+        if len(ids) <= max(min_k, 1) or counts.min() >= floor:
+            break
+        small = ids[np.argmin(counts)]
+        rest = [i for i in ids if i != small]
+        cent = np.stack([emb[labels == i].mean(0) for i in rest])
+        mine = labels == small
+        labels[mine] = np.array(rest)[np.argmax(emb[mine] @ cent.T, axis=1)]
+    _, labels = np.unique(labels, return_inverse=True)
+    return labels

@@ -50,12 +50,16 @@ class DiarizeOptions:
     max_speakers: int = 8
     # The count preferred unless another is clearly better (a contact-center call: 2).
     hint_speakers: int | None = 2
+    # Another count wins over the hint only with an eigengap this many times the hint's.
+    hint_margin: float = 3.0
     method: Literal["spectral", "agglomerative"] = "spectral"
     # agglomerative: stop merging at this cosine distance.
     threshold: float = 0.35
     # Clusters whose centroids are more similar than this are one speaker (finds 1-speaker
     # calls, which an eigengap cannot).
     merge_similarity: float = 0.86
+    # An estimated speaker needs at least this share of the windows (see cluster.absorb_small).
+    min_speaker_share: float = 0.2
     # A call with fewer windows than this is one speaker's (nothing to cluster).
     min_windows: int = 3
     # Windows beyond this are labelled by their nearest cluster centroid instead of being
@@ -137,7 +141,9 @@ class Diarizer:
             if n < min_win:
                 continue
             if n <= win:
-                spans.append((r, 0, n))
+                # Lengths in steps of 0.1 s: windows of one length share an LSTM batch, and
+                # fine VAD regions would otherwise make a batch of one of each.
+                spans.append((r, 0, max(min_win, n - n % 10)))
                 continue
             starts = list(range(0, n - win + 1, step))
             if starts[-1] + win < n:
@@ -182,6 +188,7 @@ class Diarizer:
                 min_k=opts.min_speakers,
                 max_k=opts.max_speakers,
                 hint=hint,
+                hint_margin=opts.hint_margin,
                 seed=opts.seed,
             )
         else:
@@ -189,6 +196,7 @@ class Diarizer:
                 x, threshold=opts.threshold, k=opts.speakers, min_k=opts.min_speakers
             )
         if opts.speakers is None:
+            labels = cluster.absorb_small(x, labels, opts.min_speaker_share, opts.min_speakers)
             labels = cluster.merge_similar(x, labels, opts.merge_similarity, opts.min_speakers)
         if len(sample) == n:
             return labels
@@ -234,9 +242,15 @@ def _turns(
         mine = per_region.get(r)
         score = np.zeros((n, len(ids)))
         if mine:
-            for i in mine:  # the windows cover the region (the last one ends at its end)
+            covered = np.zeros(n, bool)
+            for i in mine:
                 _, s, w = spans[i]
                 score[s : s + w] += sims[i]
+                covered[s : s + w] = True
+            if not covered.all():  # the tail of a short region: its nearest covered frame
+                idx = np.flatnonzero(covered)
+                nearest = idx[np.clip(np.searchsorted(idx, np.arange(n)), 0, len(idx) - 1)]
+                score[~covered] = score[nearest[~covered]]
         else:  # a region too short to embed: its nearest window in time
             middle = (regions[r][0] + regions[r][1]) / 2
             score[:] = sims[int(np.argmin(np.abs(centres - middle)))]
