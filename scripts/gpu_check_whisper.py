@@ -322,12 +322,7 @@ def run(args: argparse.Namespace) -> int:
         report["status"] = f"fail: {type(exc).__name__}: {exc}"
         raise
     finally:
-        shutil.rmtree(work, ignore_errors=True)
-        if dmon is not None:
-            dmon.terminate()
-        report["wall_s"] = round(time.time() - started, 1)
-        (out / "whisper_check.json").write_text(json.dumps(report, indent=2))
-        print(json.dumps(report, indent=2))
+        _finish(report, out / "whisper_check.json", work, dmon, started)
     return 0 if report["status"].startswith("pass") else 1
 
 
@@ -650,12 +645,7 @@ def engines(args: argparse.Namespace) -> int:
         report["status"] = f"fail: {type(exc).__name__}: {exc}"
         raise
     finally:
-        shutil.rmtree(work, ignore_errors=True)
-        if dmon is not None:
-            dmon.terminate()
-        report["wall_s"] = round(time.time() - started, 1)
-        (out / "whisper_engines.json").write_text(json.dumps(report, indent=2))
-        print(json.dumps(report, indent=2))
+        _finish(report, out / "whisper_engines.json", work, dmon, started)
     return 0 if report["status"] == "pass" else 1
 
 
@@ -663,6 +653,17 @@ def _importable(module: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(module) is not None
+
+
+def _finish(report: dict, path: Path, work: Path, dmon, started: float) -> None:
+    """Whatever happened: the scratch folder gone, the GPU monitor stopped, and the report
+    (with its wall time) written to ``path`` and printed."""
+    shutil.rmtree(work, ignore_errors=True)
+    if dmon is not None:
+        dmon.terminate()
+    report["wall_s"] = round(time.time() - started, 1)
+    path.write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
 
 
 def main() -> int:
