@@ -2,7 +2,8 @@
 
 Per-item problems never raise; they become error rows (``schemas.errors``). These stop a
 job; the CLI catches ``OvernightError`` once and exits with its ``exit_code``. Each cause has
-its own code (README, "Exit status"); ``tests/jobs/cli/test_cli_messages.py`` checks they differ.
+its own code (the generated reference, docs/reference/exit-codes.md, is read off these
+classes); ``tests/jobs/cli/test_cli_messages.py`` checks they differ.
 """
 
 # Answers a scheduler branches on, not failures of overnight: each has its own status, so

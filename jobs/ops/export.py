@@ -168,7 +168,7 @@ def file_names(rows: list[Mapping[str, Any]], fmt: str) -> list[str]:
     ]
 
 
-# What overnight writes under OUTPUT (README, Output contract). Files exported into one of
+# What overnight writes under OUTPUT (docs/reference/outputs.md). Files exported into one of
 # them break its readers (pyarrow, pandas, DuckDB and Polars read every file of a dataset's
 # folder; ``runs/`` is read as run summaries).
 _OUTPUT_FOLDERS = (

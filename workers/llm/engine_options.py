@@ -31,7 +31,7 @@ class EngineOptions(BaseModel):
     backend: Literal["auto", Backend] = Field(
         "auto",
         description="auto: vllm where it is installed (the gpu extra on GPUs, llm-cpu on CPU), "
-        "else ctranslate2 (the default install, no torch); see README, The engines",
+        "else ctranslate2 (the default install, no torch); see docs/explanation/llm-engines.md",
     )
     model: str | None = Field(
         None,

@@ -78,7 +78,7 @@ def import_vllm() -> Any:
     except ImportError as exc:
         raise EngineUnavailable(
             "the vllm backend needs vLLM: on a GPU machine pip install 'overnight[gpu]', on "
-            "CPU pip install 'overnight[llm-cpu]' (see the README's install section)"
+            "CPU pip install 'overnight[llm-cpu]' (see docs/get-started/install.md)"
         ) from exc
     return vllm
 

@@ -15,8 +15,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-# Around each range: Whisper's word boundaries are within ~0.1 s of the speech (README,
-# word timestamps), and a clipped edge of a digit is still a digit.
+# Around each range: Whisper's word boundaries are within ~0.1 s of the speech (docs/reference/outputs.md,
+# Transcripts: word timestamps), and a clipped edge of a digit is still a digit.
 MARGIN_S = 0.15
 
 

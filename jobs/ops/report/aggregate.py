@@ -118,7 +118,7 @@ def load(
     With ``since``/``until``, the ``run_date=`` partitions of run dates outside them are not
     opened: a row of a partition counts on its run's date (a backfill of an older night stays
     in that night, see ``Scope``). Flat files of older outputs are always read. A tenant is
-    not a partition (see README, Layout at scale): ``--tenant`` filters rows.
+    not a partition (docs/explanation/how-it-works.md, Layout at scale): ``--tenant`` filters rows.
     """
     dates = Scope(since, until).dates()
     from overnight.jobs.ops.plan import read_summaries

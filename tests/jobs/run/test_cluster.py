@@ -249,7 +249,7 @@ def test_job_submitted_through_jobs_api_runs_whisper_on_the_worker_node_once(
     manifest.write_text("uri\n" + "\n".join(str(folder / n) for n in names) + "\n")
     spec = job_file(tmp_path / "nightly.toml", str(manifest), str(tmp_path / "out"))
 
-    # Through the public API an orchestrator's task calls (the README's recipes).
+    # Through the public API an orchestrator's task calls (docs/orchestrators.md's recipes).
     first = overnight.submit(spec, cluster.address, date="2026-12-01")
     assert first.created and first.submission_id == "overnight-nightly-20261201"
     # A scheduler retrying the same night gets the existing job back, never a second run.
