@@ -52,6 +52,10 @@ class DiarizeOptions:
     hint_speakers: int | None = 2
     # Another count wins over the hint only with an eigengap this many times the hint's.
     hint_margin: float = 3.0
+    # How the count is estimated: the eigengap, or the k-means silhouette on the spectral
+    # embedding (the hint stays unless another count's is ``silhouette_margin`` higher).
+    estimate: Literal["eigengap", "silhouette"] = "silhouette"
+    silhouette_margin: float = 0.05
     method: Literal["spectral", "agglomerative"] = "spectral"
     # agglomerative: stop merging at this cosine distance.
     threshold: float = 0.35
@@ -189,6 +193,8 @@ class Diarizer:
                 max_k=opts.max_speakers,
                 hint=hint,
                 hint_margin=opts.hint_margin,
+                estimate=opts.estimate,
+                silhouette_margin=opts.silhouette_margin,
                 seed=opts.seed,
             )
         else:
