@@ -16,6 +16,7 @@ from overnight.workers.whisper_models import WHISPER_ENGINES, WHISPER_TASKS
 
 __all__ = [
     "BACKENDS",
+    "DEFAULT_FIRST_NIGHT",
     "DEFAULT_HEADROOM",
     "DEFAULT_SHOW_LIMIT",
     "DEFAULT_TUNE_BUDGET",
@@ -28,6 +29,8 @@ __all__ = [
     "REPORT_FORMATS",
     "REPORT_GROUPS",
     "TUNE_KINDS",
+    "VIEW_DATASETS",
+    "VIEW_ENGINES",
     "WHISPER_ENGINES",
     "WHISPER_TASKS",
 ]
@@ -55,3 +58,9 @@ DEFAULT_TUNE_BUDGET = "10m"
 
 # overnight show: rows per dataset unless --limit says otherwise
 DEFAULT_SHOW_LIMIT = 20
+
+# overnight views: the engines it writes DDL for, the datasets of an OUTPUT it covers, and the
+# first run_date the Athena and Trino partition projection reaches back to unless told
+VIEW_ENGINES = ("duckdb", "athena", "trino")
+VIEW_DATASETS = ("transcripts", "results", "costs", "probes", "run_table")
+DEFAULT_FIRST_NIGHT = "2025-01-01"

@@ -67,6 +67,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "overnight.jobs.cli.show",
     "overnight.jobs.cli.export",
     "overnight.jobs.cli.vacuum",
+    "overnight.jobs.cli.views",
 )
 
 

@@ -1,8 +1,8 @@
-"""Specifications for reading an OUTPUT across an upgrade (docs/reading-outputs.md, infra/sql/).
+"""Specifications for reading an OUTPUT across an upgrade (docs/reading-outputs.md, `overnight views`).
 
 One output holds files of the current schema and of the previous ones side by side: transcripts
 of version 4 (no ``degenerate``, neither on the row nor in its segments) and costs of version 5
-(no ``model_stage``, ``work``). Each documented reader call, and each shipped DuckDB view,
+(no ``model_stage``, ``work``). Each documented reader call, and each DuckDB view `overnight views` prints,
 gives every column of the current schema, null on the old rows. DuckDB, Polars and pandas are
 in the dev lock (requirements/dev.txt); a reader whose package is missing is skipped.
 """
@@ -10,7 +10,6 @@ in the dev lock (requirements/dev.txt); a reader whose package is missing is ski
 from __future__ import annotations
 
 import glob
-import importlib.util
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
@@ -20,20 +19,18 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from overnight.schemas import COSTS, DOCUMENT_RESULTS, RUNS, SEGMENT, TRANSCRIPTS
+from overnight.jobs.cli import main
+from overnight.schemas import COSTS, DOCUMENT_RESULTS, PROBES, RUNS, SEGMENT, TRANSCRIPTS
 
-REPO = Path(__file__).resolve().parents[2]
-SQL = REPO / "infra" / "sql"
 OLD, NEW = date(2026, 11, 30), date(2026, 12, 1)
 T0 = datetime(2026, 12, 1, 2, tzinfo=UTC)
 
 
-def _generator() -> Any:
-    spec = importlib.util.spec_from_file_location("sql_generate", SQL / "generate.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _views(capsys: pytest.CaptureFixture[str], output: object, *args: str) -> str:
+    """What `overnight views OUTPUT ARGS` prints."""
+    capsys.readouterr()
+    assert main(["views", str(output), *args]) == 0
+    return capsys.readouterr().out
 
 
 def _old(schema: pa.Schema, version: str, drop: set[str], **retyped: pa.DataType) -> pa.Schema:
@@ -142,10 +139,6 @@ def _check(rows: list[dict], dataset: str) -> None:
         assert old["cost_usd"] == new["cost_usd"] == 0.01
 
 
-def test_the_shipped_sql_matches_the_current_schemas():
-    assert _generator().main(["--check"]) == 0, "run python infra/sql/generate.py"
-
-
 @pytest.mark.parametrize("dataset", ["transcripts", "costs"])
 def test_duckdb_read_parquet_with_union_by_name_keeps_the_new_columns(output: Path, dataset):
     duckdb = pytest.importorskip("duckdb")
@@ -157,12 +150,15 @@ def test_duckdb_read_parquet_with_union_by_name_keeps_the_new_columns(output: Pa
 
 
 @pytest.mark.parametrize("dataset", ["transcripts", "costs"])
-def test_duckdb_views_read_both_versions_with_every_column(output: Path, dataset: str):
+def test_duckdb_views_read_both_versions_with_every_column(
+    output: Path, dataset: str, capsys: pytest.CaptureFixture[str]
+):
     duckdb = pytest.importorskip("duckdb")
     con = duckdb.connect()
-    con.execute(f"SET VARIABLE overnight_output = '{output}'")
-    for name in ("transcripts", "results", "costs", "run_table"):
-        con.execute((SQL / "duckdb" / f"{name}.sql").read_text())
+    # no --dataset: the views of the datasets the output holds (it has no probes)
+    sql = _views(capsys, output, "--engine", "duckdb")
+    assert "CREATE OR REPLACE VIEW probes" not in sql
+    con.execute(sql)
     _check(con.sql(f"select * from {dataset}").to_arrow_table().to_pylist(), dataset)
     # a run_date filter opens only that night's files
     assert con.execute(
@@ -179,13 +175,17 @@ def test_duckdb_views_read_both_versions_with_every_column(output: Path, dataset
     assert con.execute("select run_id from run_table").fetchall() == [("r-new",)]
 
 
-def test_a_duckdb_view_has_the_current_columns_before_any_file_has_them(tmp_path: Path):
+def test_a_duckdb_view_has_the_current_columns_before_any_file_has_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+):
     duckdb = pytest.importorskip("duckdb")
     out = tmp_path / "out"
     _write(out, "costs", OLD, COSTS_V5, [_cost("old")])
+    monkeypatch.chdir(tmp_path)  # a relative OUTPUT is written in as an absolute path
+    sql = _views(capsys, "out", "--engine", "duckdb", "--dataset", "costs")
+    assert f"'{out}/costs/*/*.parquet'" in sql
     con = duckdb.connect()
-    con.execute(f"SET VARIABLE overnight_output = '{out}'")
-    con.execute((SQL / "duckdb" / "costs.sql").read_text())
+    con.execute(sql)
     rows = con.sql("select * from costs").to_arrow_table().to_pylist()
     assert rows[0]["model_stage"] is None and rows[0]["work"] is None
     assert con.sql("select * from costs").columns == [*COSTS.names, "run_date"]
@@ -242,17 +242,65 @@ def test_pandas_with_the_current_schema_reads_both_versions(output: Path, datase
         assert frame["degenerate"].isna().tolist() == [True, False]
 
 
-def test_athena_and_trino_tables_declare_every_column_and_project_run_date():
-    for dataset, schema in {
+def _statements(sql: str, start: str) -> dict[str, str]:
+    """Each statement of a printed script that begins with ``start``, by its table's name."""
+    found = {}
+    for chunk in sql.split(";\n"):
+        body = chunk[chunk.find(start) :] if start in chunk else ""
+        if body:
+            found[body[len(start) :].split(" ", 1)[0].rpartition(".")[2]] = body
+    return found
+
+
+def test_athena_and_trino_tables_declare_every_column_and_project_run_date(
+    capsys: pytest.CaptureFixture[str],
+):
+    out = "s3://lake/overnight/"  # the trailing slash is not doubled
+    athena = _statements(
+        _views(capsys, out, "--engine", "athena", "--first-night", "2026-11-01"),
+        "CREATE EXTERNAL TABLE IF NOT EXISTS ",
+    )
+    trino = _statements(
+        _views(capsys, out, "--engine", "trino", "--catalog", "lake"),
+        "CREATE TABLE IF NOT EXISTS ",
+    )
+    schemas = {
         "transcripts": TRANSCRIPTS,
         "results": DOCUMENT_RESULTS,
         "costs": COSTS,
+        "probes": PROBES,
         "run_table": RUNS,
-    }.items():
-        athena = (SQL / "athena" / f"{dataset}.sql").read_text()
-        trino = (SQL / "trino" / f"{dataset}.sql").read_text()
+    }
+    assert set(athena) == set(trino) == set(schemas)
+    for dataset, schema in schemas.items():
         for name in schema.names:
-            assert f"`{name}` " in athena and f'"{name}" ' in trino, (dataset, name)
-        assert "'projection.run_date.type' = 'date'" in athena
-        assert f"/{dataset}/run_date=${{run_date}}/'" in athena
-        assert "partition_projection_enabled = true" in trino
+            assert f"`{name}` " in athena[dataset], (dataset, name)
+            assert f'"{name}" ' in trino[dataset], (dataset, name)
+        assert f"LOCATION 's3://lake/overnight/{dataset}/'" in athena[dataset]
+        assert "'projection.run_date.type' = 'date'" in athena[dataset]
+        assert "'projection.run_date.range' = '2026-11-01,NOW'" in athena[dataset]
+        assert f"'s3://lake/overnight/{dataset}/run_date=${{run_date}}/'" in athena[dataset]
+        assert trino[dataset].startswith(f"CREATE TABLE IF NOT EXISTS lake.overnight.{dataset} (")
+        assert f"external_location = 's3://lake/overnight/{dataset}'" in trino[dataset]
+        assert "partition_projection_range = ARRAY['2025-01-01', 'NOW']" in trino[dataset]
+        assert "partition_projection_enabled = true" in trino[dataset]
+    assert "your-bucket" not in "".join(athena.values()) + "".join(trino.values())
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["out", "--engine", "athena"], 2, "not the local path"),
+        (["gs://b/out", "--engine", "athena"], 2, "Athena reads s3:// only"),
+        (["s3://b/out", "--engine", "trino", "--first-night", "2026-13-01"], 2, "not a date"),
+        (["empty", "--engine", "duckdb"], 4, "holds no run_date= partition"),
+    ],
+)
+def test_views_refuse_what_the_engine_cannot_read_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys, args, code, message
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty" / "costs").mkdir(parents=True)
+    assert main(["views", *args]) == code
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err

@@ -4,8 +4,8 @@ The grouping runs in DuckDB over the Arrow tables that ``load`` reads (only the 
 report needs, only the ``run_date=`` partitions of ``--since``/``--until``, through
 ``jobs.dataset.storage``, so object storage needs nothing of DuckDB's own). DuckDB rather
 than Polars: one wheel without dependencies (66 MB installed, Polars 180 MB in two), SQL with
-``GROUPING SETS`` and window functions for the ledger's roles, and the same engine the shipped
-views in ``infra/sql/duckdb`` and the README's examples use. On the 30 nights x 100,000 calls
+``GROUPING SETS`` and window functions for the ledger's roles, and the same engine the views of
+``overnight views --engine duckdb`` and the README's examples use. On the 30 nights x 100,000 calls
 history of ``scripts/bench_history.py`` (9 million ledger rows), ``scripts/bench_report.py``
 measures it against the former Python loops over every row (docs/reading-outputs.md and the
 README have the figures).

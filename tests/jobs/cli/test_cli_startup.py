@@ -53,6 +53,7 @@ COMMANDS = (
     ("plan",),
     ("tune",),
     ("show",),
+    ("views",),
 )
 # On an idle machine help answers in under 0.5 s; a loaded CI machine may take three times that.
 HELP_LIMIT_S = 1.5

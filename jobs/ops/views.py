@@ -1,0 +1,252 @@
+"""SQL over an OUTPUT's datasets, for ``overnight views``: DuckDB views, Athena (Glue) and
+Trino tables, each column typed as the current ``overnight.schemas`` declares it, with OUTPUT's
+location written in. Built from the schemas at run time, so it always matches the installed
+release; nothing is committed that could go stale.
+
+Why these settings (docs/reading-outputs.md has the reader-by-reader version): every file keeps
+the schema of the version that wrote it, and a new version only adds nullable columns. Readers
+that take the first file's schema drop the new columns or fail on them. So each definition
+names every column of the current schema, and matches file columns by name:
+
+* DuckDB: ``read_parquet(..., hive_partitioning = true, union_by_name = true)``, under a typed
+  empty row set (``UNION ALL BY NAME``), so that a column is there, null, even while no file
+  of the output has it yet.
+* Athena, Glue and Trino read Parquet columns by name (their default): a column a file lacks
+  reads as null. ``run_date`` is projected (``yyyy-MM-dd``, one a day from the first night up
+  to NOW), so no ``MSCK REPAIR`` or crawler is needed after a night.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from datetime import date
+
+import pyarrow as pa
+
+from overnight.jobs.choices import DEFAULT_FIRST_NIGHT, VIEW_DATASETS, VIEW_ENGINES
+from overnight.jobs.errors import ConfigError, InputNotFound
+
+# Folder under OUTPUT -> (the schema's name in overnight.schemas, what one row is); the same
+# names as choices.VIEW_DATASETS, which the command line offers (a test checks).
+_DATASETS: dict[str, tuple[str, str]] = {
+    "transcripts": ("TRANSCRIPTS", "one row per recording and run"),
+    "results": ("DOCUMENT_RESULTS", "one row per document, task and run"),
+    "costs": ("COSTS", "the cost ledger: one row per item and stage"),
+    "probes": ("PROBES", "one row per probed recording"),
+    "run_table": ("RUNS", "one row per finished run"),
+}
+
+_TITLES = {
+    "duckdb": "DuckDB views",
+    "athena": "Athena (AWS Glue Data Catalog) tables",
+    "trino": "Trino (Hive connector) tables",
+}
+_NOTES = {
+    "duckdb": (
+        "Each view binds when it is created (OUTPUT/<dataset>/ must hold a file then: by\n"
+        "default the datasets OUTPUT holds) and reads at query time: `where run_date >= DATE\n"
+        "'2026-12-01'` opens only those partitions. s3:// and gs:// need DuckDB's httpfs and a\n"
+        "secret. Flat files of outputs older than partitions are not read (pyarrow.dataset\n"
+        "reads them: docs/reading-outputs.md)."
+    ),
+}
+_NOTES["athena"] = _NOTES["trino"] = (
+    "run_date is projected from the first night (--first-night) to NOW: a night before it is\n"
+    "not seen. After an upgrade that adds columns, DROP TABLE (the files stay) and rerun."
+)
+
+
+def ddl(
+    output: str,
+    engine: str,
+    datasets: Sequence[str] | None = None,
+    *,
+    first_night: str = DEFAULT_FIRST_NIGHT,
+    catalog: str = "hive",
+) -> str:
+    """The SQL that defines ``datasets`` of OUTPUT for ``engine``: one script, a statement a
+    dataset, to run as it is. By default every dataset for Athena and Trino, and for DuckDB
+    those OUTPUT holds partitions of (a view binds to its files when it is created)."""
+    from overnight import schemas
+
+    if engine not in VIEW_ENGINES:
+        raise ConfigError(f"views: no engine {engine!r}; one of {', '.join(VIEW_ENGINES)}")
+    unknown = sorted(set(datasets or ()) - set(VIEW_DATASETS))
+    if unknown:
+        raise ConfigError(f"views: no dataset {unknown[0]!r}; one of {', '.join(VIEW_DATASETS)}")
+    try:
+        first_night = date.fromisoformat(first_night).isoformat()
+    except ValueError:
+        raise ConfigError(
+            f"views: --first-night {first_night!r} is not a date (2025-01-01)"
+        ) from None
+    where = _location(output, engine)
+    if not datasets:
+        datasets = partitioned(output) if engine == "duckdb" else VIEW_DATASETS
+    parts = [
+        f"-- {_TITLES[engine]} over {where}, schema version {schemas.SCHEMA_VERSION}.\n"
+        "-- Printed by `overnight views` from overnight.schemas; files of older versions read\n"
+        "-- with their missing columns null (docs/reading-outputs.md).\n"
+        + "".join(f"-- {line}\n" for line in _NOTES[engine].splitlines())
+    ]
+    for name in datasets:
+        schema_name, what = _DATASETS[name]
+        schema: pa.Schema = getattr(schemas, schema_name)
+        folder = f"{where}/{name}"
+        if engine == "duckdb":
+            statement = _duckdb_view(name, schema, folder)
+        elif engine == "athena":
+            statement = _athena_table(name, schema, folder, first_night)
+        else:
+            statement = _trino_table(f"{catalog}.overnight.{name}", schema, folder, first_night)
+        parts.append(f"-- {name}: {what}.\n{statement}")
+    return "\n".join(parts)
+
+
+def partitioned(output: str) -> list[str]:
+    """The datasets of OUTPUT that hold a ``run_date=`` partition; InputNotFound if none."""
+    from overnight.jobs.dataset import storage
+
+    root = storage.resolve(output)
+    found = [
+        name
+        for name in VIEW_DATASETS
+        if any(
+            d.rpartition("/")[2].startswith("run_date=") for d in storage.list_dirs(root.join(name))
+        )
+    ]
+    if not found:
+        raise InputNotFound(
+            f"views: {output} holds no run_date= partition of {', '.join(VIEW_DATASETS)}; "
+            "name the datasets with --dataset to print their views anyway"
+        )
+    return found
+
+
+def _location(output: str, engine: str) -> str:
+    """OUTPUT as the engine reads it: a local path made absolute (DuckDB), an object-store
+    URL without its trailing slash; Athena reads only s3://, Trino only a URL."""
+    scheme = output.split("://", 1)[0] if "://" in output else ""
+    if scheme in ("", "file"):
+        if engine != "duckdb":
+            raise ConfigError(
+                f"views: {engine} reads object storage, not the local path {output!r}: give "
+                "OUTPUT as its URL (s3://bucket/prefix)"
+            )
+        path = output.split("://", 1)[1] if scheme else output
+        return os.path.abspath(os.path.expanduser(path))
+    if engine == "athena" and scheme not in ("s3", "s3a"):
+        raise ConfigError(f"views: Athena reads s3:// only, not {output!r}")
+    if engine == "athena":
+        output = "s3://" + output.split("://", 1)[1]
+    return output.rstrip("/")
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+# -- DuckDB -----------------------------------------------------------------------------------
+
+
+def _duckdb_view(name: str, schema: pa.Schema, folder: str) -> str:
+    import duckdb
+
+    rel = duckdb.from_arrow(schema.empty_table())
+    columns = [
+        *(
+            f'NULL::{kind} AS "{col}"'
+            for col, kind in zip(rel.columns, map(str, rel.types), strict=True)
+        ),
+        'NULL::DATE AS "run_date"',
+    ]
+    body = ",\n    ".join(columns)
+    return (
+        f"CREATE OR REPLACE VIEW {name} AS\n"
+        f"SELECT\n    {body}\nWHERE false\n"
+        "UNION ALL BY NAME\n"
+        "SELECT * FROM read_parquet(\n"
+        f"    {_literal(folder + '/*/*.parquet')},\n"
+        "    hive_partitioning = true,\n"
+        "    union_by_name = true\n"
+        ");\n"
+    )
+
+
+# -- Athena (Glue) and Trino ------------------------------------------------------------------
+
+
+def _hive_type(kind: pa.DataType, trino: bool) -> str:
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return "varchar" if trino else "string"
+    if pa.types.is_boolean(kind):
+        return "boolean"
+    if pa.types.is_int64(kind):
+        return "bigint"
+    if pa.types.is_int32(kind):
+        return "integer" if trino else "int"
+    if pa.types.is_int16(kind):
+        return "smallint"
+    if pa.types.is_float32(kind):
+        return "real" if trino else "float"
+    if pa.types.is_float64(kind):
+        return "double"
+    if pa.types.is_timestamp(kind):
+        return "timestamp(6)" if trino else "timestamp"
+    if pa.types.is_date32(kind):
+        return "date"
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        inner = _hive_type(kind.value_type, trino)
+        return f"array({inner})" if trino else f"array<{inner}>"
+    if pa.types.is_map(kind):
+        k, v = _hive_type(kind.key_type, trino), _hive_type(kind.item_type, trino)
+        return f"map({k}, {v})" if trino else f"map<{k},{v}>"
+    if pa.types.is_struct(kind):
+        if trino:
+            fields = ", ".join(f'"{f.name}" {_hive_type(f.type, trino)}' for f in kind)
+            return f"row({fields})"
+        return "struct<" + ",".join(f"`{f.name}`:{_hive_type(f.type, trino)}" for f in kind) + ">"
+    raise TypeError(f"no Athena/Trino type for {kind}: add it to jobs/ops/views.py")
+
+
+def _athena_table(name: str, schema: pa.Schema, folder: str, first_night: str) -> str:
+    columns = ",\n  ".join(f"`{f.name}` {_hive_type(f.type, trino=False)}" for f in schema)
+    return (
+        f"CREATE EXTERNAL TABLE IF NOT EXISTS overnight.{name} (\n  {columns}\n)\n"
+        "PARTITIONED BY (`run_date` string)\n"
+        "STORED AS PARQUET\n"
+        f"LOCATION {_literal(folder + '/')}\n"
+        "TBLPROPERTIES (\n"
+        "  'projection.enabled' = 'true',\n"
+        "  'projection.run_date.type' = 'date',\n"
+        "  'projection.run_date.format' = 'yyyy-MM-dd',\n"
+        f"  'projection.run_date.range' = '{first_night},NOW',\n"
+        "  'projection.run_date.interval' = '1',\n"
+        "  'projection.run_date.interval.unit' = 'DAYS',\n"
+        f"  'storage.location.template' = {_literal(folder + '/run_date=${run_date}/')}\n"
+        ");\n"
+    )
+
+
+def _trino_table(table: str, schema: pa.Schema, folder: str, first_night: str) -> str:
+    columns = ",\n  ".join(f'"{f.name}" {_hive_type(f.type, trino=True)}' for f in schema)
+    return (
+        f"CREATE TABLE IF NOT EXISTS {table} (\n  {columns},\n"
+        '  "run_date" varchar WITH (\n'
+        "    partition_projection_type = 'date',\n"
+        "    partition_projection_format = 'yyyy-MM-dd',\n"
+        f"    partition_projection_range = ARRAY['{first_night}', 'NOW'],\n"
+        "    partition_projection_interval = 1,\n"
+        "    partition_projection_interval_unit = 'DAYS'\n"
+        "  )\n"
+        ")\n"
+        "WITH (\n"
+        "  format = 'PARQUET',\n"
+        f"  external_location = {_literal(folder)},\n"
+        "  partitioned_by = ARRAY['run_date'],\n"
+        "  partition_projection_enabled = true,\n"
+        "  partition_projection_location_template = "
+        f"{_literal(folder + '/run_date=${run_date}')}\n"
+        ");\n"
+    )
