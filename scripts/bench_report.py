@@ -1,6 +1,9 @@
 #!/usr/bin/env python
 """The report's aggregation, DuckDB (jobs/ops/report/aggregate.py) against the former Python
-loops over every ledger row (scripts/_report_legacy.py), on the history bench_history.py builds.
+loops over every ledger row, on the history bench_history.py builds. The former loops are read
+from git history (``legacy_report``: jobs/ops/report/aggregate.py at LEGACY_COMMIT, the last
+version before the DuckDB rewrite), so a checkout without that commit (a shallow clone, no git)
+cannot run this benchmark and says so.
 
 1. History: ``--nights`` nights of ``--items`` transcripts each, committed and priced by the
    job's own code (``bench_history.write_history``): 3 ledger rows an item (fetch, decode,
@@ -28,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from datetime import timedelta
 from pathlib import Path
 
@@ -35,18 +39,72 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
+# The report's aggregation before #38 (Python loops over every ledger row): the last commit
+# before the DuckDB rewrite (e5d1ee0) that changed jobs/ops/report/aggregate.py.
+LEGACY_COMMIT = "34280202a297d4614d68d72c56146f5716e4bafd"
+LEGACY_PATH = "jobs/ops/report/aggregate.py"
+# Its imports as today's package spells them: fc276bf made the committed-dataset functions
+# methods of CommittedDataset.
+LEGACY_IMPORTS = {
+    "from overnight.jobs.dataset.commits import PARTITION, read_results\n": (
+        "from overnight.jobs.dataset.commits import PARTITION, CommittedDataset\n\n\n"
+        "def read_results(location, columns, dates=None):\n"
+        "    return CommittedDataset(location).read_results(columns, dates=dates)\n"
+    ),
+}
+
+
+class LegacyUnavailable(RuntimeError):
+    """The former implementation cannot be read from this checkout's history."""
+
+
+def legacy_source(repo: Path = REPO) -> str:
+    """The former aggregate.py at LEGACY_COMMIT, its imports adapted to today's package."""
+    where = f"{LEGACY_COMMIT[:7]}:{LEGACY_PATH}"
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(repo), "show", f"{LEGACY_COMMIT}:{LEGACY_PATH}"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    except FileNotFoundError:
+        raise LegacyUnavailable(f"no git to read the former report ({where})") from None
+    if done.returncode != 0:
+        raise LegacyUnavailable(
+            f"the former report ({where}) is not in this checkout's history "
+            f"({done.stderr.strip().splitlines()[-1] if done.stderr.strip() else 'git failed'});"
+            " a full clone has it (git fetch --unshallow)"
+        )
+    text = done.stdout
+    for old, new in LEGACY_IMPORTS.items():
+        if old not in text:
+            raise LegacyUnavailable(f"{where} no longer imports {old.strip()!r}")
+        text = text.replace(old, new)
+    return text
+
+
+def legacy_report(repo: Path = REPO) -> types.ModuleType:
+    """The former aggregation as a module (``load``, ``build_report``), loaded from git."""
+    text = legacy_source(repo)
+    module = types.ModuleType("report_legacy", "the report's aggregation before #38")
+    module.__file__ = f"{LEGACY_COMMIT[:7]}:{LEGACY_PATH}"
+    sys.modules["report_legacy"] = module  # dataclasses look their module up
+    exec(compile(text, module.__file__, "exec"), module.__dict__)
+    return module
+
 
 def child(variant: str, history: str, since: str | None, until: str | None, dump: str) -> None:
     """One report in this process; prints seconds and peak RSS as JSON."""
     from overnight.jobs.ops.report import parse_since, parse_until
 
+    impl: types.ModuleType
     if variant == "new":
         from overnight.jobs.ops.report import aggregate as impl
     elif variant == "old":
-        import _report_legacy as impl  # type: ignore[import-not-found, no-redef]
+        impl = legacy_report()
     else:  # baseline: the imports only
-        import _report_legacy  # type: ignore[import-not-found]  # noqa: F401
-
+        legacy_report()
         from overnight.jobs.ops.report import aggregate as impl
 
         print(json.dumps({"seconds": 0.0, "max_rss_mb": _rss_mb()}))
@@ -104,6 +162,11 @@ def main(argv: list[str] | None = None) -> dict:
     if args.child:
         child(args.child, args.history, args.since, args.until, args.dump)
         return {}
+
+    try:
+        legacy_source()
+    except LegacyUnavailable as exc:
+        raise SystemExit(f"bench_report: nothing to compare against: {exc}") from None
 
     import bench_history  # type: ignore[import-not-found]
 
