@@ -177,25 +177,25 @@ def _duckdb_view(name: str, schema: pa.Schema, folder: str) -> str:
 # -- Athena (Glue) and Trino ------------------------------------------------------------------
 
 
+# The scalar types of the schemas: (Athena's Hive DDL name, Trino's name).
+_SCALARS: dict[pa.DataType, tuple[str, str]] = {
+    pa.string(): ("string", "varchar"),
+    pa.large_string(): ("string", "varchar"),
+    pa.bool_(): ("boolean", "boolean"),
+    pa.int64(): ("bigint", "bigint"),
+    pa.int32(): ("int", "integer"),
+    pa.int16(): ("smallint", "smallint"),
+    pa.float32(): ("float", "real"),
+    pa.float64(): ("double", "double"),
+    pa.date32(): ("date", "date"),
+}
+
+
 def _hive_type(kind: pa.DataType, trino: bool) -> str:
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        return "varchar" if trino else "string"
-    if pa.types.is_boolean(kind):
-        return "boolean"
-    if pa.types.is_int64(kind):
-        return "bigint"
-    if pa.types.is_int32(kind):
-        return "integer" if trino else "int"
-    if pa.types.is_int16(kind):
-        return "smallint"
-    if pa.types.is_float32(kind):
-        return "real" if trino else "float"
-    if pa.types.is_float64(kind):
-        return "double"
-    if pa.types.is_timestamp(kind):
+    if kind in _SCALARS:
+        return _SCALARS[kind][trino]
+    if pa.types.is_timestamp(kind):  # any unit, with or without a time zone
         return "timestamp(6)" if trino else "timestamp"
-    if pa.types.is_date32(kind):
-        return "date"
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
         inner = _hive_type(kind.value_type, trino)
         return f"array({inner})" if trino else f"array<{inner}>"
