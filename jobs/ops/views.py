@@ -96,10 +96,10 @@ def ddl(
         folder = f"{where}/{name}"
         if engine == "duckdb":
             statement = _duckdb_view(name, schema, folder)
-        elif engine == "athena":
-            statement = _athena_table(name, schema, folder, first_night)
         else:
-            statement = _trino_table(f"{catalog}.overnight.{name}", schema, folder, first_night)
+            trino = engine == "trino"
+            table = f"{catalog}.overnight.{name}" if trino else name
+            statement = _hive_table(table, schema, folder, first_night, trino)
         parts.append(f"-- {name}: {what}.\n{statement}")
     return "\n".join(parts)
 
@@ -210,43 +210,56 @@ def _hive_type(kind: pa.DataType, trino: bool) -> str:
     raise TypeError(f"no Athena/Trino type for {kind}: add it to jobs/ops/views.py")
 
 
-def _athena_table(name: str, schema: pa.Schema, folder: str, first_night: str) -> str:
-    columns = ",\n  ".join(f"`{f.name}` {_hive_type(f.type, trino=False)}" for f in schema)
-    return (
-        f"CREATE EXTERNAL TABLE IF NOT EXISTS overnight.{name} (\n  {columns}\n)\n"
-        "PARTITIONED BY (`run_date` string)\n"
-        "STORED AS PARQUET\n"
-        f"LOCATION {_literal(folder + '/')}\n"
-        "TBLPROPERTIES (\n"
-        "  'projection.enabled' = 'true',\n"
-        "  'projection.run_date.type' = 'date',\n"
-        "  'projection.run_date.format' = 'yyyy-MM-dd',\n"
-        f"  'projection.run_date.range' = '{first_night},NOW',\n"
-        "  'projection.run_date.interval' = '1',\n"
-        "  'projection.run_date.interval.unit' = 'DAYS',\n"
-        f"  'storage.location.template' = {_literal(folder + '/run_date=${run_date}/')}\n"
-        ");\n"
-    )
+# The statements, filled in by str.format: the projection of run_date says where each night's
+# partition is, so no crawler or MSCK REPAIR is needed after a night.
+_ATHENA = """\
+CREATE EXTERNAL TABLE IF NOT EXISTS overnight.{name} (
+  {columns}
+)
+PARTITIONED BY (`run_date` string)
+STORED AS PARQUET
+LOCATION {location}
+TBLPROPERTIES (
+  'projection.enabled' = 'true',
+  'projection.run_date.type' = 'date',
+  'projection.run_date.format' = 'yyyy-MM-dd',
+  'projection.run_date.range' = '{first_night},NOW',
+  'projection.run_date.interval' = '1',
+  'projection.run_date.interval.unit' = 'DAYS',
+  'storage.location.template' = {template}
+);
+"""
+_TRINO = """\
+CREATE TABLE IF NOT EXISTS {name} (
+  {columns},
+  "run_date" varchar WITH (
+    partition_projection_type = 'date',
+    partition_projection_format = 'yyyy-MM-dd',
+    partition_projection_range = ARRAY['{first_night}', 'NOW'],
+    partition_projection_interval = 1,
+    partition_projection_interval_unit = 'DAYS'
+  )
+)
+WITH (
+  format = 'PARQUET',
+  external_location = {location},
+  partitioned_by = ARRAY['run_date'],
+  partition_projection_enabled = true,
+  partition_projection_location_template = {template}
+);
+"""
 
 
-def _trino_table(table: str, schema: pa.Schema, folder: str, first_night: str) -> str:
-    columns = ",\n  ".join(f'"{f.name}" {_hive_type(f.type, trino=True)}' for f in schema)
-    return (
-        f"CREATE TABLE IF NOT EXISTS {table} (\n  {columns},\n"
-        '  "run_date" varchar WITH (\n'
-        "    partition_projection_type = 'date',\n"
-        "    partition_projection_format = 'yyyy-MM-dd',\n"
-        f"    partition_projection_range = ARRAY['{first_night}', 'NOW'],\n"
-        "    partition_projection_interval = 1,\n"
-        "    partition_projection_interval_unit = 'DAYS'\n"
-        "  )\n"
-        ")\n"
-        "WITH (\n"
-        "  format = 'PARQUET',\n"
-        f"  external_location = {_literal(folder)},\n"
-        "  partitioned_by = ARRAY['run_date'],\n"
-        "  partition_projection_enabled = true,\n"
-        "  partition_projection_location_template = "
-        f"{_literal(folder + '/run_date=${run_date}')}\n"
-        ");\n"
+def _hive_table(name: str, schema: pa.Schema, folder: str, first_night: str, trino: bool) -> str:
+    """An Athena (Glue) or Trino table over ``folder``'s run_date= partitions."""
+    quote = '"' if trino else "`"
+    columns = ",\n  ".join(f"{quote}{f.name}{quote} {_hive_type(f.type, trino)}" for f in schema)
+    # Athena wants the folders with their slash, Trino without.
+    end = "" if trino else "/"
+    return (_TRINO if trino else _ATHENA).format(
+        name=name,
+        columns=columns,
+        location=_literal(folder + end),
+        first_night=first_night,
+        template=_literal(folder + "/run_date=${run_date}" + end),
     )
