@@ -240,15 +240,21 @@ def _field_comments(path: Path, call_names: tuple[str, ...]) -> dict[str, dict[s
                 and isinstance(call.args[0].value, str)
             ):
                 continue
-            above: list[str] = []
-            line = call.lineno - 1
-            while line in comments and comments[line][1]:
-                above.insert(0, comments[line][0])
-                line -= 1
+            above = _comments_above(comments, call.lineno)
             after = comments.get(call.end_lineno or call.lineno)
             text = " ".join([*above, *([after[0]] if after and not after[1] else [])])
             block.setdefault(call.args[0].value, text)
     return blocks
+
+
+def _comments_above(comments: dict[int, tuple[str, bool]], lineno: int) -> list[str]:
+    """The whole-line comments directly above line ``lineno``, top to bottom."""
+    above: list[str] = []
+    line = lineno - 1
+    while line in comments and comments[line][1]:
+        above.insert(0, comments[line][0])
+        line -= 1
+    return above
 
 
 def _referenced(path: Path) -> dict[str, set[str]]:
@@ -366,11 +372,7 @@ def error_codes_reference() -> str:
     for node in enum.body:
         if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)):
             continue
-        above: list[str] = []
-        line = node.lineno - 1
-        while line in comments and comments[line][1]:
-            above.insert(0, comments[line][0])
-            line -= 1
+        above = _comments_above(comments, node.lineno)
         # A short capitalised comment line is a section heading ("# Fetching the object");
         # the comment of a member is at the end of its line or in lower case above it.
         while above and above[0][:1].isupper() and len(above[0].split()) <= 4:

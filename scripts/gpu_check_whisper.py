@@ -291,14 +291,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpu_check: whisper SKIP: {why}")
         (out / "whisper_check.json").write_text(json.dumps(report, indent=2))
         return 0
-    dmon = None
-    if shutil.which("nvidia-smi") and not args.cpu:
-        dmon = subprocess.Popen(
-            ["nvidia-smi", "dmon", "-s", "pucm", "-d", "1"],
-            stdout=(out / "whisper-dmon.txt").open("w"),
-            stderr=subprocess.STDOUT,
-        )
-    work = Path(tempfile.mkdtemp(prefix="gpu-check-whisper-"))
+    dmon, work = _start(out / "whisper-dmon.txt", "gpu-check-whisper-", gpu=not args.cpu)
     try:
         model = work / "model"
         report["model"] = build(vocab, model, cuda=not args.cpu, name=args.shape)
@@ -619,14 +612,7 @@ def engines(args: argparse.Namespace) -> int:
         "encoder_tflop": round(window_flops(shape, args.new_tokens, 1)["encoder"] / 1e12, 3),
         "greedy_decoder_tflop": round(window_flops(shape, args.new_tokens, 1)["decoder"] / 1e12, 3),
     }
-    dmon = None
-    if shutil.which("nvidia-smi") and not args.cpu:
-        dmon = subprocess.Popen(
-            ["nvidia-smi", "dmon", "-s", "pucm", "-d", "1"],
-            stdout=(out / "whisper-engines-dmon.txt").open("w"),
-            stderr=subprocess.STDOUT,
-        )
-    work = Path(tempfile.mkdtemp(prefix="gpu-check-engines-"))
+    dmon, work = _start(out / "whisper-engines-dmon.txt", "gpu-check-engines-", gpu=not args.cpu)
     try:
         report["torch"] = torch_half(args, vocab, peak)
         report["front_end"] = front_end(args)
@@ -653,6 +639,19 @@ def _importable(module: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(module) is not None
+
+
+def _start(dmon_log: Path, prefix: str, gpu: bool) -> tuple[subprocess.Popen | None, Path]:
+    """A check's start: the GPU monitor (power, utilization, clocks, memory each second, on a
+    GPU) logging to ``dmon_log``, and a scratch folder; ``_finish`` ends both."""
+    dmon = None
+    if shutil.which("nvidia-smi") and gpu:
+        dmon = subprocess.Popen(
+            ["nvidia-smi", "dmon", "-s", "pucm", "-d", "1"],
+            stdout=dmon_log.open("w"),
+            stderr=subprocess.STDOUT,
+        )
+    return dmon, Path(tempfile.mkdtemp(prefix=prefix))
 
 
 def _finish(report: dict, path: Path, work: Path, dmon, started: float) -> None:
