@@ -26,8 +26,12 @@ scored; hypothesis speakers mapped to reference ones by DER's optimal mapping), 
 of calls whose first-speaker role is right. ``diarize_s`` per audio second on this machine,
 and beside it Whisper's ``asr_s`` per audio second on the same calls.
 
-    .venv/bin/python scripts/bench_diarize.py --seed 2               # report
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python scripts/bench_diarize.py --seed 2 --calls 12 \
+        --regions job,fine3,oracle                                    # report (seed 2)
     .venv/bin/python scripts/bench_diarize.py --seed 1 --sweep       # tune (parameters)
+
+One BLAS thread, as in a Ray task (Ray sets OMP_NUM_THREADS to the task's CPUs): with the
+default threads the per-frame products of the LSTM spin on a shared 2-core machine.
 """
 
 from __future__ import annotations

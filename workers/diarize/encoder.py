@@ -8,8 +8,9 @@ hidden state through ``Linear(256, 256)`` and ReLU, L2-normalised.
 
 The LSTM runs over a batch of equal-length windows at once: each layer's input projection is
 one matrix product over every frame of the batch, then one (windows, 256) x (256, 1024)
-product per frame. On 2 cores that is about 20 ms per second of speech at a 0.75 s step
-(``scripts/bench_diarize.py`` measures it); torch is never imported.
+product per frame. With one BLAS thread (what a Ray task gets) the whole diarization took
+4-10 ms per second of audio at a 0.75 s step on this project's 2-core machines
+(``scripts/bench_diarize.py``); torch is never imported.
 """
 
 from __future__ import annotations
