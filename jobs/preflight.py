@@ -74,6 +74,18 @@ def extra_missing(
     )
 
 
+def speaker_encoder() -> None:
+    """Diarization's speaker encoder, prepared once at install (``scripts/install.sh``): a
+    missing or damaged one stops the job before work starts (exit 5), naming the command
+    that prepares it."""
+    from overnight.workers.diarize.prepare import DiarizerModelMissing, load_weights
+
+    try:
+        load_weights()
+    except DiarizerModelMissing as exc:
+        raise ModelNotFound(str(exc)) from None
+
+
 def require_extra(
     extra: str, feature: str, *, error: type[OvernightError] = ConfigError, instead: str = ""
 ) -> None:

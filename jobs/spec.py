@@ -171,6 +171,30 @@ class TranscribeOptions(DecodingOptions):
         "every redacted word's time range silenced (FLAC; same channels and sample rate)",
     )
 
+    diarize: bool = Field(
+        False,
+        description="mono recordings: find who spoke when (speaker embeddings of the speech, "
+        "clustered), give every word its speaker, split segments where the speaker changes, "
+        "write the text as dialogue and fill `analytics`. Split-channel calls are left as "
+        "they are (a channel is a speaker). Turns word_timestamps on unless it is set to false",
+    )
+    speakers: int | None = Field(
+        None, ge=1, le=16, description="diarize: exactly this many speakers; default: estimated"
+    )
+    min_speakers: int = Field(1, ge=1, le=16, description="diarize: at least this many speakers")
+    max_speakers: int = Field(
+        8,
+        ge=1,
+        le=16,
+        description="diarize: at most this many speakers (the estimate prefers 2, a "
+        "contact-center call, unless another count is clearly better)",
+    )
+    speaker_roles: list[str] | None = Field(
+        None,
+        description="diarize: names for the speakers in the order they first speak, e.g. "
+        "['agent', 'customer'] (the agent greets first); default SPEAKER_00, SPEAKER_01, ...",
+    )
+
     @field_validator("redact", mode="before")
     @classmethod
     def _known_types(cls, value: Any) -> Any:
@@ -193,7 +217,7 @@ class TranscribeOptions(DecodingOptions):
         if (
             isinstance(data, dict)
             and data.get("word_timestamps") is None
-            and (data.get("redact") or data.get("split_channels"))
+            and (data.get("redact") or data.get("split_channels") or data.get("diarize"))
         ):
             data = {**data, "word_timestamps": True}
         return data
@@ -209,6 +233,16 @@ class TranscribeOptions(DecodingOptions):
             raise ValueError(
                 "redact_audio silences the redacted words' time ranges: it needs "
                 "word_timestamps = true"
+            )
+        if self.min_speakers > self.max_speakers:
+            raise ValueError(
+                f"min_speakers = {self.min_speakers} is more than max_speakers = "
+                f"{self.max_speakers}"
+            )
+        if (self.speakers or self.speaker_roles) and not self.diarize:
+            raise ValueError(
+                "speakers and speaker_roles are options of `diarize` (diarize = true or "
+                "--diarize): without it no speakers are found"
             )
         return self
 

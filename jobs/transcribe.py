@@ -34,7 +34,9 @@ from overnight.jobs.run.stage import Stage
 from overnight.jobs.spec import JobSpec, TranscribeOptions
 from overnight.schemas import MANIFEST, TRANSCRIPTS, TRANSCRIPTS_UNREDACTED
 from overnight.schemas.stages import DECODED, WHISPER_OUTPUT
-from overnight.workers.audio import MEDIA_EXTENSIONS, AudioChunker, AudioOptions
+from overnight.workers.audio import MEDIA_EXTENSIONS, AudioChunker, AudioOptions, Chunk
+from overnight.workers.diarize.diarize import DiarizeOptions, Diarizer
+from overnight.workers.diarize.speech import diarize_chunks
 from overnight.workers.whisper import WhisperWorker, WhisperWorkerConfig
 from overnight.workers.whisper_models import ModelLoadError
 from overnight.workers.whisper_options import (
@@ -62,9 +64,35 @@ _SLIM = [
 
 
 def audio_options(opts: TranscribeOptions, feature_size: int) -> AudioOptions:
-    """The spec's audio fields (the same names as ``AudioOptions``'), and the model's mel bins."""
-    names = {f.name for f in fields(AudioOptions)} - {"feature_size"}
-    return AudioOptions(**opts.model_dump(include=names), feature_size=feature_size)
+    """The spec's audio fields (the same names as ``AudioOptions``'), and the model's mel bins;
+    a diarizing job keeps each chunk's speech samples for the speaker encoder."""
+    names = {f.name for f in fields(AudioOptions)} - {"feature_size", "keep_speech"}
+    return AudioOptions(
+        **opts.model_dump(include=names), feature_size=feature_size, keep_speech=opts.diarize
+    )
+
+
+def diarize_options(opts: TranscribeOptions) -> DiarizeOptions | None:
+    """The spec's speaker settings as the diarizer takes them; None: the job does not diarize."""
+    if not opts.diarize:
+        return None
+    return DiarizeOptions(
+        speakers=opts.speakers, min_speakers=opts.min_speakers, max_speakers=opts.max_speakers
+    )
+
+
+# One speaker encoder per decode task process, loaded on its first diarized recording.
+_DIARIZERS: dict[DiarizeOptions, Diarizer] = {}
+
+
+def _diarize(row: dict[str, Any], chunks: list[Chunk], options: DiarizeOptions) -> None:
+    """A mono call's speaker turns (``_speaker_turns``) and their time (``diarize_s``)."""
+    t0 = time.perf_counter()
+    diarizer = _DIARIZERS.get(options)
+    if diarizer is None:
+        diarizer = _DIARIZERS[options] = Diarizer(options)
+    row["_speaker_turns"] = diarize_chunks(diarizer, chunks).records()
+    row["diarize_s"] = time.perf_counter() - t0
 
 
 # The spec's names for the pool fields that jobs.run.sizing fills.
@@ -125,10 +153,12 @@ def fetch_and_decode(
     storage_config: storage.StorageConfig,
     fetch_timeout_s: float = on_ray.FETCH_TIMEOUT_S,
     allowed_input_prefixes: list[str] | None = None,
+    diarize: DiarizeOptions | None = None,
 ) -> pa.Table:
     """CPU stage: object bytes → feature chunks; every failure becomes the row's error.
-    Each item's fetch and decode are timed apart (``fetch_s``, ``decode_s``): two ledger
-    stages, finer than the time of the whole call the runner sees."""
+    Each item's fetch, decode and (``diarize``: a mono call's) diarization are timed apart
+    (``fetch_s``, ``decode_s``, ``diarize_s``): ledger stages finer than the time of the
+    whole call the runner sees."""
     chunker = _chunker(options)
     out = []
     for row in batch.to_pylist():
@@ -155,6 +185,8 @@ def fetch_and_decode(
         decoded = chunker(data, split_channels=split)
         row["decode_s"] = time.perf_counter() - t1
         row.update(decoded.fields())
+        if diarize is not None and not split and not decoded.error_code:
+            _diarize(row, decoded.chunks, diarize)
         out.append(row)
     return pa.Table.from_pylist(out, schema=DECODED)
 
@@ -207,10 +239,19 @@ def decode_stage(
             "options": audio,
             "max_bytes": int(opts.max_file_mb * 2**20),
             "fetch_timeout_s": opts.fetch_timeout_s,
+            "diarize": diarize_options(opts),
             **kwargs,
         },
         num_cpus=pool.task_cpus,
-        cost=Cost("decode", "decode", units=pool.task_cpus, timed_by_worker=True, parts=("fetch",)),
+        # Diarization runs in the decode task, beside the model (never on the Whisper
+        # actor's time): a ledger stage of its own, priced at the task's cores.
+        cost=Cost(
+            "decode",
+            "decode",
+            units=pool.task_cpus,
+            timed_by_worker=True,
+            parts=("fetch", "diarize") if opts.diarize else ("fetch",),
+        ),
     )
 
 
@@ -299,6 +340,8 @@ class TranscribeJob(Job[TranscribePrepared]):
         job = self.spec.job
         if self.opts.redact:
             preflight.require_extra("redact", "redaction (redact / --redact)")
+        if self.opts.diarize:
+            preflight.speaker_encoder()
         preflight.check_output(job.output)
         download = not dry and preflight.local_run(job.ray_address)
         model = preflight.whisper_model(self.opts.model, download=download, progress=job.progress)
@@ -321,7 +364,12 @@ class TranscribeJob(Job[TranscribePrepared]):
         whisper = whisper_options(opts, at.device, at.pool)
         audio = audio_options(opts, prepared.model.feature_size)
         extra = tuple(sorted((f"audio.{k}", v) for k, v in asdict(audio).items()))
-        config = WhisperWorkerConfig(whisper=whisper, extra_options=extra)
+        diarize = diarize_options(opts)
+        if diarize is not None:
+            extra += tuple(sorted((f"diarize.{k}", v) for k, v in asdict(diarize).items()))
+        config = WhisperWorkerConfig(
+            whisper=whisper, extra_options=extra, speaker_roles=tuple(opts.speaker_roles or ())
+        )
         held = {"storage_config": storage.StorageConfig.from_env()}
         within = self.spec.job.allowed_input_prefixes
         stages = [

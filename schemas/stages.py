@@ -22,6 +22,17 @@ CHUNK = pa.struct(
     ]
 )
 
+# Who spoke when in a mono call (`diarize`), found in the decode task from the speech it cut
+# out, on the recording's timeline; the Whisper worker gives each word the speaker it
+# overlaps most.
+SPEAKER_TURN = pa.struct(
+    [
+        pa.field("speaker", pa.string()),
+        pa.field("start", pa.float64()),
+        pa.field("end", pa.float64()),
+    ]
+)
+
 # Decode → Whisper: the manifest row, its decode timings, and the feature chunks. The
 # decode stage times each item (fetch_s, decode_s); the runner writes its resource and units.
 DECODED = pa.schema(
@@ -37,6 +48,9 @@ DECODED = pa.schema(
         # Channels transcribed apart (labels given, or split_channels): speakers named.
         pa.field("_split", pa.bool_()),
         pa.field("chunks", pa.list_(CHUNK)),
+        TRANSCRIPTS.field("diarize_s"),
+        # A diarized mono call's turns; null when the job does not diarize or the call is split.
+        pa.field("_speaker_turns", pa.list_(SPEAKER_TURN)),
     ]
 )
 

@@ -9,7 +9,10 @@ import pyarrow as pa
 # 4: transcripts.entities, redact_s, redact_units (null in older files and when a job does not
 #    redact); the transcripts_unredacted table.
 # 5: transcripts.degenerate and transcripts.segments.degenerate (null in older files).
-SCHEMA_VERSION = "6"
+# 6: costs.model_stage and costs.work (null in older ledgers: read by stage name).
+# 7: transcripts.diarize_s (diarization of mono calls; null in older files and when a job
+#    does not diarize).
+SCHEMA_VERSION = "7"
 
 _VERSION_KEY = b"overnight.schema_version"
 
@@ -197,6 +200,9 @@ TRANSCRIPTS = with_version(
             # The redaction stage (CPU tasks, after the model): seconds and cores held.
             pa.field("redact_s", pa.float64()),
             pa.field("redact_units", pa.float64()),
+            # Diarization of a mono call (`diarize`), in its decode task: seconds, priced at
+            # the decode's resource and units; null when the job did not diarize.
+            pa.field("diarize_s", pa.float64()),
         ]
     ),
     "transcripts",

@@ -83,6 +83,9 @@ class AudioOptions:
     feature_size: int = 80
     # Split-channel calls: a pause longer than this on one channel ends a dialogue turn.
     turn_gap_s: float = 1.0
+    # Keep each chunk's speech samples beside its features (``Chunk.speech``, never in the
+    # DECODED row): diarization embeds the speakers' voices from them in the same task.
+    keep_speech: bool = False
 
 
 @dataclass
@@ -96,6 +99,8 @@ class Chunk:
     channel: int
     clips: list[tuple[float, float]]
     features: np.ndarray  # (feature_size, frames) float32, not padded
+    # The clips' samples, concatenated (16 kHz float32), with ``AudioOptions.keep_speech``.
+    speech: np.ndarray | None = None
 
     @property
     def duration_s(self) -> float:
@@ -615,7 +620,8 @@ class AudioChunker:
         # Same framing as faster-whisper's batched pipeline: drop the last frame.
         feats = self._features(speech)[..., :-1].astype(np.float32, copy=False)
         seconds = [(s / SAMPLE_RATE, e / SAMPLE_RATE) for s, e in group]
-        return Chunk(channel=channel, clips=seconds, features=feats)
+        kept = speech if self.options.keep_speech else None
+        return Chunk(channel=channel, clips=seconds, features=feats, speech=kept)
 
 
 def to_original_time(clips: list[tuple[float, float]], t: float) -> float:

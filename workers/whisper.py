@@ -51,6 +51,9 @@ class WhisperWorkerConfig:
     whisper: WhisperOptions
     # Everything else that shaped the result (audio options), merged into `options`.
     extra_options: tuple[tuple[str, Any], ...] = ()
+    # A diarized mono call's speakers named by who speaks first (``agent``, ``customer``);
+    # empty: SPEAKER_00, SPEAKER_01, ...
+    speaker_roles: tuple[str, ...] = ()
 
 
 Prompt = tuple[str | None, str | None]  # (initial_prompt, hotwords)
@@ -969,20 +972,46 @@ class WhisperWorker:
             )
         return result
 
+    def _diarized(self, segments: list[dict], turns: list[dict]) -> list[dict]:
+        """A mono call's segments given their speakers: each word to the speaker whose turn
+        it overlaps most, segments split where the speaker changes, then named by role."""
+        from overnight.workers.diarize.assign import (
+            assign_speakers,
+            first_speaker_roles,
+            relabel,
+        )
+
+        segments = assign_speakers(segments, turns)
+        if self.config.speaker_roles:
+            segments = relabel(segments, first_speaker_roles(turns, self.config.speaker_roles))
+        return segments
+
     def _row(self, row, segments, language, lang_prob, asr_s, fills, failure) -> dict:
         segments.sort(key=lambda s: (s["start"], s["channel"]))
         split = bool(row.get("_split"))
+        turns = row.get("_speaker_turns")
+        diarized = not split and turns is not None and row["status"] == "ok"
+        if diarized:
+            segments = self._diarized(segments, turns)
         if split:
             text = "\n".join(f"{s['speaker']}: {s['text']}" for s in segments)
+        elif diarized:
+            from overnight.workers.diarize.assign import dialogue_text
+
+            text = dialogue_text(segments)
         else:
             text = " ".join(s["text"] for s in segments)
         status, code, message = row["status"], row["error_code"], row["error_message"]
         if status == "ok" and failure is not None:
             status, code, message = "error", ErrorCode.MODEL_ERROR.value, failure
         ok = status == "ok"
-        # Split-channel calls only: one speaker a channel is what makes talk, overtalk and
+        # Split-channel calls: one speaker a channel is what makes talk, overtalk and
         # interruptions attributable. Words when the row has them, else segment timings.
         analytics = call_analytics(segments, row["duration_s"] or 0.0) if ok and split else None
+        if ok and diarized:
+            from overnight.workers.diarize.assign import mono_call_analytics
+
+            analytics = mono_call_analytics(segments, row["duration_s"] or 0.0)
         return {
             "item_id": row["item_id"],
             "status": status,

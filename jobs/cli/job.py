@@ -74,6 +74,27 @@ def _transcribe_flags(p: argparse.ArgumentParser) -> None:
         "--split-channels; a manifest's channel_labels column wins per item)",
     )
     p.add_argument(
+        "--diarize",
+        action="store_true",
+        default=None,
+        help="mono recordings: find who spoke when; words get their speaker, the text is "
+        "dialogue, analytics are filled (turns word timestamps on)",
+    )
+    p.add_argument("--speakers", type=int, metavar="N", help="with --diarize: exactly N speakers")
+    p.add_argument(
+        "--min-speakers", type=int, metavar="N", help="with --diarize: at least N (default 1)"
+    )
+    p.add_argument(
+        "--max-speakers", type=int, metavar="N", help="with --diarize: at most N (default 8)"
+    )
+    p.add_argument(
+        "--speaker-roles",
+        metavar="NAMES",
+        type=_names,
+        help="with --diarize: names in the order the speakers first speak, e.g. "
+        "agent,customer (default SPEAKER_00, SPEAKER_01, ...)",
+    )
+    p.add_argument(
         "--initial-prompt",
         metavar="TEXT",
         help="text the decoder sees first: names, spelling, style (a manifest's "

@@ -1,0 +1,112 @@
+"""Diarization of mono calls through the real job: bundled tiny.en, the speaker encoder
+prepared at install, local Ray. A mono mix of two real voices (LibriSpeech speakers where
+../shared/data exists, two espeak-ng voices otherwise) comes out as two speakers with their
+words, as dialogue in ``show``, with call analytics and its own ledger stage."""
+
+from __future__ import annotations
+
+import re
+import wave
+from pathlib import Path
+
+import numpy as np
+import pyarrow.dataset as pads
+import pytest
+
+from overnight.jobs.cli import main
+from tests.jobs.test_transcribe import rows, transcribe
+from tests.workers.test_diarize import SR, _call
+
+
+def _model_prepared() -> None:
+    from overnight.workers.diarize.prepare import DiarizerModelMissing, load_weights
+
+    try:
+        load_weights()
+    except DiarizerModelMissing:
+        pytest.skip("the speaker encoder is not prepared (scripts/install.sh prepares it)")
+
+
+def _write_wav(path: Path, audio: np.ndarray) -> None:
+    pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2")
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(SR)
+        w.writeframes(pcm.tobytes())
+
+
+@pytest.fixture(scope="module")
+def diarized(tmp_path_factory):
+    _model_prepared()
+    root = tmp_path_factory.mktemp("diarize")
+    calls = root / "calls"
+    calls.mkdir()
+    audio, reference = _call()
+    _write_wav(calls / "mono_call.wav", audio)
+    out = root / "out"
+    summary = transcribe(
+        str(calls), str(out), device="cpu", diarize=True, speaker_roles=["agent", "customer"]
+    )
+    return out, reference, summary
+
+
+def test_a_two_speaker_mono_call_comes_out_as_two_speakers_with_their_words(diarized):
+    out, reference, summary = diarized
+    [row] = rows(out)
+    assert row["status"] == "ok" and summary["succeeded"] == 1
+    segments = row["segments"]
+    assert {s["speaker"] for s in segments} == {"agent", "customer"}
+    # Each word's speaker against who was speaking at its middle (the mix's construction;
+    # A speaks first, so A is the agent).
+    role = {"A": "agent", "B": "customer"}
+    words = [w | {"speaker": s["speaker"]} for s in segments for w in s["words"]]
+    assert len(words) >= 20
+    right = 0
+    for w in words:
+        middle = (w["start"] + w["end"]) / 2
+        who = min(reference, key=lambda r: max(r[1] - middle, middle - r[2], 0.0))[0]
+        right += w["speaker"] == role[who]
+    assert right / len(words) >= 0.9, (right, len(words))
+    # The text is the dialogue, one line a turn, as a split-channel call's.
+    lines = row["text"].splitlines()
+    assert len(lines) >= 3 and lines[0].startswith("agent: ")
+    assert any(line.startswith("customer: ") for line in lines)
+
+
+def test_a_diarized_call_has_analytics_and_its_own_ledger_stage(diarized):
+    out, _, _ = diarized
+    [row] = rows(out)
+    analytics = row["analytics"]
+    assert {s["speaker"] for s in analytics["speakers"]} == {"agent", "customer"}
+    assert all(s["talk_s"] > 0 for s in analytics["speakers"])
+    assert analytics["overtalk_s"] is None  # one speaker per instant: not measured on mono
+    assert row["diarize_s"] > 0
+    costs = pads.dataset(str(out / "costs"), format="parquet").to_table().to_pylist()
+    diarize = [c for c in costs if c["stage"] == "diarize"]
+    assert len(diarize) == 1 and diarize[0]["resource"] == "cpu" and not diarize[0]["model_stage"]
+    assert diarize[0]["work"] == "audio"
+
+
+def test_show_prints_a_diarized_call_as_dialogue(diarized, capsys):
+    out, _, _ = diarized
+    capsys.readouterr()
+    assert main(["show", str(out)]) == 0
+    printed = capsys.readouterr().out
+    # One line a turn: its time, its speaker, what was said; the speakers take turns.
+    spoken = re.findall(r"^\s+\d\d:\d\d\s+(agent|customer)\s+\S", printed, re.M)
+    assert spoken[:4] == ["agent", "customer", "agent", "customer"], printed
+
+
+def test_a_missing_speaker_model_stops_the_job_before_work_with_exit_5(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv("OVERNIGHT_CACHE", str(tmp_path / "empty-cache"))
+    (tmp_path / "in").mkdir()
+    _write_wav(tmp_path / "in" / "a.wav", np.zeros(SR, np.float32))
+    code = main(["transcribe", str(tmp_path / "in"), str(tmp_path / "out"), "--diarize"])
+    err = capsys.readouterr().err
+    assert code == 5, err
+    assert "speaker model for diarization is missing" in err
+    assert "python -m overnight.workers.diarize.prepare" in err
+    assert not (tmp_path / "out" / "transcripts").exists()
