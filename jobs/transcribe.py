@@ -34,7 +34,7 @@ from overnight.jobs.run.stage import Stage
 from overnight.jobs.spec import JobSpec, TranscribeOptions
 from overnight.schemas import MANIFEST, TRANSCRIPTS, TRANSCRIPTS_UNREDACTED
 from overnight.schemas.stages import DECODED, WHISPER_OUTPUT
-from overnight.workers.audio import MEDIA_EXTENSIONS, AudioChunker, AudioOptions, Chunk
+from overnight.workers.audio import MEDIA_EXTENSIONS, AudioChunker, AudioOptions, DecodedAudio
 from overnight.workers.diarize.diarize import DiarizeOptions, Diarizer
 from overnight.workers.diarize.speech import diarize_chunks
 from overnight.workers.whisper import WhisperWorker, WhisperWorkerConfig
@@ -85,13 +85,19 @@ def diarize_options(opts: TranscribeOptions) -> DiarizeOptions | None:
 _DIARIZERS: dict[DiarizeOptions, Diarizer] = {}
 
 
-def _diarize(row: dict[str, Any], chunks: list[Chunk], options: DiarizeOptions) -> None:
-    """A mono call's speaker turns (``_speaker_turns``) and their time (``diarize_s``)."""
+def _diarize(row: dict[str, Any], decoded: DecodedAudio, options: DiarizeOptions) -> None:
+    """A mono call's speaker turns (``_speaker_turns``) and their time (``diarize_s``): from
+    its samples and finer speech regions where the decode kept them (``DecodedAudio.voice``),
+    else from the speech its chunks cut out (a recording too long to keep decoded)."""
     t0 = time.perf_counter()
     diarizer = _DIARIZERS.get(options)
     if diarizer is None:
         diarizer = _DIARIZERS[options] = Diarizer(options)
-    row["_speaker_turns"] = diarize_chunks(diarizer, chunks).records()
+    if decoded.voice is not None:
+        found = diarizer(*decoded.voice)
+    else:
+        found = diarize_chunks(diarizer, decoded.chunks)
+    row["_speaker_turns"] = found.records()
     row["diarize_s"] = time.perf_counter() - t0
 
 
@@ -186,7 +192,7 @@ def fetch_and_decode(
         row["decode_s"] = time.perf_counter() - t1
         row.update(decoded.fields())
         if diarize is not None and not split and not decoded.error_code:
-            _diarize(row, decoded.chunks, diarize)
+            _diarize(row, decoded, diarize)
         out.append(row)
     return pa.Table.from_pylist(out, schema=DECODED)
 

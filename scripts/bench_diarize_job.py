@@ -1,0 +1,95 @@
+"""What diarization adds to a transcription run: the same mono calls through ``overnight
+transcribe`` with and without ``--diarize``, on this machine, turns alternating.
+
+The calls are ``scripts/bench_diarize.py``'s 2-speaker mixes of real voices (telephone band;
+espeak-ng voices without ../shared/data), written as WAV files. Each turn runs the real job
+(local Ray, bundled tiny.en, CPU) into a fresh output and reads its summary: wall time, and
+the ledger's seconds by stage. The target (issue #37): at most 15% more time on 2 cores.
+
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python scripts/bench_diarize_job.py --calls 8 --turns 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import wave
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import bench_diarize  # noqa: E402
+
+
+def write_calls(folder: Path, calls: int, seed: int) -> float:
+    """The calls as 16 kHz mono WAV files; their seconds of audio."""
+    folder.mkdir(parents=True, exist_ok=True)
+    kind = "real" if bench_diarize.DATA.is_dir() else "espeak"
+    total = 0.0
+    for call in bench_diarize.build_set(kind, 2, calls, seed, bench_diarize.DATA):
+        audio = bench_diarize.telephone_copy(call.audio)
+        pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2")
+        with wave.open(str(folder / f"{call.name}.wav"), "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(16_000)
+            w.writeframes(pcm.tobytes())
+        total += len(audio) / 16_000
+    return total
+
+
+def run(calls: Path, out: Path, diarize: bool) -> dict:
+    cmd = [sys.executable, "-m", "overnight.jobs.cli", "transcribe", str(calls), str(out)]
+    cmd += ["--device", "cpu", "--json", "--quiet"] + (["--diarize"] if diarize else [])
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"the job failed ({done.returncode}): {done.stderr[-2000:]}")
+    summary = json.loads(done.stdout)
+    ledger = {}
+    import pyarrow.dataset as pads
+
+    for row in pads.dataset(str(out / "costs"), format="parquet").to_table().to_pylist():
+        ledger[row["stage"]] = ledger.get(row["stage"], 0.0) + row["seconds"]
+    return {"wall_s": summary["wall_seconds"], "stages_s": ledger, "items": summary["items"]}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--calls", type=int, default=8)
+    p.add_argument("--turns", type=int, default=2)
+    p.add_argument("--seed", type=int, default=3)
+    args = p.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="bench-diarize-job-"))
+    audio_s = write_calls(work / "calls", args.calls, args.seed)
+    results: dict[str, list[dict]] = {"plain": [], "diarize": []}
+    for turn in range(args.turns):
+        for name in ("plain", "diarize") if turn % 2 == 0 else ("diarize", "plain"):
+            r = run(work / "calls", work / f"out-{name}-{turn}", name == "diarize")
+            results[name].append(r)
+            print(
+                f"turn {turn} {name:8s} wall {r['wall_s']:.1f} s  stages {json.dumps({k: round(v, 1) for k, v in r['stages_s'].items()})}"
+            )
+    plain = statistics.median(r["wall_s"] for r in results["plain"])
+    diar = statistics.median(r["wall_s"] for r in results["diarize"])
+    diarize_s = statistics.median(r["stages_s"].get("diarize", 0.0) for r in results["diarize"])
+    report = {
+        "calls": args.calls,
+        "audio_s": round(audio_s, 1),
+        "plain_wall_s": [round(r["wall_s"], 1) for r in results["plain"]],
+        "diarize_wall_s": [round(r["wall_s"], 1) for r in results["diarize"]],
+        "overhead_wall": round(diar / plain - 1, 3),
+        "diarize_s_per_audio_s": round(diarize_s / audio_s, 4),
+    }
+    print(json.dumps(report, indent=2))
+    return report
+
+
+if __name__ == "__main__":
+    main()
