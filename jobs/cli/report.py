@@ -31,7 +31,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--format", choices=REPORT_FORMATS, default="table")
     p.add_argument("--out", help="html: the file; csv/parquet: the folder for one file per table")
     p.add_argument(
-        "--json", action="store_true", help="table format: print the totals as JSON as well"
+        "--json",
+        action="store_true",
+        help="print only one JSON object on stdout: the grouping, the totals and the rows of "
+        "the main table (instead of the table)",
     )
     p.set_defaults(handler=handle)
 
@@ -53,10 +56,12 @@ def handle(args: argparse.Namespace) -> int:
     report = build_report(
         load(args.outputs, since, until), by=args.by, since=since, until=until, tenant=args.tenant
     )
+    if args.json:  # one JSON document on stdout, as every command's --json
+        body = {"by": args.by, "totals": report.totals, "rows": report.main.to_pylist()}
+        print(json.dumps(body, indent=2, default=str))
+        return 0
     if args.format == "table":
         print(render_table(report))
-        if args.json:
-            print(json.dumps(report.totals, indent=2, default=str))
         return 0
     for url in write(report, args.format, args.out):
         print(f"[overnight] wrote {url}", file=sys.stderr)
