@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from overnight.jobs.errors import ErrorRateExceeded
 
 if TYPE_CHECKING:
-    from overnight.jobs.spec import JobSpec
+    from overnight.jobs.spec import JobSpec, ProcessOptions, TranscribeOptions
 
 
 @dataclass(frozen=True)
@@ -188,14 +188,22 @@ def _spec(
 
 
 def transcribe(
-    input: str | Path, output: str | Path, *, config: str | Path | None = None, **options: Any
+    input: str | Path,
+    output: str | Path,
+    *,
+    config: str | Path | None = None,
+    settings: TranscribeOptions | None = None,
+    **options: Any,
 ) -> RunSummary:
     """Transcribe INPUT (folder, file, URL prefix or manifest) into OUTPUT.
 
     ``overnight.transcribe("s3://calls/2026-12-01/", "s3://out/nightly", run_id="nightly-1201",
     batch_size=32)`` is ``overnight transcribe ... --run-id nightly-1201 --batch-size 32``.
+    ``settings``: the ``[transcribe]`` section as its typed model
+    (``settings=TranscribeOptions(batch_size=32, diarize=True)``, checked by a type checker
+    and validated where it is built); the fields it sets, then ``options``, override the job file.
     """
-    return run(_spec("transcribe", str(input), str(output), config, options))
+    return run(_spec("transcribe", str(input), str(output), config, _typed(settings, options)))
 
 
 def process(
@@ -204,11 +212,20 @@ def process(
     *,
     task: str = "summarize",
     config: str | Path | None = None,
+    settings: ProcessOptions | None = None,
     **options: Any,
 ) -> RunSummary:
     """Run an LLM task over documents, or over a transcripts dataset (a chained job reads
-    OUTPUT/transcripts as its input)."""
-    return run(_spec("process", str(input), str(output), config, {"task": task, **options}))
+    OUTPUT/transcripts as its input). ``settings``: the ``[process]`` section as its typed
+    model, as ``transcribe``'s."""
+    chosen = {"task": task, **_typed(settings, options)}
+    return run(_spec("process", str(input), str(output), config, chosen))
+
+
+def _typed(settings: Any, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields a typed section model sets (not its defaults), under the keyword options."""
+    given = settings.model_dump(exclude_unset=True) if settings is not None else {}
+    return {**given, **options}
 
 
 def run(spec: JobSpec | str | Path | Mapping[str, Any]) -> RunSummary:

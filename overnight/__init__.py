@@ -40,6 +40,9 @@ from overnight.jobs.errors import (
 _API = ("transcribe", "process", "run", "RunSummary", "submit", "status", "wait", "logs")
 __all__ = [
     *_API,
+    "JobSpec",
+    "ProcessOptions",
+    "TranscribeOptions",
     "__version__",
     "AccessDenied",
     "ClusterJobFailed",
@@ -56,7 +59,15 @@ __all__ = [
 ]
 
 
+# The typed models of a job spec and its sections (``settings=`` of transcribe and process).
+_SPEC = ("JobSpec", "TranscribeOptions", "ProcessOptions")
+
+
 def __getattr__(name: str):
+    if name in _SPEC:
+        from overnight.jobs import spec
+
+        return getattr(spec, name)
     if name == "submit":
         from overnight.jobs.ops import remote
 

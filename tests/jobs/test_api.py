@@ -267,3 +267,20 @@ def overnight_errors():
     from overnight.jobs import errors
 
     return errors
+
+
+def test_typed_settings_build_the_same_spec_as_keyword_options(monkeypatch):
+    """``settings=TranscribeOptions(...)``: the section as its typed model (a type checker
+    sees its fields); the fields it sets give the same spec as the keyword options."""
+    import overnight
+    from overnight.jobs import api
+
+    built = []
+    monkeypatch.setattr(api, "run", lambda spec: built.append(spec))
+    typed = overnight.TranscribeOptions(batch_size=8, beam_size=1, diarize=True)
+    overnight.transcribe("in", "out", settings=typed, run_id="night-1")
+    overnight.transcribe("in", "out", batch_size=8, beam_size=1, diarize=True, run_id="night-1")
+    assert built[0] == built[1]
+    assert built[0].transcribe.word_timestamps  # diarize's own consequence, as either way
+    overnight.process("in", "out", settings=overnight.ProcessOptions(max_new_tokens=64))
+    assert built[2].process.max_new_tokens == 64 and built[2].process.task == "summarize"
