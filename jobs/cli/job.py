@@ -296,7 +296,7 @@ def add_parser(sub) -> None:
     _json_flag(r)
     _log_format_flag(r)
     _notify_flag(r)
-    _quiet_flag(r)
+    _quiet_flag(r, help="no progress lines")
     _verbose_flag(r, "also show Ray's own log lines")
     _scheduler_flags(r)
     r.set_defaults(handler=_cmd_run)

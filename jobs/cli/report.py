@@ -16,7 +16,9 @@ def add_parser(subparsers) -> None:
     p.add_argument(
         "outputs", nargs="+", metavar="OUTPUT", help="output folder or prefix (local, s3://, gs://)"
     )
-    p.add_argument("--by", choices=REPORT_GROUPS, default="day")
+    p.add_argument(
+        "--by", choices=REPORT_GROUPS, default="day", help="what the rows group by (default day)"
+    )
     p.add_argument(
         "--since",
         help="only what was recorded since: a date (2026-12-01), a date-time, or a span (7d); "
@@ -28,7 +30,13 @@ def add_parser(subparsers) -> None:
         "a span back from now (1d); partitions of later run dates are not read",
     )
     p.add_argument("--tenant", help="only this tenant's items")
-    p.add_argument("--format", choices=REPORT_FORMATS, default="table")
+    p.add_argument(
+        "--format",
+        choices=REPORT_FORMATS,
+        default="table",
+        help="table on the terminal (default), html (one self-contained file), csv or parquet "
+        "(one file per table) for BI tools",
+    )
     p.add_argument("--out", help="html: the file; csv/parquet: the folder for one file per table")
     p.add_argument(
         "--json",

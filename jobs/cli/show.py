@@ -23,7 +23,9 @@ def add_parser(subparsers) -> None:
         "its external_id, or a glob ('call_*')",
     )
     p.add_argument("--item", metavar="ID", help="an item id (or its first characters)")
-    p.add_argument("--status", choices=["ok", "error"])
+    p.add_argument(
+        "--status", choices=["ok", "error"], help="only the rows of this status (default: all)"
+    )
     p.add_argument("--task", help="document results of this task only")
     p.add_argument(
         "--limit",

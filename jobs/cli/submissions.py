@@ -91,7 +91,7 @@ def add_parser(subparsers) -> None:
     config_help = "central tenants config (TOML): [submissions], [transcribe], [tenants.NAME]"
 
     a = sub.add_parser("add", help="check a manifest and copy it into a tenant's inbox")
-    a.add_argument("tenant")
+    a.add_argument("tenant", help="the tenant the manifest is for, as the config names it")
     a.add_argument("manifest", help="CSV, JSONL or Parquet of recording URIs (a path or URL)")
     a.add_argument("--config", required=True, help=config_help)
     a.set_defaults(handler=_cmd_add)
@@ -108,6 +108,6 @@ def add_parser(subparsers) -> None:
 
     ls = sub.add_parser("list", help="status and totals of every submission")
     ls.add_argument("--config", required=True, help=config_help)
-    ls.add_argument("--tenant")
+    ls.add_argument("--tenant", help="only this tenant's submissions")
     ls.add_argument("--json", action="store_true", help="print only the records, as one JSON list")
     ls.set_defaults(handler=_cmd_list)

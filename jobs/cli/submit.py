@@ -118,13 +118,13 @@ def add_parser(subparsers) -> None:
     s.set_defaults(handler=_cmd_submit)
 
     st = subparsers.add_parser("status", help="status of a submitted job")
-    st.add_argument("submission_id")
+    st.add_argument("submission_id", help="the id `overnight submit` printed")
     st.add_argument("--address", help=address_help)
     st.add_argument("--json", action="store_true", help="one JSON object")
     st.set_defaults(handler=_cmd_status)
 
     lg = subparsers.add_parser("logs", help="driver logs of a submitted job")
-    lg.add_argument("submission_id")
+    lg.add_argument("submission_id", help="the id `overnight submit` printed")
     lg.add_argument("--address", help=address_help)
     lg.add_argument("--follow", "-f", action="store_true", help="stream until the job ends")
     lg.set_defaults(handler=_cmd_logs)

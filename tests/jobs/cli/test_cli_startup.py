@@ -203,3 +203,23 @@ def test_every_command_module_imports_only_argparse_and_light_modules_at_the_top
             else:
                 continue
             assert set(modules) <= allowed | {"overnight.jobs.cli"}, (Path(path).name, modules)
+
+
+def test_every_flag_and_argument_of_every_command_has_help():
+    """``overnight X --help`` explains each flag and argument; none is left bare."""
+    import argparse
+
+    from overnight.jobs.cli import parser
+
+    bare = []
+
+    def walk(p: argparse.ArgumentParser, path: list[str]) -> None:
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, [*path, name])
+            elif not action.help and action.dest != "help":
+                bare.append(f"{' '.join(path)} {action.option_strings or action.dest}")
+
+    walk(parser(), ["overnight"])
+    assert not bare, bare
