@@ -262,11 +262,23 @@ def measure(
 
 
 def _child(args: argparse.Namespace, model: Path, out: Path, env: dict[str, str]) -> dict:
-    result = out / "whisper_measure.json"
+    extra = ["--chunks", str(args.chunks), "--new-tokens", str(args.new_tokens)]
+    extra += ["--passes", str(args.passes), "--batch-sizes", args.batch_sizes]
+    return _run_child("measure", args, model, out / "whisper_measure.json", env, extra)
+
+
+def _run_child(
+    step: str,
+    args: argparse.Namespace,
+    model: Path,
+    result: Path,
+    env: dict[str, str],
+    extra: list[str],
+) -> dict:
+    """``step`` of this script in a child process (a CUDA fault kills it, not the check);
+    its report, or a crash record when it died without writing one."""
     result.unlink(missing_ok=True)
-    cmd = [sys.executable, __file__, "measure", "--model", str(model), "--out", str(result)]
-    cmd += ["--chunks", str(args.chunks), "--new-tokens", str(args.new_tokens)]
-    cmd += ["--passes", str(args.passes), "--batch-sizes", args.batch_sizes]
+    cmd = [sys.executable, __file__, step, "--model", str(model), "--out", str(result), *extra]
     cmd += ["--cpu"] if args.cpu else []
     done = subprocess.run(cmd, env=env, timeout=args.child_timeout)
     if not result.is_file():
@@ -551,18 +563,9 @@ def _peak(cuda: bool) -> float | None:
 
 
 def _ct2_child(args: argparse.Namespace, model: Path, out: Path, env: dict[str, str]) -> dict:
-    result = out / "whisper_engines_ct2.json"
-    result.unlink(missing_ok=True)
-    cmd = [sys.executable, __file__, "engines-ct2", "--model", str(model), "--out", str(result)]
-    cmd += ["--shape", args.shape, "--batch-sizes", args.batch_sizes, "--beams", args.beams]
-    cmd += ["--new-tokens", str(args.new_tokens), "--ct2-passes", str(args.ct2_passes)]
-    cmd += ["--cpu"] if args.cpu else []
-    done = subprocess.run(cmd, env=env, timeout=args.child_timeout)
-    if not result.is_file():
-        return {"load": {"status": "crash", "message": f"the child exited {done.returncode}"}}
-    report = json.loads(result.read_text())
-    result.unlink()
-    return report
+    extra = ["--shape", args.shape, "--batch-sizes", args.batch_sizes, "--beams", args.beams]
+    extra += ["--new-tokens", str(args.new_tokens), "--ct2-passes", str(args.ct2_passes)]
+    return _run_child("engines-ct2", args, model, out / "whisper_engines_ct2.json", env, extra)
 
 
 def ct2_half(args: argparse.Namespace, vocab: Path, work: Path, out: Path) -> dict[str, Any]:
