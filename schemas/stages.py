@@ -13,6 +13,11 @@ from overnight.schemas.tables import DOCUMENT_RESULTS, MANIFEST, PROBES, STATUS_
 # Before extraction a document's status is still unknown: in flight, status may be null.
 _IN_FLIGHT_STATUS = [f.with_nullable(True) for f in STATUS_FIELDS]
 
+# One chunk of a channel's speech (``workers.audio.Chunk``): ``clips`` are its (start, end)
+# seconds on the recording's timeline; ``features`` its log-mel features, float32
+# (feature_size, frames), or, where ``feature_size`` is 0, its 16 kHz float32 speech samples,
+# which the Whisper worker turns into features with its engine's front end
+# (``AudioOptions.features_on_model``: the torch engine's ``torch.stft`` on its GPU).
 CHUNK = pa.struct(
     [
         pa.field("channel", pa.int16()),

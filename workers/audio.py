@@ -3,8 +3,10 @@
 This is the CPU half of transcription: decode (PyAV/FFmpeg), resample to 16 kHz, split or mix
 channels, find speech with Silero VAD, pack speech into chunks of at most ``chunk_length_s``
 and compute each chunk's log-mel features. Doing the features here, on CPU tasks, keeps the
-accelerator actors doing nothing but the model: on an H100 the feature extraction of one
-chunk costs more than its encoder pass.
+CTranslate2 actors doing nothing but the model: on an H100 faster-whisper's (numpy) feature
+extraction of one chunk costs more than its encoder pass. The torch engine on a GPU computes
+them itself, with ``torch.stft`` on its device (``AudioOptions.features_on_model``): the
+chunks then carry their speech samples instead, and CPU cores only decode audio.
 
 Every failure of an item is classified into one error code from ``schemas.errors``; nothing
 here raises for bad input.
@@ -92,6 +94,12 @@ class AudioOptions:
     # (scripts/bench_diarize.py, seed 2, job vs fine3).
     keep_speech: bool = False
     voice_vad_threshold: float = 0.3
+    # Ship each chunk's 16 kHz float32 speech samples instead of its features (a DECODED
+    # chunk with ``feature_size`` 0): the Whisper worker computes the features with its
+    # engine's front end, the torch engine's ``LogMel`` on its GPU (jobs.transcribe turns
+    # this on for engine torch on cuda). Twice the bytes of 80-mel features in flight
+    # (64 KB against 32 KB an audio second; 51 KB with 128 mels), no feature work here.
+    features_on_model: bool = False
 
 
 @dataclass
@@ -104,8 +112,11 @@ class Chunk:
 
     channel: int
     clips: list[tuple[float, float]]
-    features: np.ndarray  # (feature_size, frames) float32, not padded
-    # The clips' samples, concatenated (16 kHz float32), with ``AudioOptions.keep_speech``.
+    # (feature_size, frames) float32, not padded; None with ``AudioOptions.features_on_model``
+    # (the model computes them from ``speech``).
+    features: np.ndarray | None
+    # The clips' samples, concatenated (16 kHz float32), with ``AudioOptions.keep_speech`` or
+    # ``features_on_model``.
     speech: np.ndarray | None = None
 
     @property
@@ -152,16 +163,23 @@ class DecodedAudio:
         }
 
     def chunk_records(self) -> list[dict]:
-        """The chunks as the ``chunks`` column of ``schemas.stages.DECODED`` carries them."""
+        """The chunks as the ``chunks`` column of ``schemas.stages.DECODED`` carries them: a
+        chunk without features carries its samples, ``feature_size`` 0 (``schemas.stages``)."""
         return [
             {
                 "channel": c.channel,
                 "clips": [list(clip) for clip in c.clips],
-                "feature_size": c.features.shape[0],
-                "features": c.features.tobytes(),
+                **_payload(c),
             }
             for c in self.chunks
         ]
+
+
+def _payload(chunk: Chunk) -> dict[str, Any]:
+    if chunk.features is not None:
+        return {"feature_size": chunk.features.shape[0], "features": chunk.features.tobytes()}
+    assert chunk.speech is not None  # AudioChunker keeps it when it computes no features
+    return {"feature_size": 0, "features": chunk.speech.astype(np.float32, copy=False).tobytes()}
 
 
 class AudioError(Exception):
@@ -538,7 +556,11 @@ class AudioChunker:
 
     def __init__(self, options: AudioOptions):
         self.options = options
-        self._features = FeatureExtractor(feature_size=options.feature_size)
+        self._features = (
+            None
+            if options.features_on_model
+            else FeatureExtractor(feature_size=options.feature_size)
+        )
 
     def __call__(self, data: bytes, *, split_channels: bool | None = None) -> DecodedAudio:
         opts = self.options
@@ -637,11 +659,19 @@ class AudioChunker:
 
     def _chunk(self, channel: int, group: list[tuple[int, int]], pieces: list[np.ndarray]) -> Chunk:
         speech = np.concatenate(pieces)
-        # Same framing as faster-whisper's batched pipeline: drop the last frame.
-        feats = self._features(speech)[..., :-1].astype(np.float32, copy=False)
         seconds = [(s / SAMPLE_RATE, e / SAMPLE_RATE) for s, e in group]
+        if self._features is None:  # features_on_model: the samples go to the model
+            return Chunk(channel=channel, clips=seconds, features=None, speech=speech)
+        # Same framing as faster-whisper's batched pipeline: drop the last frame.
+        feats = features_of(self._features, speech)
         kept = speech if self.options.keep_speech else None
         return Chunk(channel=channel, clips=seconds, features=feats, speech=kept)
+
+
+def features_of(extractor: FeatureExtractor, speech: np.ndarray) -> np.ndarray:
+    """A chunk's features as the Whisper worker takes them: faster-whisper's log-mel of its
+    samples without the last frame (the batched pipeline's framing), float32."""
+    return extractor(speech)[..., :-1].astype(np.float32, copy=False)
 
 
 def to_original_time(clips: list[tuple[float, float]], t: float) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -254,3 +255,30 @@ def test_a_four_hour_recording_decodes_in_the_memory_of_a_twenty_minute_one(tmp_
     assert four_hours["traced_mb"] < twenty_minutes["traced_mb"] + 50, (four_hours, twenty_minutes)
     assert four_hours["traced_mb"] < 300
     assert four_hours["peak_mb"] < 2048  # resident, with a margin for the allocator
+
+
+def test_features_on_model_ships_each_chunks_samples_instead_of_its_features(utterance):
+    """The decode stage for a model that computes its own features (the torch engine on a
+    GPU): each chunk carries its speech samples, exactly the clips' length, marked by
+    ``feature_size`` 0; the features the worker computes from them on the host
+    (``features_of``) are the ones the decode stage would have shipped."""
+    from faster_whisper.feature_extractor import FeatureExtractor
+
+    from overnight.workers.audio import features_of
+
+    audio = np.concatenate([utterance, silence(3.0), utterance, silence(0.5)])
+    stereo = np.stack([audio, np.roll(audio, SAMPLE_RATE)])
+    for data, split in [(wav(audio), False), (wav(stereo), True)]:
+        options = AudioOptions(split_channels=split, chunk_length_s=5)
+        shipped = AudioChunker(options)(data)
+        samples = AudioChunker(replace(options, features_on_model=True))(data)
+        assert samples.error_code is None and len(samples.chunks) == len(shipped.chunks) > 1
+        extractor = FeatureExtractor(feature_size=80)
+        records = samples.chunk_records()
+        for chunk, record, expected in zip(samples.chunks, records, shipped.chunks, strict=True):
+            assert chunk.features is None and chunk.speech is not None
+            assert (chunk.channel, chunk.clips) == (expected.channel, expected.clips)
+            length = sum(round(e * SAMPLE_RATE) - round(s * SAMPLE_RATE) for s, e in chunk.clips)
+            assert chunk.speech.dtype == np.float32 and chunk.speech.shape == (length,)
+            assert record["feature_size"] == 0 and len(record["features"]) == 4 * length
+            assert np.array_equal(features_of(extractor, chunk.speech), expected.features)
