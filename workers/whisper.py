@@ -2,7 +2,8 @@
 
 faster-whisper's ``BatchedInferencePipeline`` batches the 30-second chunks of *one* file, so
 a backlog of short calls gives it batches of one. This worker receives Ray Data batches of
-recordings (already decoded into feature chunks by ``workers.audio``), several calls at once;
+recordings (already decoded into feature chunks by ``workers.audio``, or into chunks of
+speech samples whose features the engine's front end computes here), several calls at once;
 its ``ContinuousBatcher`` pools the chunks of every call in flight, runs model batches
 through the pipeline's batched forward pass, and each call gets its recordings' segments
 back, in time order.
@@ -17,6 +18,7 @@ pass; the batch planning (``plan_batches``) is model-free and tested on its own.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import re
@@ -33,7 +35,7 @@ import pyarrow as pa
 from overnight.schemas import ErrorCode
 from overnight.schemas.stages import WHISPER_OUTPUT
 from overnight.workers.analytics import call_analytics
-from overnight.workers.audio import FRAMES_PER_SECOND, to_original_time
+from overnight.workers.audio import FRAMES_PER_SECOND, features_of, to_original_time
 from overnight.workers.devices import resolve_device, worker_id
 from overnight.workers.whisper_guard import (
     BEST_OF,
@@ -507,6 +509,9 @@ class WhisperWorker:
         self.encoder_batch = encoder_batch(opts, self.device)
         # Host encoder rows (language detection's, kept) as this engine takes them back.
         self._to_engine: Callable[[np.ndarray], Any] = ct2_encoder_output
+        # Chunks' samples to features (``features_from_samples``); the torch engine's is set
+        # by ``_load``, CTranslate2's built when first needed.
+        self._front_end: Callable[[list[np.ndarray]], list[np.ndarray]] | None = None
         try:
             self.model = self._load(opts, model_path or resolve_model(opts.model))
             # One forward pass on a second of silence, inside the load's try: CTranslate2's
@@ -550,7 +555,11 @@ class WhisperWorker:
         """The faster-whisper ``WhisperModel`` on this worker's engine; sets ``compute_type``."""
         if self.engine == "torch":
             try:
-                from overnight.workers.whisper_torch import TorchWhisper, faster_whisper_model
+                from overnight.workers.whisper_torch import (
+                    TorchWhisper,
+                    chunk_features,
+                    faster_whisper_model,
+                )
             except ImportError as exc:
                 raise ModelLoadError(
                     f"engine 'torch' needs PyTorch ({exc}): install torch on this node, or "
@@ -561,6 +570,9 @@ class WhisperWorker:
             )
             self.compute_type = engine.compute_type
             self._to_engine = engine.from_host
+            self._front_end = functools.partial(
+                chunk_features, n_mels=engine.n_mels, device=engine.torch_device
+            )
             if opts.cpu_threads:
                 import torch
 
@@ -579,6 +591,41 @@ class WhisperWorker:
             cpu_threads=opts.cpu_threads,
             num_workers=max(1, opts.model_workers),
         )
+
+    def features_from_samples(self, samples: list[np.ndarray]) -> list[np.ndarray]:
+        """The features of chunks that came as 16 kHz samples (``AudioOptions.features_on_model``),
+        as the decode stage would have computed them (``workers.audio.features_of``), with this
+        engine's front end: the torch engine's ``LogMel`` on its device
+        (``whisper_torch.chunk_features``), CTranslate2's faster-whisper ``FeatureExtractor``
+        on the host."""
+        if self._front_end is None:
+            from faster_whisper.feature_extractor import FeatureExtractor
+
+            extractor = FeatureExtractor(feature_size=self.model.model.n_mels)
+            self._front_end = lambda chunks: [features_of(extractor, s) for s in chunks]
+        return self._front_end(samples)
+
+    def _chunk_features(
+        self, raw: list[tuple[int, dict, np.ndarray]], asr_s: list[float]
+    ) -> list[np.ndarray]:
+        """Each chunk's features, from (row, DECODED chunk, its ``features`` buffer as float32):
+        as the decode stage shipped them, or computed here from the samples of a chunk whose
+        ``feature_size`` is 0. That computation is model time of the rows, by their share of
+        its samples."""
+        out: list[np.ndarray | None] = [
+            data.reshape(ch["feature_size"], -1) if ch["feature_size"] else None
+            for _, ch, data in raw
+        ]
+        todo = [k for k, f in enumerate(out) if f is None]
+        if todo:
+            t0 = time.perf_counter()
+            computed = self.features_from_samples([raw[k][2] for k in todo])
+            elapsed = time.perf_counter() - t0
+            total = sum(len(raw[k][2]) for k in todo) or 1
+            for k, feats in zip(todo, computed, strict=True):
+                out[k] = feats
+                asr_s[raw[k][0]] += elapsed * len(raw[k][2]) / total
+        return [f for f in out if f is not None]  # every one, now
 
     def _tokenizer(self, language: str):
         from faster_whisper.tokenizer import Tokenizer
@@ -799,8 +846,8 @@ class WhisperWorker:
         prompts: list[Prompt] = [(None, None)] * n
         failed: dict[int, str] = {}
 
-        chunks: list[_ChunkRef] = []
-        first_chunk: dict[int, _ChunkRef] = {}
+        raw: list[tuple[int, dict, np.ndarray]] = []  # (row, DECODED chunk, its buffer)
+        hints: list[str] = [""] * n
         for i, row in enumerate(rows):
             if row["status"] != "ok":
                 continue
@@ -815,20 +862,18 @@ class WhisperWorker:
             if hint:
                 languages[i], lang_probs[i] = hint, 1.0
             prompts[i] = self.item_prompt(row)
-            for ch in row["chunks"] or []:
-                feats = np.frombuffer(ch["features"], dtype=np.float32).reshape(
-                    ch["feature_size"], -1
-                )
-                ref = _ChunkRef(
-                    i,
-                    ch["channel"],
-                    [tuple(c) for c in ch["clips"]],
-                    feats,
-                    hint or "",
-                    prompts[i],
-                )
-                chunks.append(ref)
-                first_chunk.setdefault(i, ref)
+            hints[i] = hint or ""
+            raw += [
+                (i, ch, np.frombuffer(ch["features"], np.float32)) for ch in row["chunks"] or []
+            ]
+
+        chunks: list[_ChunkRef] = []
+        first_chunk: dict[int, _ChunkRef] = {}
+        for (i, ch, _), feats in zip(raw, self._chunk_features(raw, asr_s), strict=True):
+            clips = [tuple(c) for c in ch["clips"]]
+            ref = _ChunkRef(i, ch["channel"], clips, feats, hints[i], prompts[i])
+            chunks.append(ref)
+            first_chunk.setdefault(i, ref)
 
         # Language detection for multilingual models without a hint, batched like the rest.
         undetected = [i for i in first_chunk if languages[i] is None]

@@ -42,7 +42,9 @@ How it runs:
 - on CUDA one decoder step is captured as a CUDA graph per (batch bucket, hypotheses,
   cache length, window length) and replayed; batches are padded to a power of two so few
   graphs are captured; ``cuda_graphs=False`` or any capture failure runs eagerly;
-- ``log_mel`` computes faster-whisper's features with ``torch.stft`` on the engine's device.
+- ``LogMel`` computes faster-whisper's features with ``torch.stft`` on the engine's device;
+  ``chunk_features`` is the worker's front end when chunks come as samples
+  (``AudioOptions.features_on_model``).
 
 Imports torch at module level: only the worker's ``engine = "torch"`` path, the tests and the
 scripts import this module. Torch is not a dependency of the default install.
@@ -151,6 +153,46 @@ class LogMel:
         top = log.amax(dim=(-2, -1), keepdim=True)
         log = torch.maximum(log, top - 8.0)
         return (log + 4.0) / 4.0
+
+
+_LOG_MELS: dict[tuple[int, str], LogMel] = {}
+_LOG_MELS_LOCK = threading.Lock()
+# Waveforms of one length computed together: 32 chunks of 30 s are 61 MB of samples and
+# 150 MB of spectrum on the device.
+LOG_MEL_GROUP = 32
+
+
+def log_mel(n_mels: int, device: str | torch.device) -> LogMel:
+    """The process's ``LogMel`` for ``n_mels`` on ``device`` (filters and window built once)."""
+    key = (n_mels, str(torch.device(device)))
+    with _LOG_MELS_LOCK:
+        if key not in _LOG_MELS:
+            _LOG_MELS[key] = LogMel(n_mels, device)
+        return _LOG_MELS[key]
+
+
+def chunk_features(
+    samples: Sequence[np.ndarray], n_mels: int, device: str | torch.device
+) -> list[np.ndarray]:
+    """Each chunk's features from its 16 kHz samples, as the decode stage computes them
+    (``workers.audio.features_of``: the log-mel without its last frame), with ``LogMel`` on
+    ``device``, back on the host as float32 (n_mels, frames) arrays: the worker pads, batches
+    and aligns words on host features whichever stage computed them. Chunks of one length go
+    through together, ``LOG_MEL_GROUP`` at a time; ``LogMel``'s maximum is per waveform, so a
+    chunk's features do not depend on its group."""
+    mel = log_mel(n_mels, device)
+    out: list[np.ndarray | None] = [None] * len(samples)
+    by_length: dict[int, list[int]] = {}
+    for i, s in enumerate(samples):
+        by_length.setdefault(len(s), []).append(i)
+    for idx in by_length.values():
+        for start in range(0, len(idx), LOG_MEL_GROUP):
+            part = idx[start : start + LOG_MEL_GROUP]
+            wave = np.stack([samples[i] for i in part]).astype(np.float32, copy=False)
+            feats = mel(wave)[..., :-1].cpu().numpy()
+            for i, f in zip(part, feats, strict=True):
+                out[i] = f
+    return [f for f in out if f is not None]
 
 
 # --- alignment helpers (host) -------------------------------------------------------------

@@ -25,6 +25,7 @@ from overnight.workers.whisper_torch import (  # noqa: E402
     LogMel,
     TorchWhisper,
     UnsupportedOption,
+    chunk_features,
     negative_dtw,
 )
 from overnight.workers.whisper_weights import load_checkpoint  # noqa: E402
@@ -73,8 +74,8 @@ def engine() -> TorchWhisper:
     return TorchWhisper.from_path(bundled_model_path())
 
 
-def _decoded(sources: list[bytes]) -> pa.Table:
-    chunker = AudioChunker(AudioOptions())
+def _decoded(sources: list[bytes], options: AudioOptions | None = None) -> pa.Table:
+    chunker = AudioChunker(options or AudioOptions())
     rows = [
         chunker(data).record(f"item{i}", f"mem://{i}", size=1, etag="e")
         for i, data in enumerate(sources)
@@ -217,6 +218,48 @@ def test_shared_recordings_transcribe_as_ctranslate2_within_0_3_wer_points(engin
     assert [r["status"] for r in tw] == ["ok"] * len(refs)
     options = json.loads(tw[0]["options"])
     assert (options["engine"], options["compute_type"]) == ("torch", "float32")
+
+
+def test_chunks_sent_as_samples_transcribe_as_chunks_sent_as_features(engines, shared_audio):
+    """``AudioOptions.features_on_model`` (the torch engine on a GPU): the worker computes
+    each chunk's features from its samples with its engine's front end (the torch engine's
+    ``LogMel``, CTranslate2's faster-whisper ``FeatureExtractor``), and everything after it
+    (windows, batches, word alignment, the guard) sees the features the decode stage ships:
+    the same text and words; the torch front end differs from faster-whisper's by at most
+    2e-5 on these chunks (float32 rounding in another FFT), which moves no word here."""
+    names = ["jfk.flac", "1089-134686-0001.wav", "1221-135766-0002.wav"]
+    data = [(shared_audio / name).read_bytes() for name in names]
+    shipped = _decoded(data)
+    sent = _decoded(data, AudioOptions(features_on_model=True))
+    chunks = [c for row in sent.column("chunks").to_pylist() for c in row]
+    assert chunks and all(c["feature_size"] == 0 for c in chunks)
+    samples = [np.frombuffer(c["features"], np.float32) for c in chunks]
+    features = [
+        np.frombuffer(c["features"], np.float32).reshape(80, -1)
+        for row in shipped.column("chunks").to_pylist()
+        for c in row
+    ]
+    # chunks of one length go through LogMel together: the same features as one by one
+    one_by_one = [chunk_features([s], 80, "cpu")[0] for s in samples[:2]]
+    together = chunk_features([samples[0], samples[1], samples[0]], 80, "cpu")
+    expected_order = [*one_by_one, one_by_one[0]]
+    assert all(np.array_equal(a, b) for a, b in zip(together, expected_order, strict=True))
+    mine = chunk_features(samples, 80, "cpu")
+    assert [f.shape for f in mine] == [f.shape for f in features]
+    assert max(float(np.abs(a - b).max()) for a, b in zip(mine, features, strict=True)) < 1e-4
+    for worker in engines:
+        expected, got = worker(shipped).to_pylist(), worker(sent).to_pylist()
+        assert [r["text"] for r in got] == [r["text"] for r in expected]
+        assert all(r["status"] == "ok" and r["text"] for r in got)
+        for a, b in zip(expected, got, strict=True):
+            wa, wb = _words(a), _words(b)
+            assert [w["word"] for w in wa] == [w["word"] for w in wb] and wb
+            gaps = [
+                max(abs(x["start"] - y["start"]), abs(x["end"] - y["end"]))
+                for x, y in zip(wa, wb, strict=True)
+            ]
+            assert max(gaps) <= 0.02, gaps  # one alignment frame
+            assert b["asr_s"] > 0
 
 
 @pytest.mark.skipif(not espeak_available(), reason="espeak-ng not installed")
