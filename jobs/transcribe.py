@@ -45,6 +45,7 @@ from overnight.workers.whisper_options import (
     english_only,
     gpu_model_workers,
     is_english,
+    resolve_engine,
 )
 
 _SLIM = [
@@ -63,12 +64,24 @@ _SLIM = [
 ]
 
 
-def audio_options(opts: TranscribeOptions, feature_size: int) -> AudioOptions:
+def audio_options(
+    opts: TranscribeOptions, feature_size: int, engine: str = "ctranslate2", device: str = "cpu"
+) -> AudioOptions:
     """The spec's audio fields (the same names as ``AudioOptions``'), and the model's mel bins;
-    a diarizing job keeps each chunk's speech samples for the speaker encoder."""
-    names = {f.name for f in fields(AudioOptions)} - {"feature_size", "keep_speech"}
+    a diarizing job keeps each chunk's speech samples for the speaker encoder. The torch engine
+    on cuda (``engine`` resolved) computes the features on its GPU from the chunks' samples
+    (``features_on_model``), so that the decode tasks' cores only decode; CTranslate2, and
+    any engine on CPU, takes them from the decode stage as before."""
+    names = {f.name for f in fields(AudioOptions)} - {
+        "feature_size",
+        "keep_speech",
+        "features_on_model",
+    }
     return AudioOptions(
-        **opts.model_dump(include=names), feature_size=feature_size, keep_speech=opts.diarize
+        **opts.model_dump(include=names),
+        feature_size=feature_size,
+        keep_speech=opts.diarize,
+        features_on_model=engine == "torch" and device == "cuda",
     )
 
 
@@ -368,7 +381,8 @@ class TranscribeJob(Job[TranscribePrepared]):
     def stages(self, at: Resolved, prepared: TranscribePrepared) -> Build:
         opts = self.opts
         whisper = whisper_options(opts, at.device, at.pool)
-        audio = audio_options(opts, prepared.model.feature_size)
+        engine = resolve_engine(whisper.engine)
+        audio = audio_options(opts, prepared.model.feature_size, engine, at.device)
         extra = tuple(sorted((f"audio.{k}", v) for k, v in asdict(audio).items()))
         diarize = diarize_options(opts)
         if diarize is not None:

@@ -631,3 +631,37 @@ def test_each_model_worker_prices_its_batches_at_its_share_of_the_actor(
     costs = {s.name: s.cost for s in stages if s.cost is not None}
     assert (costs["whisper"].resource, costs["whisper"].units) == ("cpu", units)
     assert (costs["decode"].resource, costs["decode"].units) == ("cpu", 1.0)
+
+
+@pytest.mark.parametrize(
+    ("engine", "device", "on_model"),
+    [
+        ("torch", "cuda", True),
+        ("torch", "cpu", False),
+        ("auto", "cuda", False),
+        ("ctranslate2", "cuda", False),
+        ("auto", "cpu", False),
+    ],
+)
+def test_the_features_are_the_models_only_for_the_torch_engine_on_cuda(
+    tmp_path, engine, device, on_model
+):
+    """The torch engine on a GPU computes the log-mel front end itself from the chunks'
+    samples (``AudioOptions.features_on_model``); every other run keeps the decode stage's
+    features, CPU runs included. The rows' options say which."""
+    write_wav(tmp_path / "a.wav", silence(1.0))
+    spec = build_spec(
+        overrides={
+            "job": {"input": str(tmp_path), "output": str(tmp_path / "out")},
+            "transcribe": {"engine": engine},
+        }
+    )
+    pool = sizing.Pool(1, 2.0, 1.0 if device == "cuda" else 0.0, 1.0, 1, 1)
+    job = TranscribeJob(spec)
+    stages = {
+        s.name: s
+        for s in job.stages(runner.Resolved(device, pool, 1), job.prepare(dry=True)).stages
+    }
+    assert stages["decode"].kwargs["options"].features_on_model is on_model
+    extra = dict(stages["whisper"].kwargs["config"].extra_options)
+    assert extra["audio.features_on_model"] is on_model
