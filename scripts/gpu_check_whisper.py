@@ -38,7 +38,8 @@ audio-s/s, windows/s and the share of dense BF16 peak (989 TFLOP/s on an H100 or
 the FLOPs of ``window_flops`` (about 2.27 TFLOP for turbo's encoder per window, 0.07 more for
 96 greedy tokens) make of the wall time; the torch engine also without CUDA graphs at the
 first size. Then the log-mel front end on the GPU (``LogMel``, ``torch.stft``) against
-faster-whisper's on one CPU core, and their largest difference. Needs torch and ``prepare``'s
+faster-whisper's on one CPU core, and their largest difference; and the front end as the
+worker runs it (``chunk_features``: host samples in, host features out). Needs torch and ``prepare``'s
 vocabulary files; under 5 minutes on one GPU. Output: ``whisper_engines.json``.
 """
 
@@ -483,6 +484,7 @@ def front_end(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {
         "windows": windows,
         "device_audio_s_per_s": round(windows * WINDOW_S / min(walls), 1),
+        **_worker_front_end(audio, n_mels, device),
     }
     try:
         from faster_whisper.feature_extractor import FeatureExtractor
@@ -503,6 +505,27 @@ def front_end(args: argparse.Namespace) -> dict[str, Any]:
     ours = out[:count].float().cpu().numpy()
     report["max_abs_diff"] = float(np.abs(ours - np.stack(cpu)).max())
     return report
+
+
+def _worker_front_end(audio: Any, n_mels: int, device: str) -> dict[str, Any]:
+    """The front end as the Whisper worker runs it on chunks sent as samples
+    (``chunk_features``, ``AudioOptions.features_on_model``): host samples in, host features
+    out, chunks of one length together. Half the chunks are 30 s, the others 5-30 s each of
+    its own length (VAD-packed chunks), so those go through one by one."""
+    import numpy as np
+
+    from overnight.workers.whisper_torch import chunk_features
+
+    rng = np.random.default_rng(2)
+    cut = [len(a) if i % 2 == 0 else int(rng.integers(80000, len(a))) for i, a in enumerate(audio)]
+    chunks = [a[:n] for a, n in zip(audio, cut, strict=True)]
+    chunk_features(chunks[:2], n_mels, device)  # warm-up
+    walls = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        chunk_features(chunks, n_mels, device)  # back on the host: synchronized
+        walls.append(time.perf_counter() - t0)
+    return {"worker_audio_s_per_s": round(sum(cut) / 16000 / min(walls), 1)}
 
 
 def ct2_measure(args: argparse.Namespace) -> dict[str, Any]:

@@ -102,6 +102,7 @@ def test_whisper_engines_check_times_both_engines_and_the_front_ends_in_cpu_mode
     assert set(variants) == {"greedy_batch_1", "beam2_batch_1"}
     assert all(v["audio_s_per_s"] > 0 and v["windows_per_s"] > 0 for v in variants.values())
     assert report["front_end"]["max_abs_diff"] < 1e-4
+    assert report["front_end"]["worker_audio_s_per_s"] > 0
     if importlib.util.find_spec("ctranslate2") is not None:
         ct2 = report["ctranslate2"]
         assert ct2["load"]["status"] == "ok", ct2
