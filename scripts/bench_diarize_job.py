@@ -6,7 +6,7 @@ espeak-ng voices without ../shared/data), written as WAV files. Each turn runs t
 (local Ray, bundled tiny.en, CPU) into a fresh output and reads its summary: wall time, and
 the ledger's seconds by stage. The target (issue #37): at most 15% more time on 2 cores.
 
-    OPENBLAS_NUM_THREADS=1 .venv/bin/python scripts/bench_diarize_job.py --calls 8 --turns 2
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python scripts/bench_diarize_job.py --calls 8 --turns 3
 """
 
 from __future__ import annotations
@@ -45,9 +45,16 @@ def write_calls(folder: Path, calls: int, seed: int) -> float:
     return total
 
 
-def run(calls: Path, out: Path, diarize: bool) -> dict:
+# What each variant adds to ``overnight transcribe CALLS OUT --device cpu``: diarization turns
+# word timestamps on (words are what it assigns to speakers), so ``words`` separates the cost
+# of the timestamps from that of finding the speakers.
+VARIANTS = {"plain": [], "words": ["--config", "{words}"], "diarize": ["--diarize"]}
+
+
+def run(calls: Path, out: Path, variant: str, words_config: Path) -> dict:
     cmd = [sys.executable, "-m", "overnight.jobs.cli", "transcribe", str(calls), str(out)]
-    cmd += ["--device", "cpu", "--json", "--quiet"] + (["--diarize"] if diarize else [])
+    extra = [a.format(words=words_config) for a in VARIANTS[variant]]
+    cmd += ["--device", "cpu", "--json", "--quiet", *extra]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"the job failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -68,23 +75,26 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="bench-diarize-job-"))
     audio_s = write_calls(work / "calls", args.calls, args.seed)
-    results: dict[str, list[dict]] = {"plain": [], "diarize": []}
+    words_config = work / "words.toml"
+    words_config.write_text("[transcribe]\nword_timestamps = true\n")
+    results: dict[str, list[dict]] = {name: [] for name in VARIANTS}
+    names = list(VARIANTS)
     for turn in range(args.turns):
-        for name in ("plain", "diarize") if turn % 2 == 0 else ("diarize", "plain"):
-            r = run(work / "calls", work / f"out-{name}-{turn}", name == "diarize")
+        # Each turn in another order: the machine drifts, so no variant always runs first.
+        for name in names[turn % len(names) :] + names[: turn % len(names)]:
+            r = run(work / "calls", work / f"out-{name}-{turn}", name, words_config)
             results[name].append(r)
             print(
                 f"turn {turn} {name:8s} wall {r['wall_s']:.1f} s  stages {json.dumps({k: round(v, 1) for k, v in r['stages_s'].items()})}"
             )
-    plain = statistics.median(r["wall_s"] for r in results["plain"])
-    diar = statistics.median(r["wall_s"] for r in results["diarize"])
+    wall = {name: statistics.median(r["wall_s"] for r in rs) for name, rs in results.items()}
     diarize_s = statistics.median(r["stages_s"].get("diarize", 0.0) for r in results["diarize"])
     report = {
         "calls": args.calls,
         "audio_s": round(audio_s, 1),
-        "plain_wall_s": [round(r["wall_s"], 1) for r in results["plain"]],
-        "diarize_wall_s": [round(r["wall_s"], 1) for r in results["diarize"]],
-        "overhead_wall": round(diar / plain - 1, 3),
+        **{f"{name}_wall_s": [round(r["wall_s"], 1) for r in rs] for name, rs in results.items()},
+        "diarize_over_plain": round(wall["diarize"] / wall["plain"] - 1, 3),
+        "diarize_over_words": round(wall["diarize"] / wall["words"] - 1, 3),
         "diarize_s_per_audio_s": round(diarize_s / audio_s, 4),
     }
     print(json.dumps(report, indent=2))
