@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pyarrow.parquet as pq
 
@@ -14,25 +15,36 @@ from tests.conftest import REPO
 from tests.jobs.cli.test_cli_messages import cli_env
 
 
-def _json_of(*args: str) -> tuple[int, dict, str]:
+def _overnight(*args: str) -> tuple[int, str, str]:
+    """The command line in a child process: (exit status, stdout, stderr)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "overnight.jobs.cli", *args, "--json"],
+        [sys.executable, "-m", "overnight.jobs.cli", *args],
         env=cli_env(),
         capture_output=True,
         text=True,
         timeout=300,
         cwd=REPO,
     )
-    return proc.returncode, json.loads(proc.stdout), proc.stderr
+    return proc.returncode, proc.stdout, proc.stderr
 
 
-def test_a_run_with_json_prints_only_its_summary_on_stdout(synth_calls, tmp_path):
+def _json_of(*args: str) -> tuple[int, dict, str]:
+    code, stdout, stderr = _overnight(*args, "--json")
+    return code, json.loads(stdout), stderr
+
+
+def _one_call(synth_calls, tmp_path) -> tuple[Path, Path]:
+    """A folder holding one synthesized call, and an output folder beside it."""
     folder, refs = synth_calls
     one = tmp_path / "in"
     one.mkdir()
     name = sorted(refs)[0]
     shutil.copy(folder / name, one / name)
-    out = tmp_path / "out"
+    return one, tmp_path / "out"
+
+
+def test_a_run_with_json_prints_only_its_summary_on_stdout(synth_calls, tmp_path):
+    one, out = _one_call(synth_calls, tmp_path)
     code, summary, _ = _json_of("transcribe", str(one), str(out), "--device", "cpu")
     assert code == 0
     assert summary["kind"] == "transcribe" and summary["items"] == 1
@@ -52,12 +64,7 @@ def test_a_dry_run_with_json_prints_its_report_as_one_object(synth_calls, tmp_pa
 def test_log_format_json_writes_one_event_per_stderr_line_and_no_transcript_text(
     synth_calls, tmp_path
 ):
-    folder, refs = synth_calls
-    one = tmp_path / "in"
-    one.mkdir()
-    name = sorted(refs)[0]
-    shutil.copy(folder / name, one / name)
-    out = tmp_path / "out"
+    one, out = _one_call(synth_calls, tmp_path)
     code, _, stderr = _json_of(
         "transcribe", str(one), str(out), "--device", "cpu", "--log-format", "json"
     )
@@ -73,20 +80,8 @@ def test_log_format_json_writes_one_event_per_stderr_line_and_no_transcript_text
     said = pq.read_table(out / "transcripts").column("text").to_pylist()[0]
     assert said and said.strip() not in stderr
     # A systemic failure is an event too, with its exit status.
-    code, _, stderr = _json_of_failing(
+    code, _, stderr = _overnight(
         "transcribe", str(tmp_path / "missing"), str(out), "--log-format", "json"
     )
     [error] = [json.loads(line) for line in stderr.splitlines() if line.strip()]
     assert code == 4 and error["event"] == "error" and error["exit_code"] == 4
-
-
-def _json_of_failing(*args: str) -> tuple[int, str, str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "overnight.jobs.cli", *args],
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-    )
-    return proc.returncode, proc.stdout, proc.stderr

@@ -172,7 +172,8 @@ def test_plan_command_shows_its_arithmetic_and_the_cheapest_option(tmp_path, cap
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(profile_document([H100, CPU], "transcribe", "audio_s")))
     assert [p.name for p in load_profiles([str(path)])] == [H100.name, CPU.name]
-    code = main(["plan", "--audio-hours", "2000", "--deadline", "6h", "--profile", str(path)])
+    night = ["plan", "--audio-hours", "2000", "--deadline", "6h", "--profile", str(path)]
+    code = main(night)
     out = capsys.readouterr().out
     assert code == 0
     assert "ceil(30.8642) = 31" in out and "$7.0327" in out
@@ -180,13 +181,7 @@ def test_plan_command_shows_its_arithmetic_and_the_cheapest_option(tmp_path, cap
     # A GPU kind no profile measured can be stated, and is then priced as asked.
     code = main(
         [
-            "plan",
-            "--audio-hours",
-            "2000",
-            "--deadline",
-            "6h",
-            "--profile",
-            str(path),
+            *night,
             "--gpu",
             "l4",
             "--throughput",
@@ -206,21 +201,7 @@ def test_plan_command_shows_its_arithmetic_and_the_cheapest_option(tmp_path, cap
     assert l4["cost_usd"] == pytest.approx(workers * 0.8 * BACKLOG / (workers * 270) / 3600)
     assert plan["cheapest"] == l4["name"]  # h100 was filtered out by --gpu l4; cpu needs 31 > 4
     # No option within --max-workers meets the deadline: its own exit status, not 1 (a bug).
-    code = main(
-        [
-            "plan",
-            "--audio-hours",
-            "2000",
-            "--deadline",
-            "6h",
-            "--profile",
-            str(path),
-            "--gpu",
-            "cpu",
-            "--max-workers",
-            "4",
-        ]
-    )
+    code = main([*night, "--gpu", "cpu", "--max-workers", "4"])
     assert code == 13, capsys.readouterr().out
 
 
