@@ -17,15 +17,15 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import wave
 from pathlib import Path
-
-import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import bench_diarize  # noqa: E402
+
+from overnight.jobs.ops.demo import write_wav  # noqa: E402
+from overnight.workers.audio import SAMPLE_RATE  # noqa: E402
 
 
 def write_calls(folder: Path, calls: int, seed: int) -> float:
@@ -35,13 +35,8 @@ def write_calls(folder: Path, calls: int, seed: int) -> float:
     total = 0.0
     for call in bench_diarize.build_set(kind, 2, calls, seed, bench_diarize.DATA):
         audio = bench_diarize.telephone_copy(call.audio)
-        pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2")
-        with wave.open(str(folder / f"{call.name}.wav"), "wb") as w:
-            w.setnchannels(1)
-            w.setsampwidth(2)
-            w.setframerate(16_000)
-            w.writeframes(pcm.tobytes())
-        total += len(audio) / 16_000
+        write_wav(folder / f"{call.name}.wav", audio)
+        total += len(audio) / SAMPLE_RATE
     return total
 
 

@@ -115,8 +115,8 @@ class Chunk:
     # (feature_size, frames) float32, not padded; None with ``AudioOptions.features_on_model``
     # (the model computes them from ``speech``).
     features: np.ndarray | None
-    # The clips' samples, concatenated (16 kHz float32), with ``AudioOptions.keep_speech`` or
-    # ``features_on_model``.
+    # The clips' samples, concatenated (16 kHz float32), with ``features_on_model``, and with
+    # ``AudioOptions.keep_speech`` where the recording itself is not kept (``DecodedAudio.voice``).
     speech: np.ndarray | None = None
 
     @property
@@ -614,7 +614,9 @@ class AudioChunker:
                 result.voice = (np.concatenate(kept, axis=1)[0], self._voice(probs, length))
         if any(groups):
             _check_deadline(deadline)
-            for chunks in self._cut(source.blocks() if kept is None else kept, groups):
+            # Diarization takes the chunks' samples only where it has no whole recording.
+            keep = opts.keep_speech and result.voice is None
+            for chunks in self._cut(source.blocks() if kept is None else kept, groups, keep):
                 result.chunks.extend(chunks)
         result.speech_s = sum(c.duration_s for c in result.chunks)
         return result
@@ -628,7 +630,10 @@ class AudioChunker:
         return [(a / SAMPLE_RATE, b / SAMPLE_RATE) for a, b in regions]
 
     def _cut(
-        self, blocks: Iterable[np.ndarray], groups: list[list[list[tuple[int, int]]]]
+        self,
+        blocks: Iterable[np.ndarray],
+        groups: list[list[list[tuple[int, int]]]],
+        keep_speech: bool = False,
     ) -> list[list[Chunk]]:
         """Each channel's chunks: the samples of its current group's clips are collected as
         the blocks go by, and a complete group becomes features at once."""
@@ -647,7 +652,8 @@ class AudioChunker:
                             pieces[channel].append(block[channel, lo - pos : hi - pos].copy())
                     if group[-1][1] > pos + n:
                         break  # the group goes on in a later block
-                    out[channel].append(self._chunk(channel, group, pieces[channel]))
+                    chunk = self._chunk(channel, group, pieces[channel], keep_speech)
+                    out[channel].append(chunk)
                     pieces[channel] = []
                     current[channel] += 1
             pos += n
@@ -657,14 +663,20 @@ class AudioChunker:
             raise AudioError(ErrorCode.CORRUPT_AUDIO, "the audio decoded shorter the second time")
         return out
 
-    def _chunk(self, channel: int, group: list[tuple[int, int]], pieces: list[np.ndarray]) -> Chunk:
+    def _chunk(
+        self,
+        channel: int,
+        group: list[tuple[int, int]],
+        pieces: list[np.ndarray],
+        keep_speech: bool = False,
+    ) -> Chunk:
         speech = np.concatenate(pieces)
         seconds = [(s / SAMPLE_RATE, e / SAMPLE_RATE) for s, e in group]
         if self._features is None:  # features_on_model: the samples go to the model
             return Chunk(channel=channel, clips=seconds, features=None, speech=speech)
         # Same framing as faster-whisper's batched pipeline: drop the last frame.
         feats = features_of(self._features, speech)
-        kept = speech if self.options.keep_speech else None
+        kept = speech if keep_speech else None
         return Chunk(channel=channel, clips=seconds, features=feats, speech=kept)
 
 

@@ -19,14 +19,25 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter as Tally
-from functools import cache
 from typing import Any
 
 import pyarrow as pa
 
+_MADE: dict[str, Any] = {}
 
-@cache
+
 def _metrics() -> dict[str, Any] | None:
+    """The process's metrics, made once Ray runs here (a driver prices a killed run's rows
+    before it starts Ray: not made then, and made at the next call)."""
+    if not _MADE:
+        made = _make()
+        if made is None:
+            return None
+        _MADE.update(made)
+    return _MADE
+
+
+def _make() -> dict[str, Any] | None:
     try:
         import ray
         from ray.util.metrics import Counter

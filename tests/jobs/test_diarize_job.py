@@ -6,14 +6,13 @@ words, as dialogue in ``show``, with call analytics and its own ledger stage."""
 from __future__ import annotations
 
 import re
-import wave
-from pathlib import Path
 
 import numpy as np
 import pyarrow.dataset as pads
 import pytest
 
 from overnight.jobs.cli import main
+from overnight.jobs.ops.demo import write_wav
 from tests.jobs.test_transcribe import rows, transcribe
 from tests.workers.test_diarize import SR, _call
 
@@ -27,15 +26,6 @@ def _model_prepared() -> None:
         pytest.skip("the speaker encoder is not prepared (scripts/install.sh prepares it)")
 
 
-def _write_wav(path: Path, audio: np.ndarray) -> None:
-    pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2")
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(SR)
-        w.writeframes(pcm.tobytes())
-
-
 @pytest.fixture(scope="module")
 def diarized(tmp_path_factory):
     _model_prepared()
@@ -43,7 +33,7 @@ def diarized(tmp_path_factory):
     calls = root / "calls"
     calls.mkdir()
     audio, reference = _call()
-    _write_wav(calls / "mono_call.wav", audio)
+    write_wav(calls / "mono_call.wav", audio)
     out = root / "out"
     summary = transcribe(
         str(calls), str(out), device="cpu", diarize=True, speaker_roles=["agent", "customer"]
@@ -103,7 +93,7 @@ def test_a_missing_speaker_model_stops_the_job_before_work_with_exit_5(
 ):
     monkeypatch.setenv("OVERNIGHT_CACHE", str(tmp_path / "empty-cache"))
     (tmp_path / "in").mkdir()
-    _write_wav(tmp_path / "in" / "a.wav", np.zeros(SR, np.float32))
+    write_wav(tmp_path / "in" / "a.wav", np.zeros(SR, np.float32))
     code = main(["transcribe", str(tmp_path / "in"), str(tmp_path / "out"), "--diarize"])
     err = capsys.readouterr().err
     assert code == 5, err

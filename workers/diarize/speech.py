@@ -8,11 +8,12 @@ recording's timeline: silence is never embedded, and the samples are not decoded
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
 
-from overnight.workers.audio import Chunk
+from overnight.workers.audio import Chunk, to_original_time
 from overnight.workers.diarize.diarize import Diarization, Diarizer, Turn
 
 
@@ -23,32 +24,21 @@ def diarize_chunks(diarizer: Diarizer, chunks: Sequence[Chunk], channel: int = 0
         (c for c in chunks if c.channel == channel and c.speech is not None and c.clips),
         key=lambda c: c.clips[0][0],
     )
-    # Each clip's place in the concatenated speech and in the recording: (at, start, end).
-    places: list[tuple[float, float, float]] = []
-    at = 0.0
-    for chunk in mine:
-        for start, end in chunk.clips:
-            places.append((at, start, end))
-            at += end - start
-    if not places:
+    clips = [clip for chunk in mine for clip in chunk.clips]
+    if not clips:
         return Diarization()
     audio = np.concatenate([c.speech for c in mine if c.speech is not None])
-    regions = [(a, a + (end - start)) for a, start, end in places]
-    found = diarizer(audio, regions)
+    # Each clip is a region of the concatenated speech; turns go back through the clips.
+    bounds = np.cumsum([0.0, *(end - start for start, end in clips)]).tolist()
+    found = diarizer(audio, list(itertools.pairwise(bounds)))
     found.turns = _merged(
-        [Turn(t.speaker, _orig(places, t.start), _orig(places, t.end)) for t in found.turns]
+        [
+            Turn(t.speaker, to_original_time(clips, t.start), to_original_time(clips, t.end))
+            for t in found.turns
+        ]
     )
-    found.speech_s = sum(end - start for _, start, end in places)
+    found.speech_s = bounds[-1]
     return found
-
-
-def _orig(places: list[tuple[float, float, float]], t: float) -> float:
-    """A time in the concatenated speech, on the recording's timeline."""
-    for at, start, end in places:
-        if t <= at + (end - start) + 1e-9:
-            return start + max(0.0, t - at)
-    _, _, end = places[-1]
-    return end
 
 
 def _merged(turns: list[Turn]) -> list[Turn]:

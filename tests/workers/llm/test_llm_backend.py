@@ -38,18 +38,6 @@ def _conv(question: str) -> list[dict[str, str]]:
     ]
 
 
-@pytest.fixture(scope="session")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # Shared through the session's base temp dir: other test modules find it converted.
-    cache = tmp_path_factory.getbasetemp() / "llm-models"
-    return prepare_ctranslate2_from_gguf(smollm2_gguf_path(), cache_dir=cache)
-
-
-@pytest.fixture(scope="module")
-def backend(model_dir: Path) -> LLMBackend:
-    return load_backend("ctranslate2", str(model_dir), device="cpu")
-
-
 def test_conversion_writes_a_complete_model_directory_with_tokenizer_and_chat_template(
     model_dir: Path,
 ) -> None:
