@@ -118,7 +118,7 @@ def test_a_prompt_longer_than_the_context_is_reported_not_run(backend: LLMBacken
 
 
 def test_split_by_tokens_respects_the_limit_and_loses_no_text(backend: LLMBackend) -> None:
-    text = (REPO.parent / "shared" / "FIELD_NOTES.md").read_text()[:6000]
+    text = _field_notes()[:6000]
     pieces = backend.split_by_tokens(text, 150)
     assert len(pieces) > 1
     assert "".join(pieces) == text
@@ -300,3 +300,11 @@ def test_on_cpu_a_long_document_is_cut_into_chunks_whose_prefill_memory_stays_sm
     assert backend.context_length == 8192
     budget = _prompt_budget(backend, TaskSpec(kind="summarize"), overhead=60)
     assert budget == ct2_backend.CPU_CHUNK_TOKENS == 2048
+
+
+def _field_notes() -> str:
+    """A long English text nobody here wrote: the shared data's notes (skip where absent)."""
+    path = REPO.parent / "shared" / "FIELD_NOTES.md"
+    if not path.is_file():
+        pytest.skip("../shared/FIELD_NOTES.md is absent (shared data)")
+    return path.read_text()

@@ -122,7 +122,7 @@ def test_summarize_of_a_short_text_returns_non_empty_text(backend: LLMBackend) -
 
 
 def test_long_text_is_summarised_map_reduce_over_several_chunks(backend: LLMBackend) -> None:
-    text = (REPO.parent / "shared" / "FIELD_NOTES.md").read_text()[:600]
+    text = _field_notes()[:600]
     spec = TaskSpec(kind="summarize", summary_words=10, chunk_tokens=100)
     short = "Ray Data runs batch jobs on a cluster."
     long_out, short_out = run_task(backend, spec, _items(text, short))
@@ -137,7 +137,7 @@ def test_long_text_is_summarised_map_reduce_over_several_chunks(backend: LLMBack
 def test_document_needing_more_than_max_chunks_fails_with_context_exceeded(
     backend: LLMBackend,
 ) -> None:
-    text = (REPO.parent / "shared" / "FIELD_NOTES.md").read_text()[:3000]
+    text = _field_notes()[:3000]
     spec = TaskSpec(kind="summarize", summary_words=15, chunk_tokens=100, max_chunks=2)
     [out] = run_task(backend, spec, _items(text))
     assert (out.status, out.error_code) == ("error", "context_exceeded")
@@ -562,3 +562,11 @@ def test_a_summary_that_reaches_the_cap_without_finishing_a_sentence_is_retried_
     template = TaskSpec(kind="prompt", template="List the items in {text}", max_new_tokens=6)
     [out] = run_task(ScriptedBackend(lambda conv: runaway), template, _items("A call."))
     assert out.status == "ok" and out.output_text == "the customer whose account number was"
+
+
+def _field_notes() -> str:
+    """A long English text nobody here wrote: the shared data's notes (skip where absent)."""
+    path = REPO.parent / "shared" / "FIELD_NOTES.md"
+    if not path.is_file():
+        pytest.skip("../shared/FIELD_NOTES.md is absent (shared data)")
+    return path.read_text()
