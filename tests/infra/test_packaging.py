@@ -131,7 +131,11 @@ def test_the_wheel_installs_in_a_fresh_venv_and_runs_the_demo(tmp_path: Path) ->
         timeout=300,
     )
     [fresh_site] = (venv / "lib").glob("python3*/site-packages")
-    dev_site = next(Path(p) for p in sys.path if p.endswith("site-packages") and ".venv" in p)
+    # Where the development install's dependencies live: a venv's site-packages here, the
+    # interpreter's own in CI (which installs into the system Python).
+    import ray
+
+    dev_site = Path(ray.__file__).resolve().parents[1]
     (fresh_site / "zz_overnight_dev_dependencies.pth").write_text(f"{dev_site}\n")
 
     work = tmp_path / "work"  # not the checkout: nothing of the source tree on the path
@@ -141,7 +145,7 @@ def test_the_wheel_installs_in_a_fresh_venv_and_runs_the_demo(tmp_path: Path) ->
         for k, v in os.environ.items()
         if k not in ("PYTHONPATH", "VIRTUAL_ENV", "RAY_ADDRESS") and not k.startswith("HF_")
     }
-    env["PATH"] = os.pathsep.join([str(venv / "bin"), str(REPO / ".venv" / "bin"), env["PATH"]])
+    env["PATH"] = os.pathsep.join([str(venv / "bin"), str(Path(sys.executable).parent), env["PATH"]])
     where = subprocess.run(
         [
             str(python),
