@@ -150,19 +150,12 @@ def _status_text(info) -> str:
     return getattr(info.status, "value", str(info.status))
 
 
-def _submit_once(
-    cl, *, submission_id: str, entrypoint: str, runtime_env: dict, metadata: dict
-) -> Submitted | None:
-    """Submit; None when the id is taken (the caller reports the existing job)."""
+def _submit_once(cl, submission_id: str, job: dict[str, Any]) -> Submitted | None:
+    """Submit ``job`` (the Jobs API's entrypoint, runtime_env and metadata) as
+    ``submission_id``; None when the id is taken (the caller reports the existing job)."""
     try:
-        cl.submit_job(
-            entrypoint=entrypoint,
-            submission_id=submission_id,
-            runtime_env=runtime_env,
-            metadata=metadata,
-            # The driver only coordinates: it must fit on a head that advertises 0 CPUs.
-            entrypoint_num_cpus=0,
-        )
+        # The driver only coordinates: it must fit on a head that advertises 0 CPUs.
+        cl.submit_job(submission_id=submission_id, entrypoint_num_cpus=0, **job)
     except RuntimeError as exc:
         if "already exists" in str(exc):
             return None
@@ -173,7 +166,7 @@ def _submit_once(
         raise ClusterUnreachable(
             scrub_secrets(f"lost the Ray Jobs API: {type(exc).__name__}: {str(exc)[:500]}")
         ) from None
-    return Submitted(submission_id, metadata["run_id"], "PENDING", created=True)
+    return Submitted(submission_id, job["metadata"]["run_id"], "PENDING", created=True)
 
 
 def submit(
@@ -211,25 +204,22 @@ def submit(
     work = Path(tempfile.mkdtemp(prefix="overnight-submit-"))
     try:
         (work / JOB_FILE).write_text(tomli_w.dumps(staged))
-        entrypoint = f"overnight run {JOB_FILE} --run-id {shlex.quote(spec.run_id)}"
-        runtime_env = {"working_dir": str(work), "env_vars": runtime_env_vars()}
-        metadata = {
-            "overnight_job": Path(name).name,
-            "run_id": spec.run_id,
-            "base_submission_id": base_id,
+        # The same job under each candidate id.
+        job = {
+            "entrypoint": f"overnight run {JOB_FILE} --run-id {shlex.quote(spec.run_id)}",
+            "runtime_env": {"working_dir": str(work), "env_vars": runtime_env_vars()},
+            "metadata": {
+                "overnight_job": Path(name).name,
+                "run_id": spec.run_id,
+                "base_submission_id": base_id,
+            },
         }
         candidates = [base_id] + (
             [f"{base_id}-retry{n}" for n in range(1, _MAX_RETRIES + 1)] if retry_failed else []
         )
         existing = None
         for candidate in candidates:
-            done = _submit_once(
-                cl,
-                submission_id=candidate,
-                entrypoint=entrypoint,
-                runtime_env=runtime_env,
-                metadata=metadata,
-            )
+            done = _submit_once(cl, candidate, job)
             if done is not None:
                 return replace(done, local_paths=local)
             existing = _job_info(cl, candidate)
