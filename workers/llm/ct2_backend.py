@@ -15,16 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from overnight.workers.llm.contract import (
-    FINISH_CONTEXT_EXCEEDED,
-    FINISH_LENGTH,
-    FINISH_STOP,
-    BackendConfigError,
-    EngineUnavailable,
-    Generation,
-    GenerationParams,
-    split_on_offsets,
-)
+from overnight.workers.llm import contract
 from overnight.workers.llm.prepare import METADATA_FILE
 
 # When a model directory does not say (CTranslate2's config.json has no context length).
@@ -95,7 +86,7 @@ def _load_model_metadata(model_dir: Path) -> dict[str, Any]:
     eos = token(tok_config.get("eos_token")) or config.get("eos_token")
     template = tok_config.get("chat_template")
     if not template:
-        raise BackendConfigError(
+        raise contract.BackendConfigError(
             f"model directory {model_dir} has no chat template: copy tokenizer_config.json "
             "into it (ct2-transformers-converter --copy_files tokenizer.json tokenizer_config.json)"
         )
@@ -177,7 +168,7 @@ class CTranslate2Backend:
         model_dir = Path(model_dir)
         tokenizer_path = model_dir / "tokenizer.json"
         if not tokenizer_path.is_file():
-            raise BackendConfigError(f"model directory {model_dir} lacks tokenizer.json")
+            raise contract.BackendConfigError(f"model directory {model_dir} lacks tokenizer.json")
         meta = _load_model_metadata(model_dir)
         self.model_id = model_id or str(model_dir)
         self.device = device
@@ -210,7 +201,7 @@ class CTranslate2Backend:
             self._generator.generate_batch([self._tokenizer.encode("ok").tokens], max_length=1)
         except Exception as exc:
             self._generator = None
-            raise EngineUnavailable(
+            raise contract.EngineUnavailable(
                 f"CTranslate2 cannot run {self.model_id!r} on {device} ({compute_type}): {exc}"
             ) from exc
         # Release the generator before interpreter shutdown: after a callback has stopped a
@@ -234,7 +225,7 @@ class CTranslate2Backend:
     def split_by_tokens(self, text: str, max_tokens: int) -> list[str]:
         encoding = self._tokenizer.encode(text, add_special_tokens=False)
         starts = [start for start, _ in encoding.offsets]
-        return split_on_offsets(text, starts, max_tokens, self.count_tokens)
+        return contract.split_on_offsets(text, starts, max_tokens, self.count_tokens)
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         return self._template.render(messages)
@@ -242,24 +233,26 @@ class CTranslate2Backend:
     # -- generation ------------------------------------------------------------------------
 
     def generate(
-        self, conversations: list[list[dict[str, str]]], params: GenerationParams
-    ) -> list[Generation]:
+        self, conversations: list[list[dict[str, str]]], params: contract.GenerationParams
+    ) -> list[contract.Generation]:
         prompts = [self._tokens(self.render_chat(c)) for c in conversations]
-        results: list[Generation | None] = [None] * len(prompts)
+        results: list[contract.Generation | None] = [None] * len(prompts)
         runnable = []
         for i, prompt in enumerate(prompts):
             if len(prompt) >= self.context_length:
-                results[i] = Generation("", len(prompt), 0, FINISH_CONTEXT_EXCEEDED)
+                results[i] = contract.Generation(
+                    "", len(prompt), 0, contract.FINISH_CONTEXT_EXCEEDED
+                )
             else:
                 runnable.append(i)
         if params.choices is not None:
             labels = self._best_choices([prompts[i] for i in runnable], params.choices)
             for i, label in zip(runnable, labels, strict=True):
-                results[i] = Generation(
+                results[i] = contract.Generation(
                     text=label,
                     input_tokens=len(prompts[i]),
                     output_tokens=self.count_tokens(label) + 1,
-                    finish_reason=FINISH_STOP,
+                    finish_reason=contract.FINISH_STOP,
                 )
             return self._complete(results)
         lengths = [len(p) for p in prompts]
@@ -301,16 +294,16 @@ class CTranslate2Backend:
                 ended = bool(ids) and ids[-1] in self._end_ids
                 stopped = ended or b in json_done
                 text_ids = ids[:-1] if ended else ids
-                results[i] = Generation(
+                results[i] = contract.Generation(
                     text=self._tokenizer.decode(text_ids, skip_special_tokens=True),
                     input_tokens=len(prompts[i]),
                     output_tokens=len(ids),
-                    finish_reason=FINISH_STOP if stopped else FINISH_LENGTH,
+                    finish_reason=contract.FINISH_STOP if stopped else contract.FINISH_LENGTH,
                 )
         return self._complete(results)
 
     @staticmethod
-    def _complete(results: list[Generation | None]) -> list[Generation]:
+    def _complete(results: list[contract.Generation | None]) -> list[contract.Generation]:
         done = [r for r in results if r is not None]
         if len(done) != len(results):
             raise RuntimeError("CTranslate2 backend lost replies: this is a bug")
@@ -398,7 +391,7 @@ class CTranslate2Backend:
     def choose(
         self, conversations: list[list[dict[str, str]]], choices: Sequence[str]
     ) -> list[str]:
-        params = GenerationParams(choices=tuple(choices))
+        params = contract.GenerationParams(choices=tuple(choices))
         return [g.text for g in self.generate(conversations, params)]
 
     def _best_choices(self, prompts: list[list[str]], choices: tuple[str, ...]) -> list[str]:

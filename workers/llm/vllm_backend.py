@@ -40,16 +40,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from overnight.workers.llm.contract import (
-    FINISH_CONTEXT_EXCEEDED,
-    FINISH_LENGTH,
-    FINISH_STOP,
-    BackendConfigError,
-    EngineUnavailable,
-    Generation,
-    GenerationParams,
-    split_on_offsets,
-)
+from overnight.workers.llm import contract
 
 _DTYPES = ("auto", "float16", "bfloat16", "float32")
 # A context cap unless the job sets max_model_len: Llama 3.1's 131k context would otherwise
@@ -76,7 +67,7 @@ def import_vllm() -> Any:
     try:
         import vllm
     except ImportError as exc:
-        raise EngineUnavailable(
+        raise contract.EngineUnavailable(
             "the vllm backend needs vLLM: on a GPU machine pip install 'overnight[gpu]', on "
             "CPU pip install 'overnight[llm-cpu]' (see docs/get-started/install.md)"
         ) from exc
@@ -90,7 +81,7 @@ def vllm_device() -> str:
     return "cpu" if current_platform.is_cpu() else "cuda"
 
 
-def _structured(vllm_sampling: Any, params: GenerationParams) -> dict[str, Any]:
+def _structured(vllm_sampling: Any, params: contract.GenerationParams) -> dict[str, Any]:
     """SamplingParams keyword arguments that constrain the reply."""
     if params.json_schema is not None:
         # No free whitespace: a small model otherwise pads a JSON reply with newlines until
@@ -135,11 +126,11 @@ def engine_arguments(
 ) -> dict[str, Any]:
     """The ``vllm.LLM`` keyword arguments for a job's settings (see the module doc)."""
     if compute_type not in _DTYPES:
-        raise BackendConfigError(
+        raise contract.BackendConfigError(
             f"compute_type={compute_type!r} with backend vllm: use one of {', '.join(_DTYPES)}"
         )
     if not 0 < gpu_memory_utilization <= 1:
-        raise BackendConfigError(
+        raise contract.BackendConfigError(
             f"gpu_memory_utilization={gpu_memory_utilization}: must be in (0, 1]"
         )
     kwargs: dict[str, Any] = {
@@ -390,7 +381,7 @@ class _Engine:
                 final = output
             return final
         if self._broken is not None:
-            raise EngineUnavailable(f"the vLLM engine stopped: {self._broken}")
+            raise contract.EngineUnavailable(f"the vLLM engine stopped: {self._broken}")
         future: asyncio.Future[Any] = self.loop.create_future()
         self._waiting[request] = future
         try:
@@ -505,7 +496,7 @@ class VLLMBackend:
             # header) reached the driver from the Ray actor as "SystemException: ." with
             # Ray's traceback; the job maps this one to exit 5 with its message.
             detail = " ".join(str(exc).split())[:500] or type(exc).__name__
-            raise EngineUnavailable(
+            raise contract.EngineUnavailable(
                 f"vLLM could not load the model {model!r}: {detail}. Check that it is a "
                 "complete Hugging Face model folder (config.json, the tokenizer files and "
                 "every *.safetensors file; re-download it with `hf download REPO` if one "
@@ -543,7 +534,7 @@ class VLLMBackend:
         with self._tokenizer_lock:
             encoding = self._tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         starts = [start for start, _ in encoding["offset_mapping"]]
-        return split_on_offsets(text, starts, max_tokens, self.count_tokens)
+        return contract.split_on_offsets(text, starts, max_tokens, self.count_tokens)
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         with self._tokenizer_lock:
@@ -560,19 +551,25 @@ class VLLMBackend:
     # -- generation ------------------------------------------------------------------------
 
     def _run(
-        self, conversations: list[list[dict[str, str]]], params: GenerationParams, logprobs: bool
-    ) -> list[tuple[Generation, float | None]]:
+        self,
+        conversations: list[list[dict[str, str]]],
+        params: contract.GenerationParams,
+        logprobs: bool,
+    ) -> list[tuple[contract.Generation, float | None]]:
         # Token prompts: the template is rendered once, here, and the counts below are
         # exactly what the engine runs (no second BOS from re-tokenizing text).
         prompts = [self._encode_chat(c) for c in conversations]
-        results: list[tuple[Generation, float | None] | None] = [None] * len(prompts)
+        results: list[tuple[contract.Generation, float | None] | None] = [None] * len(prompts)
         runnable: list[int] = []
         sampling: list[Any] = []
         structured = _structured(self._vllm_sampling, params)
         for i, ids in enumerate(prompts):
             room = self.context_length - len(ids)
             if room < 1:
-                results[i] = (Generation("", len(ids), 0, FINISH_CONTEXT_EXCEEDED), None)
+                results[i] = (
+                    contract.Generation("", len(ids), 0, contract.FINISH_CONTEXT_EXCEEDED),
+                    None,
+                )
                 continue
             runnable.append(i)
             sampling.append(
@@ -594,13 +591,13 @@ class VLLMBackend:
             for i, (output, engine_s) in zip(runnable, outputs, strict=True):
                 completion = output.outputs[0]
                 reason = completion.finish_reason
-                generation = Generation(
+                generation = contract.Generation(
                     text=completion.text,
                     input_tokens=len(output.prompt_token_ids),
                     output_tokens=len(completion.token_ids),
-                    finish_reason=FINISH_LENGTH
+                    finish_reason=contract.FINISH_LENGTH
                     if reason == "length"
-                    else FINISH_STOP
+                    else contract.FINISH_STOP
                     if reason == "stop"
                     else str(reason),
                     engine_s=engine_s,
@@ -615,18 +612,18 @@ class VLLMBackend:
         return done
 
     def generate(
-        self, conversations: list[list[dict[str, str]]], params: GenerationParams
-    ) -> list[Generation]:
+        self, conversations: list[list[dict[str, str]]], params: contract.GenerationParams
+    ) -> list[contract.Generation]:
         return [g for g, _ in self._run(conversations, params, logprobs=False)]
 
     def choose_scored(
         self, conversations: list[list[dict[str, str]]], choices: Sequence[str]
-    ) -> list[tuple[str, float | None, Generation]]:
+    ) -> list[tuple[str, float | None, contract.Generation]]:
         """The label of each conversation, decoded under a choice constraint (one pass over
         the document whatever the number of labels), with the model's probability of it."""
         choices = tuple(choices)
         longest = max(self.count_tokens(c) for c in choices)
-        params = GenerationParams(max_new_tokens=longest + 8, choices=choices)
+        params = contract.GenerationParams(max_new_tokens=longest + 8, choices=choices)
         labels = []
         for generation, score in self._run(conversations, params, logprobs=True):
             label = generation.text.strip()
