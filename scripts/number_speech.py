@@ -27,7 +27,7 @@ digits of each card, SSN, account, routing and phone number, for redaction recal
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -281,6 +281,80 @@ def _time(rng: random.Random) -> str:
     )
 
 
+# The kinds that say one secret number after a lead-in: the secret's type, how the number is
+# drawn, the groupings it may be read out in, and the lead-ins.
+_READ_OUT: dict[
+    str, tuple[str, Callable[[random.Random], str], list[tuple[int, ...]], list[str]]
+] = {
+    "card": (
+        "card_number",
+        card_number,
+        [(4, 4, 4, 4), (16,), (4, 6, 6)],
+        [
+            "My card number is",
+            "The card number is",
+            "It is",
+            "Sure, it's",
+            "Visa,",
+            "The long number is",
+            "Okay so",
+        ],
+    ),
+    "ssn": (
+        "ssn",
+        lambda rng: _digits(rng, 9),
+        [(3, 2, 4)],
+        ["My social security number is", "My social is", "The SSN is", "It's", "Social security,"],
+    ),
+    "account": (
+        "bank_account",
+        lambda rng: _digits(rng, rng.choice([8, 10, 12]), first_nonzero=rng.random() < 0.5),
+        [(4, 4, 4)],
+        ["The account number is", "My checking account is", "Account", "It is", "Savings,"],
+    ),
+    "phone": (
+        "phone",
+        lambda rng: rng.choice("23456789") + _digits(rng, 9),
+        [(3, 3, 4)],
+        ["You can call me at", "My cell is", "Call me back on", "It's"],
+    ),
+}
+
+# The kinds whose sentence is a template with values of one sort, none of them a secret: each
+# {} is a value of its own.
+_SENTENCES: dict[str, tuple[Callable[[random.Random], str], list[str]]] = {
+    "amount": (
+        _amount,
+        [
+            "I was charged {} twice this month.",
+            "The balance is {} and I paid {} on Friday.",
+            "Can you refund {}?",
+        ],
+    ),
+    "date": (
+        _date,
+        ["My date of birth is {}.", "The payment was due on {}.", "It expires {}."],
+    ),
+    "time": (
+        _time,
+        [
+            "Please call me back at {}.",
+            "The store opens at {} on Saturday.",
+            "I called at {} and waited until {}.",
+        ],
+    ),
+}
+
+
+def _sentence(
+    rng: random.Random, value: Callable[[random.Random], str], templates: list[str]
+) -> str:
+    """One of ``templates``, filled. Every template is filled before the choice, in order,
+    so that a seed draws what it always drew (the seeded corpora stay the same)."""
+    filled = [t.format(*(value(rng) for _ in range(t.count("{}")))) for t in templates]
+    return rng.choice(filled)
+
+
 def utterance(rng: random.Random, name: str) -> Utterance:
     """One caller's sentence with numbers in it, drawn from every kind and style."""
     kind = rng.choice(
@@ -303,47 +377,14 @@ def utterance(rng: random.Random, name: str) -> Utterance:
     )
     style = rng.choice(STYLES)
     secrets: list[Secret] = []
-    if kind == "card":
-        card = card_number(rng)
-        said = read_number(card, rng.choice([(4, 4, 4, 4), (16,), (4, 6, 6)]), style, rng)
-        lead = _cue(
-            rng,
-            [
-                "My card number is",
-                "The card number is",
-                "It is",
-                "Sure, it's",
-                "Visa,",
-                "The long number is",
-                "Okay so",
-            ],
-        )
-        text = f"{lead} {said}."
-        secrets.append(Secret("card_number", card))
-    elif kind == "ssn":
-        ssn = _digits(rng, 9)
-        said = read_number(ssn, (3, 2, 4), style, rng)
-        lead = _cue(
-            rng,
-            [
-                "My social security number is",
-                "My social is",
-                "The SSN is",
-                "It's",
-                "Social security,",
-            ],
-        )
-        text = f"{lead} {said}."
-        secrets.append(Secret("ssn", ssn))
-    elif kind == "account":
-        acct = _digits(rng, rng.choice([8, 10, 12]), first_nonzero=rng.random() < 0.5)
-        said = read_number(acct, (4, 4, 4), style, rng)
-        lead = _cue(
-            rng,
-            ["The account number is", "My checking account is", "Account", "It is", "Savings,"],
-        )
-        text = f"{lead} {said}."
-        secrets.append(Secret("bank_account", acct))
+    if kind in _READ_OUT:
+        secret, number, groupings, leads = _READ_OUT[kind]
+        digits = number(rng)
+        # A grouping is drawn only where there is a choice (a seed draws what it always drew).
+        grouping = rng.choice(groupings) if len(groupings) > 1 else groupings[0]
+        said = read_number(digits, grouping, style, rng)
+        text = f"{_cue(rng, leads)} {said}."
+        secrets.append(Secret(secret, digits))
     elif kind == "routing":
         acct = _digits(rng, 10, first_nonzero=False)
         routing = "0" + _digits(rng, 8, first_nonzero=False)
@@ -352,36 +393,8 @@ def utterance(rng: random.Random, name: str) -> Utterance:
             f"number is {read_number(routing, (9,), rng.choice(STYLES), rng)}."
         )
         secrets += [Secret("bank_account", acct), Secret("bank_account", routing)]
-    elif kind == "phone":
-        phone = rng.choice("23456789") + _digits(rng, 9)
-        said = read_number(phone, (3, 3, 4), style, rng)
-        lead = _cue(rng, ["You can call me at", "My cell is", "Call me back on", "It's"])
-        text = f"{lead} {said}."
-        secrets.append(Secret("phone", phone))
-    elif kind == "amount":
-        text = rng.choice(
-            [
-                f"I was charged {_amount(rng)} twice this month.",
-                f"The balance is {_amount(rng)} and I paid {_amount(rng)} on Friday.",
-                f"Can you refund {_amount(rng)}?",
-            ]
-        )
-    elif kind == "date":
-        text = rng.choice(
-            [
-                f"My date of birth is {_date(rng)}.",
-                f"The payment was due on {_date(rng)}.",
-                f"It expires {_date(rng)}.",
-            ]
-        )
-    elif kind == "time":
-        text = rng.choice(
-            [
-                f"Please call me back at {_time(rng)}.",
-                f"The store opens at {_time(rng)} on Saturday.",
-                f"I called at {_time(rng)} and waited until {_time(rng)}.",
-            ]
-        )
+    elif kind in _SENTENCES:
+        text = _sentence(rng, *_SENTENCES[kind])
     elif kind == "address":
         house = str(rng.randrange(1, 10000))
         text = (
