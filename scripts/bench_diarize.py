@@ -43,6 +43,7 @@ import random
 import sys
 import tempfile
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,7 +92,7 @@ class Call:
     audio: np.ndarray
     reference: list[tuple[str, float, float]]  # (speaker, start, end) of real speech
     speakers: int
-    telephone: np.ndarray | None = None  # the telephone copy, made once
+    copies: dict[str, np.ndarray] = field(default_factory=dict)  # by condition, made once
     words: dict[str, tuple[list[dict], float]] = field(default_factory=dict)  # by condition
 
 
@@ -263,11 +264,15 @@ def stereo_call(data: Path) -> Call:
     return Call("stereo_mix", (left + right) / 2, reference, 2)
 
 
-def telephone_copy(audio: np.ndarray) -> np.ndarray:
-    """300-3400 Hz, 8 kHz, mu-law, then back to 16 kHz through the job's decoder (PyAV)."""
+def telephone_copy(audio: np.ndarray, noise_seed: int | None = None) -> np.ndarray:
+    """300-3400 Hz, 8 kHz, mu-law, then back to 16 kHz through the job's decoder (PyAV);
+    with ``noise_seed``, line noise at 10-25 dB SNR first."""
     from faster_whisper.audio import decode_audio
-    from number_speech import telephone, write_wav
+    from number_speech import add_noise, telephone, write_wav
 
+    if noise_seed is not None:
+        rng = np.random.default_rng(noise_seed)
+        audio = add_noise(audio, float(rng.uniform(10, 25)), rng)
     with tempfile.TemporaryDirectory() as tmp:
         path = write_wav(Path(tmp) / "t.wav", telephone(audio), 8000)
         return decode_audio(str(path), sampling_rate=SR)
@@ -278,8 +283,11 @@ def build_set(kind: str, n_speakers: int, calls: int, seed: int, data: Path) -> 
     pool = real_speakers(data, rng) if kind == "real" else espeak_speakers(12, rng)
     out = []
     for i in range(calls):
-        chosen = rng.sample(pool, n_speakers)
-        out.append(build_call(f"{kind}{n_speakers}-{i}", chosen, rng))
+        # One speaker: one voice in both parts, so that its reference is one speaker.
+        chosen = [rng.choice(pool)] * 2 if n_speakers == 1 else rng.sample(pool, n_speakers)
+        call = build_call(f"{kind}{n_speakers}-{i}", chosen, rng)
+        call.speakers = n_speakers
+        out.append(call)
     return out
 
 
@@ -325,11 +333,16 @@ class Whisper:
 
 
 def speech_regions(audio: np.ndarray, call: Call, how: str) -> list[tuple[float, float]]:
-    """``job``: the transcription job's mono VAD regions (2 s silence, 400 ms pad); ``fine``:
-    the same VAD cut at 160 ms pauses (the job's split-channel setting); ``fine3``: that at
-    threshold 0.3; ``oracle``: the constructed speech (DER then measures speakers alone)."""
+    """``voice``: the diarization's own regions in the job (WebRTC's VAD, mode 2, 160 ms
+    pauses); ``job``: the transcription's mono Silero regions (2 s silence, 400 ms pad);
+    ``fine``: Silero cut at 160 ms pauses (the split-channel setting); ``fine3``: that at
+    threshold 0.3 (the diarization's regions before WebRTC's); ``oracle``: the constructed
+    speech (DER then measures speakers alone)."""
     from overnight.workers.audio import AudioOptions, speech_clips
+    from overnight.workers.diarize.regions import voice_regions
 
+    if how == "voice":
+        return voice_regions(audio)
     if how == "oracle":
         spans = sorted((a, b) for _, a, b in call.reference)
         merged: list[list[float]] = []
@@ -362,10 +375,12 @@ def evaluate(
     sc = Scores(der=metric)
     for call in calls:
         audio = call.audio
-        if condition == "telephone":
-            if call.telephone is None:
-                call.telephone = telephone_copy(call.audio)
-            audio = call.telephone
+        if condition != "wideband":
+            if condition not in call.copies:
+                noisy = condition == "telephone-noise"
+                seed = zlib.crc32(call.name.encode()) if noisy else None
+                call.copies[condition] = telephone_copy(call.audio, seed)
+            audio = call.copies[condition]
         regions = speech_regions(audio, call, regions_from)
         result = diarizer(audio, regions)
         ref = _annotation(call.reference, call.name)
@@ -432,11 +447,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--calls", type=int, default=20, help="calls per set")
     p.add_argument("--speakers", default="2,3,4")
     p.add_argument("--sets", default="real,espeak")
-    p.add_argument("--conditions", default="telephone,wideband")
+    p.add_argument(
+        "--conditions", default="telephone,wideband", help="also telephone-noise (10-25 dB SNR)"
+    )
     p.add_argument("--data", type=Path, default=DATA)
     p.add_argument("--no-words", action="store_true", help="skip Whisper (no word scores)")
     p.add_argument("--sweep", action="store_true", help="compare methods and windows")
-    p.add_argument("--regions", default="job", help="job, fine, fine3 or oracle (comma list)")
+    p.add_argument(
+        "--regions", default="voice", help="voice, job, fine, fine3 or oracle (comma list)"
+    )
     p.add_argument("--json", type=Path, help="write the rows here")
     for f in dataclasses.fields(DiarizeOptions):
         if (f.type in ("float", "int") or f.name == "method") and f.name != "seed":

@@ -18,7 +18,7 @@ import io
 import math
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import av
@@ -88,12 +88,13 @@ class AudioOptions:
     # Keep each chunk's speech samples beside its features (``Chunk.speech``, never in the
     # DECODED row): diarization embeds the speakers' voices from them in the same task. A
     # mono recording short enough to keep decoded also keeps its samples and finer speech
-    # regions for it (``DecodedAudio.voice``): the same VAD probabilities at threshold 0.3,
-    # cut at 160 ms pauses. On telephone-band calls the transcription's regions (0.5, 2 s)
-    # missed half the speech and bridged turns: DER 64% against 29% with these
-    # (scripts/bench_diarize.py, seed 2, job vs fine3).
+    # regions for it (``DecodedAudio.voice``): WebRTC's VAD in this mode, cut at 160 ms
+    # pauses (workers.diarize.regions). On telephone-band calls the transcription's regions
+    # (Silero 0.5, 2 s) missed half the speech and bridged turns, and Silero at 0.3 cut at
+    # 160 ms still missed 13%: DER 29% against 8.5% with WebRTC's (scripts/bench_diarize.py,
+    # seeds 1-2, fine3 vs webrtc).
     keep_speech: bool = False
-    voice_vad_threshold: float = 0.3
+    voice_vad_mode: int = 2
     # Ship each chunk's 16 kHz float32 speech samples instead of its features (a DECODED
     # chunk with ``feature_size`` 0): the Whisper worker computes the features with its
     # engine's front end, the torch engine's ``LogMel`` on its GPU (jobs.transcribe turns
@@ -611,7 +612,8 @@ class AudioChunker:
                 probs, clips = None, [(0, length)] if length else []
             groups.append(pack_clips(clips, chunk_samples, max_gap))
             if opts.keep_speech and channels == 1 and kept is not None and length:
-                result.voice = (np.concatenate(kept, axis=1)[0], self._voice(probs, length))
+                samples = np.concatenate(kept, axis=1)[0]
+                result.voice = (samples, self._voice(samples, probs is not None))
         if any(groups):
             _check_deadline(deadline)
             # Diarization takes the chunks' samples only where it has no whole recording.
@@ -621,13 +623,13 @@ class AudioChunker:
         result.speech_s = sum(c.duration_s for c in result.chunks)
         return result
 
-    def _voice(self, probs: np.ndarray | None, length: int) -> list[tuple[float, float]]:
-        """Speech regions for finding speakers, from the transcription's VAD probabilities."""
-        if probs is None:
-            return [(0.0, length / SAMPLE_RATE)]
-        options = replace(self.options, vad_threshold=self.options.voice_vad_threshold)
-        regions = speech_regions(probs, length, _vad_options(options, split=True))
-        return [(a / SAMPLE_RATE, b / SAMPLE_RATE) for a, b in regions]
+    def _voice(self, samples: np.ndarray, vad: bool) -> list[tuple[float, float]]:
+        """Speech regions for finding speakers (the whole recording with VAD off)."""
+        if not vad:
+            return [(0.0, len(samples) / SAMPLE_RATE)]
+        from overnight.workers.diarize.regions import voice_regions
+
+        return voice_regions(samples, mode=self.options.voice_vad_mode)
 
     def _cut(
         self,

@@ -3,6 +3,8 @@ roles. On real voices where ../shared/data exists, on espeak-ng voices otherwise
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -217,3 +219,26 @@ def test_first_speaker_is_the_agent_and_a_short_blip_does_not_decide():
     assert roles == {"SPEAKER_01": "agent", "SPEAKER_00": "customer", "SPEAKER_02": "SPEAKER_02"}
     (seg,) = relabel([{"speaker": "SPEAKER_01", "text": "hi"}], roles)
     assert seg["speaker"] == "agent"
+
+
+def test_speech_regions_join_short_pauses_drop_clicks_and_pad():
+    from overnight.workers.diarize.regions import join_runs
+
+    flags = np.zeros(300, bool)
+    flags[10:50] = flags[60:100] = True  # 0.1 s pause: one region
+    flags[150:153] = True  # a 30 ms click: dropped
+    flags[200:260] = True
+    assert join_runs(flags, 0.01, 3.0, 0.16, 0.1, 0.05) == [(0.05, 1.05), (1.95, 2.65)]
+
+
+def test_speech_regions_cover_each_turn_and_stop_at_the_pauses_between_them():
+    from overnight.workers.diarize.regions import voice_regions
+
+    audio, reference = _call()
+    regions = voice_regions(audio)
+    for _, start, end in reference:
+        covered = sum(max(0.0, min(b, end) - max(a, start)) for a, b in regions)
+        assert covered >= 0.8 * (end - start), (start, end, regions)  # phrases start quiet
+    # The 0.6 s pauses between turns are not speech: no region spans two turns.
+    for (_, _, end), (_, start, _) in itertools.pairwise(reference):
+        assert not any(a < end - 0.1 and b > start + 0.1 for a, b in regions), regions

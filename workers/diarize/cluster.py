@@ -197,21 +197,30 @@ def agglomerative(
 
 
 def merge_similar(
-    emb: np.ndarray, labels: np.ndarray, merge_similarity: float, min_k: int = 1
+    emb: np.ndarray,
+    labels: np.ndarray,
+    merge_similarity: float,
+    min_k: int = 1,
+    hint: int | None = None,
+    hint_similarity: float | None = None,
 ) -> np.ndarray:
     """Merge the two clusters with the most similar centroids while that similarity exceeds
-    ``merge_similarity`` and more than ``min_k`` clusters remain; labels renumbered 0..k-1."""
+    ``merge_similarity`` and more than ``min_k`` clusters remain; a merge that leaves fewer
+    than ``hint`` clusters needs ``hint_similarity`` instead. Labels renumbered 0..k-1."""
     labels = labels.copy()
     while True:
         ids = np.unique(labels)
         if len(ids) <= max(min_k, 1):
             break
+        need = merge_similarity
+        if hint is not None and hint_similarity is not None and len(ids) <= hint:
+            need = max(merge_similarity, hint_similarity)
         cent = np.stack([emb[labels == i].mean(0) for i in ids])
         cent /= np.linalg.norm(cent, axis=1, keepdims=True)
         sim = cent @ cent.T
         np.fill_diagonal(sim, -np.inf)
         a, b = np.unravel_index(np.argmax(sim), sim.shape)
-        if sim[a, b] < merge_similarity:
+        if sim[a, b] < need:
             break
         labels[labels == ids[b]] = ids[a]
     _, labels = np.unique(labels, return_inverse=True)

@@ -64,7 +64,7 @@ def mel_filterbank(
     return weights.astype(np.float32)
 
 
-_MEL = mel_filterbank()
+MEL_FILTERS = mel_filterbank()
 # Periodic Hann (scipy.signal.get_window("hann", N_FFT), librosa's default window).
 _WINDOW = (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(N_FFT) / N_FFT)).astype(np.float32)
 
@@ -91,7 +91,7 @@ def mel_frames(wav: np.ndarray) -> np.ndarray:
     )
     spectrum = np.fft.rfft(frames * _WINDOW, axis=1)
     power = (spectrum.real**2 + spectrum.imag**2).astype(np.float32)
-    return power @ _MEL.T
+    return power @ MEL_FILTERS.T
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:

@@ -2,8 +2,9 @@
 
 The decode stage cuts the speech out of a recording (VAD clips, packed into chunks) and, with
 ``AudioOptions.keep_speech``, keeps each chunk's samples beside its features. This runs the
-``Diarizer`` on that speech only, each clip one region, and maps the turns back to the
-recording's timeline: silence is never embedded, and the samples are not decoded twice.
+``Diarizer`` on that speech only (WebRTC's speech regions inside the clips) and maps the
+turns back to the recording's timeline: silence is never embedded, and the samples are not
+decoded twice.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 
 from overnight.workers.audio import Chunk, to_original_time
 from overnight.workers.diarize.diarize import Diarization, Diarizer, Turn
+from overnight.workers.diarize.regions import voice_regions
 
 
 def diarize_chunks(diarizer: Diarizer, chunks: Sequence[Chunk], channel: int = 0) -> Diarization:
@@ -30,7 +32,8 @@ def diarize_chunks(diarizer: Diarizer, chunks: Sequence[Chunk], channel: int = 0
     audio = np.concatenate([c.speech for c in mine if c.speech is not None])
     # Each clip is a region of the concatenated speech; turns go back through the clips.
     bounds = np.cumsum([0.0, *(end - start for start, end in clips)]).tolist()
-    found = diarizer(audio, list(itertools.pairwise(bounds)))
+    clip_regions = list(itertools.pairwise(bounds))
+    found = diarizer(audio, _within(voice_regions(audio), clip_regions) or clip_regions)
     found.turns = _merged(
         [
             Turn(t.speaker, to_original_time(clips, t.start), to_original_time(clips, t.end))
@@ -39,6 +42,19 @@ def diarize_chunks(diarizer: Diarizer, chunks: Sequence[Chunk], channel: int = 0
     )
     found.speech_s = bounds[-1]
     return found
+
+
+def _within(
+    regions: list[tuple[float, float]], clips: list[tuple[float, float]]
+) -> list[tuple[float, float]]:
+    """The speech regions cut at the clips' bounds (a region must not span two clips, which
+    are apart on the recording's timeline)."""
+    out = []
+    for a, b in regions:
+        for c, d in clips:
+            if min(b, d) > max(a, c):
+                out.append((max(a, c), min(b, d)))
+    return out
 
 
 def _merged(turns: list[Turn]) -> list[Turn]:
