@@ -6,6 +6,8 @@ its own code (the generated reference, docs/reference/exit-codes.md, is read off
 classes); ``tests/jobs/cli/test_cli_messages.py`` checks they differ.
 """
 
+from typing import Any
+
 # Answers a scheduler branches on, not failures of overnight: each has its own status, so
 # that 1 means only an unexpected error (a bug to report).
 EXIT_NO_OPTION_MEETS_SLA = 13  # plan, tune: no configuration meets the deadline or the SLA
@@ -15,7 +17,14 @@ OUTCOME_EXIT_CODES = (EXIT_NO_OPTION_MEETS_SLA, EXIT_SUBMISSION_FAILED, EXIT_STI
 
 
 class OvernightError(Exception):
+    """The base of every systemic failure: a subclass is one cause, and names its exit status
+    where it is declared (``class ConfigError(OvernightError, exit_code=2)``)."""
+
     exit_code = 1
+
+    def __init_subclass__(cls, exit_code: int, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.exit_code = exit_code
 
     def __init__(self, message: str = ""):
         super().__init__(message)
@@ -27,71 +36,49 @@ class OvernightError(Exception):
         return self.message
 
 
-class ConfigError(OvernightError):
+class ConfigError(OvernightError, exit_code=2):
     """The job spec or flags are invalid."""
 
-    exit_code = 2
 
-
-class StorageUnavailable(OvernightError):
+class StorageUnavailable(OvernightError, exit_code=3):
     """Object storage cannot be reached or listed (after retries)."""
 
-    exit_code = 3
 
-
-class InputNotFound(OvernightError):
+class InputNotFound(OvernightError, exit_code=4):
     """The input location does not exist or holds nothing."""
 
-    exit_code = 4
 
-
-class ModelNotFound(OvernightError):
+class ModelNotFound(OvernightError, exit_code=5):
     """The model cannot be found or loaded."""
 
-    exit_code = 5
 
-
-class EngineFailed(OvernightError):
+class EngineFailed(OvernightError, exit_code=6):
     """The inference engine died (out of memory, crashed actor, broken install)."""
 
-    exit_code = 6
 
-
-class AccessDenied(OvernightError):
+class AccessDenied(OvernightError, exit_code=7):
     """A submission references objects outside the prefixes its tenant may read."""
 
-    exit_code = 7
 
-
-class Superseded(OvernightError):
+class Superseded(OvernightError, exit_code=8):
     """A later run took over the output this run was writing (one writer per dataset)."""
 
-    exit_code = 8
 
-
-class ClusterJobFailed(OvernightError):
+class ClusterJobFailed(OvernightError, exit_code=9):
     """A submitted job ended FAILED or STOPPED."""
 
-    exit_code = 9
 
-
-class ClusterUnreachable(OvernightError):
+class ClusterUnreachable(OvernightError, exit_code=10):
     """The Ray Jobs API (the head node's dashboard port) cannot be reached."""
 
-    exit_code = 10
 
-
-class OutputNotWritable(OvernightError):
+class OutputNotWritable(OvernightError, exit_code=11):
     """The output location cannot be written (read-only, a file in the way, no permission)."""
 
-    exit_code = 11
 
-
-class ErrorRateExceeded(OvernightError):
+class ErrorRateExceeded(OvernightError, exit_code=12):
     """The run finished, but more of its items failed than ``max_error_rate`` allows (a night
     where every object answers 403 must not look like success to a scheduler)."""
-
-    exit_code = 12
 
     def __init__(self, message: str = "", summary: dict | None = None):
         super().__init__(message)
