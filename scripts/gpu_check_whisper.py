@@ -46,6 +46,7 @@ vocabulary files; under 5 minutes on one GPU. Output: ``whisper_engines.json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -55,6 +56,7 @@ import sys
 import tempfile
 import time
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -291,21 +293,14 @@ def _run_child(
 
 
 def run(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"mode": "cpu" if args.cpu else "gpu"}
     started = time.time()
-    vocab = Path(args.dir) / "whisper"
     needed = ("ctranslate2", "torch", "transformers", "faster_whisper", "pydantic")
-    missing = [m for m in needed if not _importable(m)]
-    if missing or not (vocab / "tokenizer.json").is_file():
-        why = f"{', '.join(missing)} not installed" if missing else f"no {vocab}/tokenizer.json"
-        report["status"] = f"skip: {why}"
-        print(f"gpu_check: whisper SKIP: {why}")
-        (out / "whisper_check.json").write_text(json.dumps(report, indent=2))
-        return 0
-    dmon, work = _start(out / "whisper-dmon.txt", "gpu-check-whisper-", gpu=not args.cpu)
-    try:
+    out, report, vocab, why = _begin(args, needed, "tokenizer.json")
+    path = out / "whisper_check.json"
+    if why:
+        return _skip(report, path, "whisper", why)
+    dmon_log = out / "whisper-dmon.txt"
+    with _running(report, path, dmon_log, "gpu-check-whisper-", args, started) as work:
         model = work / "model"
         report["model"] = build(vocab, model, cuda=not args.cpu, name=args.shape)
         first = _child(args, model, out, dict(os.environ))
@@ -324,11 +319,6 @@ def run(args: argparse.Namespace) -> int:
             report["status"] = "pass: the load failed cleanly, with its reason; nothing else ran"
         else:
             report["status"] = "fail"
-    except Exception as exc:
-        report["status"] = f"fail: {type(exc).__name__}: {exc}"
-        raise
-    finally:
-        _finish(report, out / "whisper_check.json", work, dmon, started)
     return 0 if report["status"].startswith("pass") else 1
 
 
@@ -611,24 +601,17 @@ def ct2_half(args: argparse.Namespace, vocab: Path, work: Path, out: Path) -> di
 
 
 def engines(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"mode": "cpu" if args.cpu else "gpu"}
-    vocab = Path(args.dir) / "whisper"
     started = time.time()
-    missing = [m for m in ("torch", "numpy") if not _importable(m)]
-    if missing or not (vocab / "vocabulary.txt").is_file():
-        why = f"{', '.join(missing)} not installed" if missing else f"no {vocab}/vocabulary.txt"
-        report["status"] = f"skip: {why}"
-        print(f"gpu_check: whisper engines SKIP: {why}")
-        (out / "whisper_engines.json").write_text(json.dumps(report, indent=2))
-        return 0
+    out, report, vocab, why = _begin(args, ("torch", "numpy"), "vocabulary.txt")
+    path = out / "whisper_engines.json"
+    if why:
+        return _skip(report, path, "whisper engines", why)
     if not args.cpu:
         import torch
 
         if not torch.cuda.is_available():
             report["status"] = "fail: no CUDA device (use --cpu for the CPU mode)"
-            (out / "whisper_engines.json").write_text(json.dumps(report, indent=2))
+            path.write_text(json.dumps(report, indent=2))
             return 1
         report["device"] = torch.cuda.get_device_name(0)
     peak = _peak(not args.cpu)
@@ -638,8 +621,8 @@ def engines(args: argparse.Namespace) -> int:
         "encoder_tflop": round(window_flops(shape, args.new_tokens, 1)["encoder"] / 1e12, 3),
         "greedy_decoder_tflop": round(window_flops(shape, args.new_tokens, 1)["decoder"] / 1e12, 3),
     }
-    dmon, work = _start(out / "whisper-engines-dmon.txt", "gpu-check-engines-", gpu=not args.cpu)
-    try:
+    dmon_log = out / "whisper-engines-dmon.txt"
+    with _running(report, path, dmon_log, "gpu-check-engines-", args, started) as work:
         report["torch"] = torch_half(args, vocab, peak)
         report["front_end"] = front_end(args)
         try:
@@ -653,11 +636,6 @@ def engines(args: argparse.Namespace) -> int:
             if name in theirs
         }
         report["status"] = "pass"
-    except Exception as exc:
-        report["status"] = f"fail: {type(exc).__name__}: {exc}"
-        raise
-    finally:
-        _finish(report, out / "whisper_engines.json", work, dmon, started)
     return 0 if report["status"] == "pass" else 1
 
 
@@ -667,28 +645,65 @@ def _importable(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def _start(dmon_log: Path, prefix: str, gpu: bool) -> tuple[subprocess.Popen | None, Path]:
-    """A check's start: the GPU monitor (power, utilization, clocks, memory each second, on a
-    GPU) logging to ``dmon_log``, and a scratch folder; ``_finish`` ends both."""
+def _begin(
+    args: argparse.Namespace, modules: tuple[str, ...], prepared: str
+) -> tuple[Path, dict[str, Any], Path, str | None]:
+    """A check's output folder (made), its report, the folder ``prepare`` wrote, and why the
+    check cannot run here (a module not installed, the file ``prepared`` not there) or None."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = Path(args.dir) / "whisper"
+    missing = [m for m in modules if not _importable(m)]
+    why = None
+    if missing:
+        why = f"{', '.join(missing)} not installed"
+    elif not (vocab / prepared).is_file():
+        why = f"no {vocab}/{prepared}"
+    return out, {"mode": "cpu" if args.cpu else "gpu"}, vocab, why
+
+
+def _skip(report: dict[str, Any], path: Path, check: str, why: str) -> int:
+    """A check that cannot run on this machine: its report, written to ``path``, says why; no
+    failure (exit status 0)."""
+    report["status"] = f"skip: {why}"
+    print(f"gpu_check: {check} SKIP: {why}")
+    path.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+@contextlib.contextmanager
+def _running(
+    report: dict[str, Any],
+    path: Path,
+    dmon_log: Path,
+    prefix: str,
+    args: argparse.Namespace,
+    started: float,
+) -> Iterator[Path]:
+    """A check's run, yielding a scratch folder (named ``prefix``...): on a GPU the GPU monitor
+    (power, utilization, clocks, memory each second) logs to ``dmon_log``; an exception is the
+    report's failure; whatever happened, the folder goes, the monitor stops, and the report
+    (with its wall time since ``started``) is written to ``path`` and printed."""
     dmon = None
-    if shutil.which("nvidia-smi") and gpu:
+    if shutil.which("nvidia-smi") and not args.cpu:
         dmon = subprocess.Popen(
             ["nvidia-smi", "dmon", "-s", "pucm", "-d", "1"],
             stdout=dmon_log.open("w"),
             stderr=subprocess.STDOUT,
         )
-    return dmon, Path(tempfile.mkdtemp(prefix=prefix))
-
-
-def _finish(report: dict, path: Path, work: Path, dmon, started: float) -> None:
-    """Whatever happened: the scratch folder gone, the GPU monitor stopped, and the report
-    (with its wall time) written to ``path`` and printed."""
-    shutil.rmtree(work, ignore_errors=True)
-    if dmon is not None:
-        dmon.terminate()
-    report["wall_s"] = round(time.time() - started, 1)
-    path.write_text(json.dumps(report, indent=2))
-    print(json.dumps(report, indent=2))
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield work
+    except Exception as exc:
+        report["status"] = f"fail: {type(exc).__name__}: {exc}"
+        raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if dmon is not None:
+            dmon.terminate()
+        report["wall_s"] = round(time.time() - started, 1)
+        path.write_text(json.dumps(report, indent=2))
+        print(json.dumps(report, indent=2))
 
 
 def main() -> int:
