@@ -35,7 +35,9 @@ from overnight.workers.redact.speech import (
     TURN_GAP_S,
     Found,
     Token,
+    asked_for_card_code,
     digit_runs,
+    harmless_run,
     is_year,
     money_amount,
     nearest_cue,
@@ -48,17 +50,7 @@ CARD_NEAR_CUE = 8  # digits after a card cue
 LONG_NUMBER = 9  # digits: an SSN, an account or a routing number
 # Digits read out right before the card's expiration date or security code is asked for.
 CARD_BEFORE_ITS_CODE = 5
-NEXT_WINDOW = 30
 OTHER_NUMBERS = {"ssn", "phone", "bank_account", "date_of_birth"}
-NEXT_CUES = (
-    ("expiration",),
-    ("exploration",),  # Whisper's hearing of it (speech.CUES)
-    ("expiry",),
-    ("security", "code"),
-    ("cvv",),
-    ("cvc",),
-    ("code", "on", "the", "back"),
-)
 # The numeric types, in the order a run without a cue is given one (by its length below).
 NUMERIC = ("card_number", "ssn", "bank_account", "phone")
 # Cues after which every number up to the end of the sentence is the entity's.
@@ -83,18 +75,6 @@ def safe_entities(
         *_after_cues(tokens, keys, digits, types),
         *_degenerate_segments(tokens, keys, digits, types, degenerate),
     ]
-
-
-def _asked_next(keys: list[str], after: int) -> bool:
-    """Whether the card's expiration date or security code is asked for or said within
-    ``NEXT_WINDOW`` tokens after token ``after``: the number read out just before is the card,
-    whatever Whisper made of its cue ("Go ahead." ... "I need them in time 1, 1, 8, 6, 4")."""
-    said = keys[after : after + NEXT_WINDOW]
-    return any(
-        list(said[k : k + len(cue)]) == list(cue)
-        for cue in NEXT_CUES
-        for k in range(len(said) - len(cue) + 1)
-    )
 
 
 def _type_of(length: int, cues: dict[str, int], types: Collection[str]) -> str | None:
@@ -122,6 +102,8 @@ def _long_runs(
     # Per speaker, the last long number read out: (its digits, when it ended, its cues).
     read: dict[str, tuple[int, float, dict[str, int]]] = {}
     for run in digit_runs(tokens, digits):
+        if harmless_run(tokens, keys, digits, run.tokens):
+            continue
         n = len(run.digits)
         cues = nearest_cue(keys, run.tokens[0])
         opening = tokens[run.tokens[0]]
@@ -144,7 +126,7 @@ def _long_runs(
             or (
                 n >= CARD_BEFORE_ITS_CODE
                 and not set(cues) & OTHER_NUMBERS  # an SSN or phone said before the code
-                and _asked_next(keys, run.tokens[-1] + 1)
+                and asked_for_card_code(keys, run.tokens[-1] + 1)
             )
         ):
             found.append(Found("card_number", run.tokens, 0.9, "long-run"))
@@ -219,6 +201,7 @@ def _numbers(
                 and (money_amount(tokens, keys, piece) or round_amounts(tokens, digits, piece))
             )
             or is_year(joined)
+            or harmless_run(tokens, keys, digits, piece)
         ):
             pieces.append((said, tuple(piece)))
         piece = []

@@ -489,6 +489,8 @@ def number_entities(tokens: Sequence[Token]) -> list[Found]:
         opening, closing = tokens[run.tokens[0]], tokens[run.tokens[-1]]
         if len(run.digits) < 9 and money_amount(tokens, keys, run.tokens):
             continue  # "$49.99", "fifty dollars": an amount is nobody's number
+        if harmless_run(tokens, keys, digits, run.tokens):
+            continue
         if len(run.digits) <= 4 and _last_four(keys, run.tokens[0]):
             continue  # "your card ending in 4421": the digits PCI DSS lets anyone say
         cues = nearest_cue(keys, run.tokens[0])
@@ -566,7 +568,8 @@ def is_year(digits: str) -> bool:
 MONEY_WORDS = {"dollar", "dollars", "cent", "cents", "bucks", "percent", "pounds", "euros"}
 
 
-_CENTS = re.compile(r"[$€£]?\d{1,3}(?:,\d{3})*\.\d\d")
+# Dollars and cents, the thousands grouped as Whisper groups them ("1,7001.51" for $1,701.51).
+_CENTS = re.compile(r"[$€£]?\d{1,3}(?:,\d{3,4})*\.\d\d")
 
 
 def money_amount(tokens: Sequence[Token], keys: Sequence[str], run: Sequence[int]) -> bool:
@@ -579,6 +582,124 @@ def money_amount(tokens: Sequence[Token], keys: Sequence[str], run: Sequence[int
         any(tokens[i].word.lstrip('"(')[:1] in ("$", "€", "£") for i in run)
         or bool(_CENTS.fullmatch(written))
         or (after < len(keys) and keys[after] in MONEY_WORDS)
+    )
+
+
+def every_amount(
+    tokens: Sequence[Token], keys: Sequence[str], digits: Sequence[str | None], run: Sequence[int]
+) -> bool:
+    """Whether every number a run writes is an amount of money ("$1,000, $3,400, $4,500"):
+    its currency sign, its cents, or a money word after it. A written number goes on over the
+    words Whisper split it into (",000", ".15")."""
+    numbers: list[list[int]] = []
+    for i in run:
+        if digits[i] is None:
+            continue
+        if numbers and tokens[i].word[:1] in ",." and numbers[-1][-1] == i - 1:
+            numbers[-1].append(i)
+        else:
+            numbers.append([i])
+    return bool(numbers) and all(money_amount(tokens, keys, n) for n in numbers)
+
+
+# "Your order number is ...": a number that names an order, a ticket or a case is nobody's
+# secret, however long it is.
+IDENTIFIER_CUES = tuple(
+    (kind, "number")
+    for kind in (
+        "order",
+        "confirmation",
+        "reference",
+        "tracking",
+        "ticket",
+        "case",
+        "invoice",
+        "claim",
+        "booking",
+    )
+)
+IDENTIFIER_REACH = 3  # tokens between "order number" and its number ("is", "in", "was")
+# Asked for or said right after a number: its card's expiration date or security code.
+NEXT_CUES = (
+    ("expiration",),
+    ("exploration",),  # Whisper's hearing of it (CUES)
+    ("expiry",),
+    ("security", "code"),
+    ("cvv",),
+    ("cvc",),
+    ("code", "on", "the", "back"),
+)
+NEXT_WINDOW = 30
+
+
+def asked_for_card_code(keys: Sequence[str], after: int) -> bool:
+    """Whether the card's expiration date or security code is asked for or said within
+    ``NEXT_WINDOW`` tokens after token ``after``: the number read out just before is the card,
+    whatever Whisper made of its cue ("Go ahead." ... "I need them in time 1, 1, 8, 6, 4")."""
+    said = keys[after : after + NEXT_WINDOW]
+    return any(
+        list(said[k : k + len(cue)]) == list(cue)
+        for cue in NEXT_CUES
+        for k in range(len(said) - len(cue) + 1)
+    )
+
+
+def _after_identifier(keys: Sequence[str], start: int) -> bool:
+    before = keys[max(0, start - IDENTIFIER_REACH - 2) : start]
+    return any(
+        list(before[k : k + 2]) == list(cue)
+        for cue in IDENTIFIER_CUES
+        for k in range(len(before) - 1)
+    )
+
+
+# Words near a bank-account cue that make it a number's ("the account number is"), not an
+# amount's ("the balance on the account is").
+ACCOUNT_NUMBER_WORDS = {"number", "routing", "iban", "sort"}
+
+
+def _names_a_secret(keys: Sequence[str], start: int, near: dict[str, int]) -> bool:
+    """Whether a cue within ``CUE_WINDOW`` before token ``start`` asks for a secret number:
+    an SSN, a phone number, a date of birth, or an account's number."""
+    if {"ssn", "phone", "date_of_birth"} & set(near):
+        return True
+    return "bank_account" in near and bool(
+        ACCOUNT_NUMBER_WORDS & set(keys[max(0, start - CUE_WINDOW) : start])
+    )
+
+
+def harmless_run(
+    tokens: Sequence[Token], keys: Sequence[str], digits: Sequence[str | None], run: Sequence[int]
+) -> bool:
+    """Whether the digits of tokens ``run`` say no secret, however many they are. Never in a
+    card conversation (a card, security-code or expiry cue within ``CARD_CONTEXT_WINDOW``
+    tokens before, or the card's code asked for right after): a card read out loops into
+    amounts and round numbers too, and then its digits are what the loop repeats. Elsewhere:
+
+    - every number it writes is round ("1,000,000,000,000", "7,000,000,000,000 with 60,000"),
+      or an amount of money ("$4,500 by $1,65.15", "$1,000, $3,400, $4,500, ..."), and no cue
+      before it asks for a secret number (an SSN's, a phone's, an account's: "the account
+      number is $200,000, $10,000, ..." is its reading, looped);
+    - an order, confirmation, ticket or case number names it ("Your order number in 400,
+      2021, 3006"), no other cue is nearer, and it is no Luhn-valid 13-19 digits (a card's
+      number, whatever it is called).
+
+    A loop of one digit is not harmless ("1-3-3-3-3-3-3-3-3-3-3-3-3-3-3-3" is tiny.en's loop on
+    a card read out without a cue), though clean calls' loops pay for it."""
+    start, end = run[0], run[-1]
+    context = nearest_cue(keys, start, CARD_CONTEXT_WINDOW)
+    if {"card_number", "cvv", "expiry"} & set(context) or asked_for_card_code(keys, end + 1):
+        return False
+    near = nearest_cue(keys, start)
+    if (
+        round_amounts(tokens, digits, run) or every_amount(tokens, keys, digits, run)
+    ) and not _names_a_secret(keys, start, near):
+        return True
+    said = "".join(digits[i] or "" for i in run)
+    return (
+        _after_identifier(keys, start)
+        and not any(d <= IDENTIFIER_REACH for d in near.values())
+        and not (13 <= len(said) <= 19 and luhn_ok(said))
     )
 
 

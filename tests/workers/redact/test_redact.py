@@ -431,3 +431,33 @@ def test_years_and_round_numbers_after_an_account_cue_stay():
     ):
         _, entities = Redactor(["all"]).redact(row(("customer", said)))
         assert not entities, (said, entities)
+
+
+def test_loops_of_amounts_and_round_numbers_and_order_numbers_outside_a_card_talk_stay():
+    for said in (
+        "The balance of the account is $1,000, $3,400, $4,500, $5,000, $4,000, $5,000, $4,000.",
+        "I won't charge $4,500 by $1,65.15 on my last bill.",
+        "We are in room 1,000,000,000,000,000,000,000,000.",
+        "Your order have verminates on with 7,000,000,000,000 with 60,000.",
+        "Your order number in 400, 2021, 3006.",
+        "The confirmation number is 365,000, I'm 120,000, 22.",
+        "The balance on the account is 1,7001.51.",
+    ):
+        _, entities = Redactor(["all"]).redact(row(("agent", said)))
+        assert not entities, (said, entities)
+
+
+def test_the_same_loops_are_masked_in_a_card_talk_after_a_secrets_cue_or_when_luhn_valid():
+    looped = "$1,000, $3,400, $4,500, $5,000, $4,000, $5,000, $4,000."
+    for turns, secret in (
+        ((("agent", "Sure, what is the card number?"), ("customer", looped)), "34004500"),
+        (
+            (("customer", f"It is {looped}"), ("agent", "And the expiration date?")),
+            "34004500",
+        ),
+        ((("customer", f"The account number is {looped}"),), "34004500"),
+        ((("customer", "My social is 1,000,000,000,000,000."),), "1000000"),
+        ((("customer", "The order number is 4111 1111 1111 1111."),), "4111111111111111"),
+    ):
+        fields, entities = Redactor(["all"]).redact(row(*turns))
+        assert entities and not leaked(fields, secret), (turns, fields["text"])
