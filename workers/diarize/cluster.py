@@ -21,12 +21,13 @@ agglomerative clustering (average linkage, cosine distance stopped at a threshol
 on 2-speaker calls (count right on 40-60% at the thresholds tried), because one threshold does
 not suit both telephone band (every voice more alike) and wideband.
 
-Then two clean-ups the estimate cannot do: a cluster with under ``min_share`` (20%) of the
-windows joins the nearest (windows straddling a change of speaker formed a third "speaker"),
-and clusters whose centroids are more similar than ``merge_similarity`` (0.86) merge; that is
-how a one-speaker call comes out as one (a spectral estimate has no gap before the first
-eigenvalue). Telephone band is where this threshold hurts: 3 of 30 two-speaker telephone calls
-merged into one.
+Then clean-ups the estimate cannot do (``Diarizer``): the estimate's clusters are split into
+at least 3; a cluster with under ``min_share`` (20%) of the windows joins the nearest
+(windows straddling a change of speaker formed a "speaker" of their own); and clusters whose
+centroids are more similar than ``merge_similarity`` merge, less readily below the hint
+(``merge_similar``). That is how a one-speaker call comes out as one (a spectral estimate has
+no gap before the first eigenvalue). On seeds 1-2, telephone band, 2 speakers: the count
+right on 24 of 24 calls with this, 21 of 24 with the 2-way cut merged at 0.86.
 
 Why numpy and not scikit-learn: the default install has neither scipy nor scikit-learn
 (about 80 MB of wheels together), and NME-SC, k-means, the silhouette and average linkage take
@@ -36,7 +37,12 @@ decomposition per pruning value is tens of milliseconds.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:
+    from overnight.workers.diarize.diarize import DiarizeOptions
 
 
 def kmeans(x: np.ndarray, k: int, *, seed: int = 0, n_init: int = 4, iters: int = 50) -> np.ndarray:
@@ -100,18 +106,15 @@ def estimate_k(
 
 
 def spectral(
-    emb: np.ndarray,
-    *,
-    k: int | None = None,
-    min_k: int = 1,
-    max_k: int = 8,
-    hint: int | None = 2,
-    hint_margin: float = 1.5,
-    estimate: str = "eigengap",
-    silhouette_margin: float = 0.05,
-    seed: int = 0,
+    emb: np.ndarray, options: DiarizeOptions, hint: int | None, k: int | None = None
 ) -> np.ndarray:
-    """NME-SC labels of unit embeddings (rows); ``k`` given: exactly that many clusters."""
+    """NME-SC labels of unit embeddings (rows): ``k`` clusters (default ``options.speakers``),
+    or a count estimated between ``options.min_speakers`` and ``max_speakers`` as
+    ``options.estimate`` says, preferring ``hint``."""
+    k = options.speakers if k is None else k
+    min_k, max_k, seed = options.min_speakers, options.max_speakers, options.seed
+    hint_margin, silhouette_margin = options.hint_margin, options.silhouette_margin
+    estimate = options.estimate
     n = len(emb)
     if n <= 2:
         return np.zeros(n, int) if (k or 1) == 1 or n < 2 else np.arange(n)

@@ -1,23 +1,25 @@
-"""Who spoke when in a mono recording: speaker turns from the VAD's speech regions.
+"""Who spoke when in a mono recording: speaker turns from speech regions.
 
-1. Inside each speech region (the decode stage's VAD clips, in seconds) the audio is cut
-   into windows of ``window_s`` every ``step_s``; a region shorter than a window is one
-   window of its own length (at least ``min_window_s``; shorter regions take the label of
-   the nearest window).
+1. Inside each speech region (in seconds; the job's come from ``regions.voice_regions``) the
+   audio is cut into windows of ``window_s`` every ``step_s``; a region shorter than a window
+   is one window of its own length (at least ``min_window_s``; shorter regions take the label
+   of the nearest window).
 2. Each window's GE2E embedding (``encoder.SpeakerEncoder``, numpy).
 3. The embeddings are clustered (``cluster.spectral`` by default) with an estimated number
    of speakers between ``min_speakers`` and ``max_speakers``, preferring ``hint_speakers``
    (2, a contact-center call) unless another count is clearly better; ``speakers=N`` fixes it.
+   The estimate's clusters are split into at least ``overcluster`` (3), then merged back:
+   clusters with under 20% of the windows into the nearest, and clusters whose centroids are
+   similar (0.8; 0.83 on telephone band, where voices embed closer) into one; a merge below
+   the hint needs 0.8 on wideband and 0.88 on telephone band.
 4. Every 10 ms frame of speech takes the speaker whose windows covering it are most similar
    on average; runs of one speaker are the turns. Speakers are named ``SPEAKER_00``,
    ``SPEAKER_01``, ... in order of first speech.
 
-One speaker per instant: overlapping speech goes to one of the two. Parameters and the choice
-of spectral clustering come from ``scripts/bench_diarize.py`` (tuned on seed 1, reported on
-seed 2). The regions matter as much as the speaker model: the job's mono VAD regions (2 s
-pauses, 400 ms pad, threshold 0.5) bridge turns and, on telephone-band audio, miss about half
-the speech; regions from the same VAD probabilities cut at 160 ms pauses with threshold 0.3
-gave the best word attribution (93% on 2-speaker telephone calls of real voices, seed 2).
+One speaker per instant: overlapping speech goes to one of the two. Parameters come from
+``scripts/bench_diarize.py`` on seeds 1 and 2 (2-speaker telephone-band and wideband calls
+of real voices, with 1- and 3-speaker calls and noisy telephone copies as checks); the
+figures in docs/how-to/diarization.md are from seeds 3-5, which nothing was tuned on.
 """
 
 from __future__ import annotations
@@ -46,8 +48,11 @@ from overnight.workers.diarize.encoder import (
 class DiarizeOptions:
     """How speakers are found. Every field belongs in the row's ``options``."""
 
-    window_s: float = 1.5
-    step_s: float = 0.75
+    # 1.2 s windows every 0.4 s: on seeds 1-2 (telephone band, 2 speakers) DER 4.3% and the
+    # count right on 24 of 24 calls, against 6.7% and 23 with 1.5 s every 0.75 s (3-speaker
+    # calls: the same DER, 33% right count either way).
+    window_s: float = 1.2
+    step_s: float = 0.4
     min_window_s: float = 0.4
     # Exactly this many speakers (``--speakers N``); None: estimated.
     speakers: int | None = None
@@ -64,9 +69,13 @@ class DiarizeOptions:
     method: Literal["spectral", "agglomerative"] = "spectral"
     # agglomerative: stop merging at this cosine distance.
     threshold: float = 0.35
+    # The estimate's clusters are split into at least this many first (a 2-way spectral cut
+    # often isolates a few straddling or overlapped windows instead of a voice), then merged.
+    overcluster: int = 3
     # Clusters whose centroids are more similar than this are one speaker (finds 1-speaker
-    # calls, which an eigengap cannot).
-    merge_similarity: float = 0.86
+    # calls, which an eigengap cannot); telephone band (``narrowband``) puts voices closer.
+    merge_similarity: float = 0.8
+    narrowband_merge_similarity: float = 0.83
     # A merge that leaves fewer speakers than the hint needs centroids this similar. Telephone
     # band puts voices closer: on seeds 1-2 two real voices' centroids reached 0.77 on
     # wideband and 0.87 on telephone band, one voice split in two 0.84 and 0.87 at the least.
@@ -196,37 +205,34 @@ class Diarizer:
         if hint is not None and not opts.min_speakers <= hint <= opts.max_speakers:
             hint = None
         if opts.method == "spectral":
-            labels = cluster.spectral(
-                x,
-                k=opts.speakers,
-                min_k=opts.min_speakers,
-                max_k=opts.max_speakers,
-                hint=hint,
-                hint_margin=opts.hint_margin,
-                estimate=opts.estimate,
-                silhouette_margin=opts.silhouette_margin,
-                seed=opts.seed,
-            )
+            labels = cluster.spectral(x, opts, hint)
         else:
             labels = cluster.agglomerative(
                 x, threshold=opts.threshold, k=opts.speakers, min_k=opts.min_speakers
             )
         if opts.speakers is None:
-            labels = cluster.absorb_small(x, labels, opts.min_speaker_share, opts.min_speakers)
-            labels = cluster.merge_similar(
-                x,
-                labels,
-                opts.merge_similarity,
-                opts.min_speakers,
-                hint=hint,
-                hint_similarity=(
-                    opts.narrowband_hint_merge_similarity if narrow else opts.hint_merge_similarity
-                ),
-            )
+            labels = self._merged(x, labels, hint, narrow)
         if len(sample) == n:
             return labels
         cent = np.stack([x[labels == i].mean(0) for i in np.unique(labels)])
         return np.argmax(emb @ cent.T, axis=1)
+
+    def _merged(
+        self, x: np.ndarray, labels: np.ndarray, hint: int | None, narrow: bool
+    ) -> np.ndarray:
+        """The estimate's clusters, split into at least ``overcluster`` first, then merged:
+        small clusters into the nearest, similar ones together (less readily below the hint)."""
+        opts = self.options
+        k = len(np.unique(labels))
+        more = min(opts.overcluster, opts.max_speakers)
+        if opts.method == "spectral" and k < more <= len(x) // 3:
+            labels = cluster.spectral(x, opts, hint, k=more)
+        labels = cluster.absorb_small(x, labels, opts.min_speaker_share, opts.min_speakers)
+        merge, below_hint = opts.merge_similarity, opts.hint_merge_similarity
+        if narrow:
+            merge = opts.narrowband_merge_similarity
+            below_hint = opts.narrowband_hint_merge_similarity
+        return cluster.merge_similar(x, labels, merge, opts.min_speakers, hint, below_hint)
 
 
 # Mel bands centred above 4 kHz, which 8 kHz telephone audio (decoded to 16 kHz) leaves
