@@ -190,13 +190,16 @@ def submit(
             else dict(job_file)
         )
         name = str((file_data.get("job") or {}).get("kind") or "job")
+    # An empty id given (an unset template variable, `--run-id ""`) is refused by the checks
+    # below, never replaced by a default: the run would land under another id than asked.
     base_id = check_submission_id(
-        submission_id or submission_id_for(name, run_id=run_id, date=date)
+        submission_id
+        if submission_id is not None
+        else submission_id_for(name, run_id=run_id, date=date)
     )
-    spec = build_spec(
-        file_data,
-        {"job": {"run_id": run_id or (file_data.get("job") or {}).get("run_id") or base_id}},
-    )
+    if run_id is None:
+        run_id = (file_data.get("job") or {}).get("run_id") or base_id
+    spec = build_spec(file_data, {"job": {"run_id": run_id}})
     staged = cluster_job_file(spec)
     local = tuple(p for p in (staged["job"]["input"], staged["job"]["output"]) if "://" not in p)
     cl = client(address)

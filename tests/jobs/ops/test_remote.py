@@ -89,3 +89,14 @@ def test_submit_without_an_address_says_how_to_give_one(tmp_path, monkeypatch, c
     job.write_text('[job]\ninput = "calls"\noutput = "out"\n')
     assert main(["submit", str(job)]) == ConfigError.exit_code
     assert "--address http://HEAD:8265" in capsys.readouterr().err
+
+
+def test_an_empty_run_or_submission_id_is_refused_not_replaced_by_a_default(tmp_path, capsys):
+    job = tmp_path / "nightly.toml"
+    job.write_text('[job]\ninput = "calls"\noutput = "out"\n')
+    address = "http://127.0.0.1:9"  # never reached: both are refused first
+    assert main(["submit", str(job), "--address", address, "--run-id", ""]) == ConfigError.exit_code
+    assert "run id" in capsys.readouterr().err
+    argv = ["submit", str(job), "--address", address, "--submission-id", ""]
+    assert main(argv) == ConfigError.exit_code
+    assert "submission id '' is not valid" in capsys.readouterr().err
