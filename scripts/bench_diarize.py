@@ -12,23 +12,29 @@ Evaluation calls are built, so the reference comes from construction:
   before the previous one ends (overlap), and one in five turns is interrupted by a listener's
   backchannel (a short word cut from that speaker's real speech, or "yes"/"okay"/"mm-hmm" in
   its espeak voice) in a pause inside the turn.
-- Each call in two conditions: ``wideband`` (16 kHz) and ``telephone`` (300-3400 Hz, 8 kHz
-  G.711 mu-law, decoded back to 16 kHz by the job's decoder).
+- Each call in conditions: ``wideband`` (16 kHz), ``telephone`` (300-3400 Hz, 8 kHz G.711
+  mu-law, decoded back to 16 kHz by the job's decoder) and ``telephone-noise`` (line noise at
+  10-25 dB SNR first).
+- ``--speakers 1``: one voice in both parts (does a lone voice stay one speaker?).
 - Plus ``stereo_diarization.wav`` mixed down to mono (reference: each channel's energy).
 
-The pipeline is the job's: Silero VAD regions with the mono ``AudioOptions`` (2 s silence,
-400 ms pad), ``Diarizer`` on the 16 kHz audio, Whisper tiny.en (bundled, int8, word
-timestamps) on the same audio, ``assign_speakers``. Scores: ``pyannote.metrics`` DER with a
-0.25 s collar (overlap scored), the share of calls with the right speaker count, the share of
-Whisper's words that land on the right speaker (the reference speaker is the one whose
-constructed speech overlaps the word most; words outside every reference span are not
-scored; hypothesis speakers mapped to reference ones by DER's optimal mapping), and the share
-of calls whose first-speaker role is right. ``diarize_s`` per audio second on this machine,
-and beside it Whisper's ``asr_s`` per audio second on the same calls.
+The pipeline is the job's: speech regions as the job finds them for diarization
+(``--regions voice``: WebRTC's VAD, ``workers.diarize.regions``; ``job``, ``fine``, ``fine3``
+and ``oracle`` compare others), ``Diarizer`` on the 16 kHz audio, Whisper tiny.en (bundled,
+int8, word timestamps) on the same audio, ``assign_speakers``. Scores: ``pyannote.metrics``
+DER with a 0.25 s collar (overlap scored), the share of calls with the right speaker count,
+the share of Whisper's words that land on the right speaker (the reference speaker is the
+one whose constructed speech overlaps the word most; words outside every reference span are
+not scored; hypothesis speakers mapped to reference ones by DER's optimal mapping), and the
+share of calls whose first-speaker role is right. ``diarize_s`` per audio second on this
+machine, and beside it Whisper's ``asr_s`` per audio second on the same calls.
 
-    OPENBLAS_NUM_THREADS=1 .venv/bin/python scripts/bench_diarize.py --seed 2 --calls 12 \
-        --regions job,fine3,oracle                                    # report (seed 2)
-    .venv/bin/python scripts/bench_diarize.py --seed 1 --sweep       # tune (parameters)
+    # tune (seeds 1 and 2 only)
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python scripts/bench_diarize.py --seed 1 --calls 12 \
+        --sets real --speakers 1,2,3 --conditions telephone,wideband,telephone-noise --no-words
+    # report (seeds 3-5, nothing tuned on them)
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python scripts/bench_diarize.py --seed 4 --calls 12 \
+        --sets real --speakers 2 --conditions telephone
 
 One BLAS thread, as in a Ray task (Ray sets OMP_NUM_THREADS to the task's CPUs): with the
 default threads the per-frame products of the LSTM spin on a shared 2-core machine.
