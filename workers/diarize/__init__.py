@@ -24,25 +24,20 @@ from overnight.workers.diarize.diarize import (
     Turn,
     region_mels,
 )
-from overnight.workers.diarize.prepare import (
-    DiarizerModelMissing,
-    encoder_path,
-    prepare_encoder,
-)
+
+# ``prepare`` is not imported here: ``python -m overnight.workers.diarize.prepare`` (the
+# install step) would then find it imported before it runs, and runpy warns about that.
 
 __all__ = [
     "OVERTALK_UNMEASURED",
     "Diarization",
     "DiarizeOptions",
     "Diarizer",
-    "DiarizerModelMissing",
     "Turn",
     "assign_speakers",
     "dialogue_text",
-    "encoder_path",
     "first_speaker_roles",
     "mono_call_analytics",
-    "prepare_encoder",
     "region_mels",
     "relabel",
 ]
