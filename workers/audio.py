@@ -88,13 +88,12 @@ class AudioOptions:
     # Keep each chunk's speech samples beside its features (``Chunk.speech``, never in the
     # DECODED row): diarization embeds the speakers' voices from them in the same task. A
     # mono recording short enough to keep decoded also keeps its samples and finer speech
-    # regions for it (``DecodedAudio.voice``): WebRTC's VAD in this mode, cut at 160 ms
-    # pauses (workers.diarize.regions). On telephone-band calls the transcription's regions
+    # regions for it (``DecodedAudio.voice``): WebRTC's VAD, cut at 160 ms pauses
+    # (workers.diarize.regions, which the chunks' path of a long recording uses too). On telephone-band calls the transcription's regions
     # (Silero 0.5, 2 s) missed half the speech and bridged turns, and Silero at 0.3 cut at
     # 160 ms still missed 13%: DER 29% against 8.5% with WebRTC's (scripts/bench_diarize.py,
     # seeds 1-2, fine3 vs webrtc).
     keep_speech: bool = False
-    voice_vad_mode: int = 2
     # Ship each chunk's 16 kHz float32 speech samples instead of its features (a DECODED
     # chunk with ``feature_size`` 0): the Whisper worker computes the features with its
     # engine's front end, the torch engine's ``LogMel`` on its GPU (jobs.transcribe turns
@@ -629,7 +628,7 @@ class AudioChunker:
             return [(0.0, len(samples) / SAMPLE_RATE)]
         from overnight.workers.diarize.regions import voice_regions
 
-        return voice_regions(samples, mode=self.options.voice_vad_mode)
+        return voice_regions(samples)
 
     def _cut(
         self,

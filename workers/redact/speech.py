@@ -548,16 +548,25 @@ def round_amounts(
     two significant digits, then three zeros or more. Whisper writes amounts so, or makes
     them of noise; they hold no four digits in a row of a card or an account. A written
     number goes on over the words Whisper split it into (",000", ".15")."""
-    written: list[str] = []
+    written = ["".join(digits[i] or "" for i in n) for n in written_numbers(tokens, digits, run)]
+    said = [w for w in written if w]
+    return bool(said) and all(_ROUND.fullmatch(w) for w in said)
+
+
+def written_numbers(
+    tokens: Sequence[Token], digits: Sequence[str | None], run: Sequence[int]
+) -> list[list[int]]:
+    """The tokens of each number a run writes: a written number goes on over the words
+    Whisper split it into ("3", ",175", ".94")."""
+    numbers: list[list[int]] = []
     for i in run:
         if digits[i] is None:
             continue
-        if written and tokens[i].word[:1] in ",.":
-            written[-1] += digits[i] or ""
+        if numbers and tokens[i].word[:1] in ",.":
+            numbers[-1].append(i)
         else:
-            written.append(digits[i] or "")
-    said = [w for w in written if w]
-    return bool(said) and all(_ROUND.fullmatch(w) for w in said)
+            numbers.append([i])
+    return numbers
 
 
 def is_year(digits: str) -> bool:
@@ -589,16 +598,8 @@ def every_amount(
     tokens: Sequence[Token], keys: Sequence[str], digits: Sequence[str | None], run: Sequence[int]
 ) -> bool:
     """Whether every number a run writes is an amount of money ("$1,000, $3,400, $4,500"):
-    its currency sign, its cents, or a money word after it. A written number goes on over the
-    words Whisper split it into (",000", ".15")."""
-    numbers: list[list[int]] = []
-    for i in run:
-        if digits[i] is None:
-            continue
-        if numbers and tokens[i].word[:1] in ",." and numbers[-1][-1] == i - 1:
-            numbers[-1].append(i)
-        else:
-            numbers.append([i])
+    its currency sign, its cents, or a money word after it (``written_numbers``)."""
+    numbers = written_numbers(tokens, digits, run)
     return bool(numbers) and all(money_amount(tokens, keys, n) for n in numbers)
 
 

@@ -18,17 +18,10 @@ from overnight.schemas import DOCUMENT_RESULTS
 from overnight.workers.devices import gpu_kind, resolve_device, worker_id
 from overnight.workers.llm.adapter import BackendConfigError, EngineUnavailable, load_backend
 from overnight.workers.llm.engine_options import EngineOptions
-from overnight.workers.llm.prepare import prepare_ctranslate2_from_gguf, smollm2_gguf_path
 from overnight.workers.llm.tasks.spec import TaskSpec
 from overnight.workers.llm.worker import LLMWorker, LLMWorkerConfig, options_json
 
 LABELS = ("billing", "support")
-
-
-@pytest.fixture(scope="session")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cache = tmp_path_factory.getbasetemp() / "llm-models"
-    return prepare_ctranslate2_from_gguf(smollm2_gguf_path(), cache_dir=cache)
 
 
 @pytest.fixture(scope="module")
