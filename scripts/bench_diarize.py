@@ -463,6 +463,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "--regions", default="voice", help="voice, job, fine, fine3 or oracle (comma list)"
     )
     p.add_argument("--json", type=Path, help="write the rows here")
+    p.add_argument(
+        "--engines",
+        default="onnxruntime",
+        help="speaker encoder engines (onnxruntime, numpy; comma list): with more than one, "
+        "they take turns on each set and the ratio of their times is printed",
+    )
     for f in dataclasses.fields(DiarizeOptions):
         if (f.type in ("float", "int") or f.name == "method") and f.name != "seed":
             p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=None)
@@ -480,7 +486,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if not args.data.is_dir() and "real" in args.sets:
         print(f"no real voices at {args.data}: espeak-ng voices only", file=sys.stderr)
         args.sets = "espeak"
-    encoder = SpeakerEncoder.load()
+    engines = args.engines.split(",")
+    encoders = {engine: SpeakerEncoder.load(engine=engine) for engine in engines}
     whisper = None if args.no_words or args.sweep else Whisper()
     variants = [("", base)]
     if args.sweep:
@@ -501,10 +508,31 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for kind, n, calls in sets:
             for condition in args.conditions.split(","):
                 for how in args.regions.split(","):
-                    sc = evaluate(calls, options, condition, whisper, encoder, how)
-                    r = row(f"{tag} {kind}{n} {condition} vad={how}".strip(), sc)
-                    rows.append(r)
-                    print(json.dumps(r), flush=True)
+                    for engine, encoder in encoders.items():
+                        sc = evaluate(calls, options, condition, whisper, encoder, how)
+                        label = f"{tag} {kind}{n} {condition} vad={how}"
+                        if len(encoders) > 1:
+                            label += f" engine={engine}"
+                        r = row(label.strip(), sc)
+                        rows.append(r)
+                        print(json.dumps(r), flush=True)
+    if len(encoders) > 1:
+        # The engines ran in turn on the same sets: their summed time per second of audio.
+        per = {
+            e: sum(r["diarize_ms_per_s"] * r["audio_s"] for r in rows if r["set"].endswith(e))
+            / max(sum(r["audio_s"] for r in rows if r["set"].endswith(e)), 1e-9)
+            for e in encoders
+        }
+        first = engines[0]
+        print(
+            json.dumps(
+                {
+                    "diarize_ms_per_s": {e: round(v, 2) for e, v in per.items()},
+                    f"time vs {first}": {e: round(v / per[first], 2) for e, v in per.items()},
+                }
+            ),
+            flush=True,
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return rows

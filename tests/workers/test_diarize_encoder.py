@@ -1,5 +1,5 @@
-"""The speaker encoder: resemblyzer's embeddings in numpy, its weights read without torch, and a
-missing model said in one paragraph."""
+"""The speaker encoder: resemblyzer's embeddings in onnxruntime and in numpy, its weights read
+without torch, and a missing model said in one paragraph."""
 
 from __future__ import annotations
 
@@ -9,7 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from overnight.workers.diarize.encoder import SpeakerEncoder, mel_filterbank, mel_frames
+from overnight.workers.diarize.encoder import (
+    ENGINES,
+    SpeakerEncoder,
+    mel_filterbank,
+    mel_frames,
+)
 from overnight.workers.diarize.prepare import (
     PREPARE_COMMAND,
     DiarizerModelMissing,
@@ -43,9 +48,9 @@ def diarizer_model_dir(tmp_path_factory) -> Path:
     return default_cache_root()
 
 
-@pytest.fixture(scope="module")
-def encoder(diarizer_model_dir) -> SpeakerEncoder:
-    return SpeakerEncoder.load(diarizer_model_dir)
+@pytest.fixture(scope="module", params=ENGINES)
+def encoder(request, diarizer_model_dir) -> SpeakerEncoder:
+    return SpeakerEncoder.load(diarizer_model_dir, engine=request.param)
 
 
 def _speech() -> np.ndarray:
@@ -73,6 +78,22 @@ def test_embeddings_equal_resemblyzers_voice_encoder_to_1e_4(encoder):
     with torch.no_grad():
         expected = theirs(torch.from_numpy(batch)).numpy()
     np.testing.assert_allclose(encoder.embed(batch), expected, atol=1e-4)
+
+
+def test_onnxruntime_and_numpy_engines_give_the_same_embeddings_on_speech(diarizer_model_dir):
+    weights = load_weights(diarizer_model_dir)
+    fast, reference = SpeakerEncoder(weights), SpeakerEncoder(weights, engine="numpy")
+    assert fast.engine == "onnxruntime"  # the default
+    mels = mel_frames(_speech())
+    # Windows of the diarizer's lengths (1.2 s every 0.4 s, and a short region's 0.5 s).
+    for frames in (120, 50):
+        batch = np.stack([mels[s : s + frames] for s in range(0, len(mels) - frames, 40)])
+        np.testing.assert_allclose(fast.embed(batch), reference.embed(batch), atol=1e-5)
+
+
+def test_an_unknown_engine_is_refused_with_the_choices(diarizer_model_dir):
+    with pytest.raises(ValueError, match="onnxruntime, numpy"):
+        SpeakerEncoder(load_weights(diarizer_model_dir), engine="torch")  # type: ignore[arg-type]
 
 
 def test_mel_front_end_equals_librosas_slaney_filterbank_and_frames():
