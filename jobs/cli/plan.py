@@ -65,6 +65,7 @@ def handle(args: argparse.Namespace) -> int:
 
     from overnight.jobs.errors import ConfigError
     from overnight.jobs.ops.plan import (
+        Sizing,
         adjust_profiles,
         load_profiles,
         make_plan,
@@ -80,8 +81,13 @@ def handle(args: argparse.Namespace) -> int:
         )
     unit = "audio_s" if args.audio_hours is not None else "documents"
     backlog = args.audio_hours * 3600.0 if unit == "audio_s" else args.documents
-    deadline = parse_duration(args.deadline, "--deadline")
-    startup = 0.0 if args.startup in ("0", "0s") else parse_duration(args.startup, "--startup")
+    sizing = Sizing(
+        parse_duration(args.deadline, "--deadline"),
+        headroom=args.headroom,
+        utilization=args.utilization,
+        startup_s=0.0 if args.startup in ("0", "0s") else parse_duration(args.startup, "--startup"),
+        max_workers=args.max_workers,
+    )
     profiles, notes = adjust_profiles(
         load_profiles(args.profile),
         unit,
@@ -90,16 +96,7 @@ def handle(args: argparse.Namespace) -> int:
         cpu_price=args.cpu_price,
         throughput=args.throughput,
     )
-    plan = make_plan(
-        profiles,
-        backlog,
-        unit,
-        deadline,
-        headroom=args.headroom,
-        utilization=args.utilization,
-        startup_s=startup,
-        max_workers=args.max_workers,
-    )
+    plan = make_plan(profiles, backlog, unit, sizing)
     plan = replace(plan, notes=tuple(notes))
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))

@@ -131,17 +131,29 @@ class WorkerProfile:
 
 
 @dataclass(frozen=True)
+class Sizing:
+    """What a backlog is sized for: the deadline and what is assumed and allowed around it.
+
+    ``utilization`` None: each profile's measured one, else ``DEFAULT_UTILIZATION``;
+    ``max_workers`` None: any number of workers can be had.
+    """
+
+    deadline_s: float
+    headroom: float = DEFAULT_HEADROOM
+    utilization: float | None = None
+    startup_s: float = 0.0
+    max_workers: int | None = None
+
+
+@dataclass(frozen=True)
 class Option:
     """One configuration sized for one backlog and deadline, with its arithmetic."""
 
     profile: WorkerProfile
     backlog: float
-    deadline_s: float
-    headroom_target: float
+    sizing: Sizing  # as asked; ``utilization`` below is the one used
     utilization: float
     utilization_assumed: bool
-    startup_s: float
-    max_workers: int | None
     window_s: float
     workers: int | None  # None: no number of workers can meet the deadline (window <= 0)
     finish_s: float | None
@@ -166,7 +178,7 @@ class Option:
 
     @property
     def headroom(self) -> float | None:
-        return None if self.finish_s is None else 1.0 - self.finish_s / self.deadline_s
+        return None if self.finish_s is None else 1.0 - self.finish_s / self.sizing.deadline_s
 
     @property
     def cost_per_unit_usd(self) -> float | None:
@@ -220,17 +232,10 @@ def _short_measurement(p: WorkerProfile) -> bool:
     )
 
 
-def size_option(
-    profile: WorkerProfile,
-    backlog: float,
-    deadline_s: float,
-    *,
-    headroom: float = DEFAULT_HEADROOM,
-    utilization: float | None = None,
-    startup_s: float = 0.0,
-    max_workers: int | None = None,
-) -> Option:
+def size_option(profile: WorkerProfile, backlog: float, sizing: Sizing) -> Option:
     """Size one configuration for a backlog (see the module docstring for the formulas)."""
+    deadline_s, headroom, startup_s = sizing.deadline_s, sizing.headroom, sizing.startup_s
+    utilization, max_workers = sizing.utilization, sizing.max_workers
     if backlog <= 0:
         raise ConfigError(f"the backlog must be larger than zero (got {backlog})")
     if not 0 <= headroom < 1:
@@ -277,12 +282,9 @@ def size_option(
         return Option(
             p,
             backlog,
-            deadline_s,
-            headroom,
+            sizing,
             u,
             assumed,
-            startup_s,
-            max_workers,
             window,
             workers,
             finish,
@@ -357,12 +359,7 @@ def make_plan(
     profiles: list[WorkerProfile],
     backlog: float,
     unit: str,
-    deadline_s: float,
-    *,
-    headroom: float = DEFAULT_HEADROOM,
-    utilization: float | None = None,
-    startup_s: float = 0.0,
-    max_workers: int | None = None,
+    sizing: Sizing,
 ) -> Plan:
     usable = [p for p in profiles if p.unit == unit]
     if not usable:
@@ -371,18 +368,7 @@ def make_plan(
             f"no profile measures {unit} (the profiles measure {', '.join(have)}): tune on a sample "
             "of this workload first (overnight tune) or point --profile at past runs of it"
         )
-    options = tuple(
-        size_option(
-            p,
-            backlog,
-            deadline_s,
-            headroom=headroom,
-            utilization=utilization,
-            startup_s=startup_s,
-            max_workers=max_workers,
-        )
-        for p in usable
-    )
+    options = tuple(size_option(p, backlog, sizing) for p in usable)
     return Plan(options, cheapest(options))
 
 

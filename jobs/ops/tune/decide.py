@@ -89,11 +89,7 @@ def decide(measurements: list[Measurement], sla: SLA, accuracy_basis: str = "") 
         r.option = size_option(
             m.profile("transcribe" if m.unit == "audio_s" else "process", "", ""),
             sla.backlog,
-            sla.deadline_s,
-            headroom=sla.headroom,
-            utilization=sla.utilization,
-            startup_s=sla.startup_s,
-            max_workers=sla.max_workers,
+            sla.sizing,
         )
         r.meets_deadline = r.option.meets_deadline
         r.meets_accuracy = m.wer is not None and (allowed is None or m.wer <= allowed + 1e-12)

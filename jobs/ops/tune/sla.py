@@ -9,6 +9,7 @@ from typing import Any
 from overnight.jobs.errors import ConfigError
 from overnight.jobs.ops.plan import (
     DEFAULT_HEADROOM,
+    Sizing,
     fmt_duration,
     parse_duration,
 )
@@ -28,6 +29,13 @@ class SLA:
     utilization: float | None = None
     startup_s: float = 0.0
     text: str = ""
+
+    @property
+    def sizing(self) -> Sizing:
+        """What each measured configuration is sized for."""
+        return Sizing(
+            self.deadline_s, self.headroom, self.utilization, self.startup_s, self.max_workers
+        )
 
     @property
     def _err(self) -> str:

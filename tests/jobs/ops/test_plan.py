@@ -10,6 +10,7 @@ import pytest
 from overnight.jobs.cli import main
 from overnight.jobs.errors import ConfigError
 from overnight.jobs.ops.plan import (
+    Sizing,
     WorkerProfile,
     load_profiles,
     make_plan,
@@ -29,7 +30,7 @@ def test_one_h100_finishes_two_thousand_audio_hours_in_six_hours():
     # By hand: window 21600 x 0.8 = 17280 s; 850 x 0.9 = 765 audio s/s per GPU;
     # 7,200,000 / (765 x 17280 = 13,219,200) = 0.545 -> 1 GPU;
     # finish 7,200,000 / 765 = 9411.76 s; cost 1 x 2.69 x 9411.76 / 3600 = $7.0327.
-    o = size_option(H100, BACKLOG, SIX_HOURS)
+    o = size_option(H100, BACKLOG, Sizing(SIX_HOURS))
     assert o.utilization == 0.9 and o.utilization_assumed
     assert o.window_s == pytest.approx(17280)
     assert o.workers == 1
@@ -44,7 +45,7 @@ def test_cpu_workers_are_counted_up_and_paid_until_the_backlog_is_done():
     # By hand: 15 x 0.9 = 13.5 audio s/s per core; 13.5 x 17280 = 233,280 per worker;
     # 7,200,000 / 233,280 = 30.86 -> 31 workers; finish 7,200,000 / (31 x 13.5) = 17,204.30 s;
     # cost 31 x 0.0425 x 17,204.30 / 3600 = $6.2963.
-    o = size_option(CPU, BACKLOG, SIX_HOURS)
+    o = size_option(CPU, BACKLOG, Sizing(SIX_HOURS))
     assert o.workers == 31
     assert o.finish_s == pytest.approx(17204.301, abs=1e-3)
     assert o.cost_usd == pytest.approx(6.29630, abs=1e-5)
@@ -53,9 +54,9 @@ def test_cpu_workers_are_counted_up_and_paid_until_the_backlog_is_done():
 
 
 def test_cheapest_option_meeting_the_deadline_wins_and_a_worker_limit_changes_it():
-    plan = make_plan([H100, CPU], BACKLOG, "audio_s", SIX_HOURS)
+    plan = make_plan([H100, CPU], BACKLOG, "audio_s", Sizing(SIX_HOURS))
     assert plan.cheapest is not None and plan.cheapest.profile is CPU  # $6.30 < $7.03
-    limited = make_plan([H100, CPU], BACKLOG, "audio_s", SIX_HOURS, max_workers=16)
+    limited = make_plan([H100, CPU], BACKLOG, "audio_s", Sizing(SIX_HOURS, max_workers=16))
     cpu = next(o for o in limited.options if o.profile is CPU)
     assert not cpu.meets_deadline and "needs 31 workers, more than the 16 available" in cpu.reason
     assert limited.cheapest is not None and limited.cheapest.profile is H100
@@ -66,16 +67,16 @@ def test_start_up_time_shrinks_the_window_and_is_paid_for():
     # 15,000 per worker; 36,000 / 15,000 = 2.4 -> 3 workers; finish 600 + 36,000 / 15 = 3000 s;
     # cost 3 x 0.0425 x 3000 / 3600 = $0.10625.
     p = WorkerProfile("w", "transcribe", "audio_s", "cpu", 1.0, 5.0, 0.0425, utilization=1.0)
-    o = size_option(p, 36000.0, 3600.0, headroom=0.0, startup_s=600.0)
+    o = size_option(p, 36000.0, Sizing(3600.0, headroom=0.0, startup_s=600.0))
     assert (o.workers, o.finish_s) == (3, pytest.approx(3000.0))
     assert o.cost_usd == pytest.approx(0.10625)
-    assert not size_option(p, 36000.0, 3600.0, startup_s=3000.0).meets_deadline
+    assert not size_option(p, 36000.0, Sizing(3600.0, startup_s=3000.0)).meets_deadline
 
 
 def test_an_exact_fit_does_not_round_up_to_an_extra_worker():
     # 0.9 x 0.8 leaves float dust: 777,600 / (10 x 0.9 x 2880) must be 30 workers, not 31.
     p = WorkerProfile("w", "transcribe", "audio_s", "cpu", 1.0, 10.0, 0.0425, utilization=0.9)
-    o = size_option(p, 30 * 10 * 0.9 * 3600 * 0.8, 3600.0)
+    o = size_option(p, 30 * 10 * 0.9 * 3600 * 0.8, Sizing(3600.0))
     assert o.workers == 30
     assert o.headroom == pytest.approx(0.2)
 
@@ -95,7 +96,7 @@ def test_measured_cpu_cost_per_unit_and_units_per_worker_are_priced():
         utilization=0.8,
         other_cost_per_unit_usd=0.001,
     )
-    o = size_option(p, 1000.0, 4 * 3600.0)
+    o = size_option(p, 1000.0, Sizing(4 * 3600.0))
     assert o.workers == 1 and not o.utilization_assumed
     assert o.compute_cost_usd == pytest.approx(4.86111, abs=1e-5)
     assert o.cost_usd == pytest.approx(5.86111, abs=1e-5)
@@ -143,7 +144,9 @@ def test_profiles_from_past_runs_pool_throughput_and_measure_utilization():
     assert "n1" in p.source and "n2" in p.source and "empty" not in p.source
     assert p.measured_reserved_s == pytest.approx(1600.0)
     # 1,600 s of reserved time is long enough to plan on as measured.
-    assert not any("short run" in line for line in size_option(p, 3.6e6, 6 * 3600).arithmetic)
+    assert not any(
+        "short run" in line for line in size_option(p, 3.6e6, Sizing(6 * 3600)).arithmetic
+    )
 
 
 def test_a_plan_from_a_short_run_says_its_measured_utilization_is_a_short_runs():
@@ -159,11 +162,11 @@ def test_a_plan_from_a_short_run_says_its_measured_utilization_is_a_short_runs()
         "accelerator_reserved_seconds": 2.49,
     }
     [p] = profiles_from_runs([run])
-    measured = size_option(p, 7.2e6, 6 * 3600)
+    measured = size_option(p, 7.2e6, Sizing(6 * 3600))
     [note] = [line for line in measured.arithmetic if "short run" in line]
     assert "measured over 2 s of reserved time" in note and "--utilization" in note
     # A stated utilization replaces the measured one, and the note with it.
-    stated = size_option(p, 7.2e6, 6 * 3600, utilization=0.9)
+    stated = size_option(p, 7.2e6, Sizing(6 * 3600, utilization=0.9))
     assert not any("short run" in line for line in stated.arithmetic)
     assert stated.workers < measured.workers
 
@@ -215,5 +218,5 @@ def test_durations_and_bad_inputs_are_named():
         with pytest.raises(ConfigError, match=r"duration|longer than zero"):
             parse_duration(bad)
     with pytest.raises(ConfigError, match="no profile measures documents"):
-        make_plan([H100], 100.0, "documents", SIX_HOURS)
+        make_plan([H100], 100.0, "documents", Sizing(SIX_HOURS))
     assert main(["plan", "--audio-hours", "1", "--deadline", "6h"]) == 2

@@ -9,7 +9,7 @@ import pytest
 
 from overnight.jobs.cli import main
 from overnight.jobs.errors import ConfigError
-from overnight.jobs.ops.plan import load_profiles, make_plan
+from overnight.jobs.ops.plan import Sizing, load_profiles, make_plan
 from overnight.jobs.ops.report import build_report, load
 from overnight.jobs.ops.tune import (
     Candidate,
@@ -138,7 +138,7 @@ def test_tune_on_real_tiny_en_and_real_recordings_picks_a_configuration_that_mee
     # profile.json gives plan the same answer the tuner computed.
     profiles = {p.name: p for p in load_profiles([str(out / "profile.json")])}
     assert set(profiles) == {"greedy", "beam 5"}
-    plan = make_plan([profiles[result["chosen"]]], 1000 * 3600.0, "audio_s", 6 * 3600.0)
+    plan = make_plan([profiles[result["chosen"]]], 1000 * 3600.0, "audio_s", Sizing(6 * 3600.0))
     assert plan.options[0].workers == chosen["plan"]["workers"]
     assert plan.options[0].cost_usd == pytest.approx(chosen["plan"]["cost_usd"])
     # Each configuration's run is a normal output: the report's cost per minute agrees.
@@ -367,7 +367,7 @@ def test_tune_process_measures_the_document_job_on_the_real_smollm2_model(tmp_pa
     assert (spec.process.compute_type, spec.process.max_batch_size) == ("int8", 4)
     [profile] = load_profiles([str(tmp_path / "out" / "profile.json")])
     assert profile.unit == "documents" and profile.kind == "process"
-    plan = make_plan([profile], 100000.0, "documents", 6 * 3600.0)
+    plan = make_plan([profile], 100000.0, "documents", Sizing(6 * 3600.0))
     assert plan.cheapest is not None
     assert plan.cheapest.workers == result.decision.chosen.option.workers
 
