@@ -17,42 +17,48 @@ from overnight.workers.llm.tasks.spec import TASK_KINDS, TaskSpec, TaskSpecError
 DISPOSITION_LABELS = ("paid", "promise_to_pay", "dispute", "wrong_number", "callback", "other")
 
 
+# The ready contact-center tasks: each one's kind and instructions, the prompt the model
+# reads with the document. Their constructors below add the one field the kind works on.
+_READY: dict[str, tuple[str, str]] = {
+    "call_summary": (
+        "summarize",
+        "The document is a call transcript between an agent and a customer. Say why "
+        "the customer called, what was agreed, and any next step.",
+    ),
+    "disposition": (
+        "classify",
+        "The document is a call transcript. Labels: paid = the customer has paid; "
+        "promise_to_pay = the customer commits to pay later; dispute = the customer "
+        "contests the debt or amount; wrong_number = the agent reached the wrong person; "
+        "callback = someone asks to be called back later; other = anything else.",
+    ),
+    "promise_to_pay": (
+        "extract",
+        "The document is a call transcript. Extract the customer's payment promise.",
+    ),
+    "compliance": (
+        "extract",
+        "The document is a call transcript. For each phrase, answer true if the agent "
+        "said it or the same meaning, else false.",
+    ),
+}
+
+
+def _ready(name: str, **fields: Any) -> TaskSpec:
+    kind, instructions = _READY[name]
+    return TaskSpec(kind=kind, name=name, instructions=instructions, **fields)
+
+
 def call_summary(words: int = 80, **options: Any) -> TaskSpec:
-    return TaskSpec(
-        kind="summarize",
-        name="call_summary",
-        summary_words=words,
-        instructions=(
-            "The document is a call transcript between an agent and a customer. Say why "
-            "the customer called, what was agreed, and any next step."
-        ),
-        **options,
-    )
+    return _ready("call_summary", summary_words=words, **options)
 
 
 def disposition(**options: Any) -> TaskSpec:
-    return TaskSpec(
-        kind="classify",
-        name="disposition",
-        labels=DISPOSITION_LABELS,
-        instructions=(
-            "The document is a call transcript. Labels: paid = the customer has paid; "
-            "promise_to_pay = the customer commits to pay later; dispute = the customer "
-            "contests the debt or amount; wrong_number = the agent reached the wrong person; "
-            "callback = someone asks to be called back later; other = anything else."
-        ),
-        **options,
-    )
+    return _ready("disposition", labels=DISPOSITION_LABELS, **options)
 
 
 def promise_to_pay(**options: Any) -> TaskSpec:
-    return TaskSpec(
-        kind="extract",
-        name="promise_to_pay",
-        json_schema=PROMISE_TO_PAY_SCHEMA,
-        instructions="The document is a call transcript. Extract the customer's payment promise.",
-        **options,
-    )
+    return _ready("promise_to_pay", json_schema=PROMISE_TO_PAY_SCHEMA, **options)
 
 
 def compliance(required_phrases: Sequence[str], **options: Any) -> TaskSpec:
@@ -62,16 +68,8 @@ def compliance(required_phrases: Sequence[str], **options: Any) -> TaskSpec:
     phrases = tuple(dict.fromkeys(p.strip() for p in required_phrases if p and p.strip()))
     if not phrases:
         raise TaskSpecError("required_phrases: give at least one phrase or disclosure")
-    return TaskSpec(
-        kind="extract",
-        name="compliance",
-        json_schema=phrases_schema(phrases),
-        required_phrases=phrases,
-        instructions=(
-            "The document is a call transcript. For each phrase, answer true if the agent "
-            "said it or the same meaning, else false."
-        ),
-        **options,
+    return _ready(
+        "compliance", json_schema=phrases_schema(phrases), required_phrases=phrases, **options
     )
 
 
