@@ -61,7 +61,6 @@ def add_parser(subparsers) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     import json
-    from dataclasses import replace
 
     from overnight.jobs.errors import ConfigError
     from overnight.jobs.ops.plan import (
@@ -96,8 +95,7 @@ def handle(args: argparse.Namespace) -> int:
         cpu_price=args.cpu_price,
         throughput=args.throughput,
     )
-    plan = make_plan(profiles, backlog, unit, sizing)
-    plan = replace(plan, notes=tuple(notes))
+    plan = make_plan(profiles, backlog, unit, sizing, notes)
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
     else:

@@ -360,6 +360,7 @@ def make_plan(
     backlog: float,
     unit: str,
     sizing: Sizing,
+    notes: tuple[str, ...] | list[str] = (),
 ) -> Plan:
     usable = [p for p in profiles if p.unit == unit]
     if not usable:
@@ -369,7 +370,7 @@ def make_plan(
             "of this workload first (overnight tune) or point --profile at past runs of it"
         )
     options = tuple(size_option(p, backlog, sizing) for p in usable)
-    return Plan(options, cheapest(options))
+    return Plan(options, cheapest(options), tuple(notes))
 
 
 # -- profiles -------------------------------------------------------------------------------
