@@ -1,9 +1,10 @@
 """Speaker diarization of mono recordings (issue #37): who spoke when, their words, roles and
-call analytics, on CPU with numpy only.
+call analytics, on CPU with numpy and onnxruntime (no torch).
 
 - ``prepare``: the GE2E speaker encoder's weights, read out of the ``resemblyzer`` wheel into
   overnight's model cache once at install (no torch).
-- ``encoder``: the encoder in numpy (mel front end, LSTM), equal to resemblyzer's to 1e-4.
+- ``encoder``: the encoder (numpy mel front end; the LSTM on onnxruntime, or numpy as the
+  reference), equal to resemblyzer's to 1e-4.
 - ``cluster``: spectral (NME-SC) and agglomerative clustering of window embeddings.
 - ``diarize``: ``Diarizer`` (audio + VAD speech regions → speaker turns).
 - ``assign``: words → speakers, segment splitting, mono call analytics, first-speaker roles.

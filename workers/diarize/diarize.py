@@ -4,7 +4,7 @@
    audio is cut into windows of ``window_s`` every ``step_s``; a region shorter than a window
    is one window of its own length (at least ``min_window_s``; shorter regions take the label
    of the nearest window).
-2. Each window's GE2E embedding (``encoder.SpeakerEncoder``, numpy).
+2. Each window's GE2E embedding (``encoder.SpeakerEncoder``, onnxruntime).
 3. The embeddings are clustered (``cluster.spectral`` by default) with an estimated number
    of speakers between ``min_speakers`` and ``max_speakers``, preferring ``hint_speakers``
    (2, a contact-center call) unless another count is clearly better; ``speakers=N`` fixes it.
