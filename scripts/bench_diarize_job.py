@@ -46,9 +46,11 @@ def write_calls(folder: Path, calls: int, seed: int) -> float:
 VARIANTS = {"plain": [], "words": ["--config", "{words}"], "diarize": ["--diarize"]}
 
 
-def run(calls: Path, out: Path, variant: str, words_config: Path) -> dict:
+def run(calls: Path, out: Path, variant: str, words_config: Path, base_config: Path) -> dict:
     cmd = [sys.executable, "-m", "overnight.jobs.cli", "transcribe", str(calls), str(out)]
     extra = [a.format(words=words_config) for a in VARIANTS[variant]]
+    if "--config" not in extra:
+        extra += ["--config", str(base_config)]
     cmd += ["--device", "cpu", "--json", "--quiet", *extra]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -67,17 +69,26 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--calls", type=int, default=8)
     p.add_argument("--turns", type=int, default=2)
     p.add_argument("--seed", type=int, default=3)
+    p.add_argument(
+        "--items-per-call",
+        type=int,
+        help="the job spec's items_per_call for every variant (default: the job's, 8): "
+        "a short job's first Whisper call waits for that many decoded calls",
+    )
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="bench-diarize-job-"))
     audio_s = write_calls(work / "calls", args.calls, args.seed)
     words_config = work / "words.toml"
-    words_config.write_text("[transcribe]\nword_timestamps = true\n")
+    shared = f"items_per_call = {args.items_per_call}\n" if args.items_per_call else ""
+    words_config.write_text(f"[transcribe]\nword_timestamps = true\n{shared}")
+    base_config = work / "base.toml"
+    base_config.write_text(f"[transcribe]\n{shared}")
     results: dict[str, list[dict]] = {name: [] for name in VARIANTS}
     names = list(VARIANTS)
     for turn in range(args.turns):
         # Each turn in another order: the machine drifts, so no variant always runs first.
         for name in names[turn % len(names) :] + names[: turn % len(names)]:
-            r = run(work / "calls", work / f"out-{name}-{turn}", name, words_config)
+            r = run(work / "calls", work / f"out-{name}-{turn}", name, words_config, base_config)
             results[name].append(r)
             print(
                 f"turn {turn} {name:8s} wall {r['wall_s']:.1f} s  stages {json.dumps({k: round(v, 1) for k, v in r['stages_s'].items()})}"
@@ -86,6 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
     diarize_s = statistics.median(r["stages_s"].get("diarize", 0.0) for r in results["diarize"])
     report = {
         "calls": args.calls,
+        "items_per_call": args.items_per_call or "default",
         "audio_s": round(audio_s, 1),
         **{f"{name}_wall_s": [round(r["wall_s"], 1) for r in rs] for name, rs in results.items()},
         "diarize_over_plain": round(wall["diarize"] / wall["plain"] - 1, 3),
