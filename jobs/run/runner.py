@@ -180,9 +180,10 @@ def run(job: Job[P], prepared: P | None = None) -> dict[str, Any]:
     )
     if pending:
         table = pa.Table.from_pylist(pending, schema=job.manifest_schema)
-        # At least one block per actor where the items allow it: 7 items in one block of 8
-        # left the second actor of a pool idle (and Ray Data warned about it).
-        per_block = max(1, min(job.rows_per_block, math.ceil(len(pending) / pool.actors)))
+        # At least two blocks per actor where the items allow it: 7 items in one block of 8
+        # left the second actor of a pool idle (and Ray Data warned about it), and a short
+        # job's first model call waits for its rows' decode, which two tasks do at once.
+        per_block = max(1, min(job.rows_per_block, math.ceil(len(pending) / (2 * pool.actors))))
         ds = on_ray.manifest_dataset(output, run_id, table, per_block)
         ds = _chain(
             ds,
