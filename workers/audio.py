@@ -89,10 +89,10 @@ class AudioOptions:
     # DECODED row): diarization embeds the speakers' voices from them in the same task. A
     # mono recording short enough to keep decoded also keeps its samples and finer speech
     # regions for it (``DecodedAudio.voice``): WebRTC's VAD, cut at 160 ms pauses
-    # (workers.diarize.regions, which the chunks' path of a long recording uses too). On telephone-band calls the transcription's regions
-    # (Silero 0.5, 2 s) missed half the speech and bridged turns, and Silero at 0.3 cut at
-    # 160 ms still missed 13%: DER 29% against 8.5% with WebRTC's (scripts/bench_diarize.py,
-    # seeds 1-2, fine3 vs webrtc).
+    # (workers.diarize.regions, which the chunks' path of a long recording uses too). On
+    # telephone-band calls the transcription's regions (Silero 0.5, 2 s) missed half the
+    # speech and bridged turns, and Silero at 0.3 cut at 160 ms still missed 13%: DER 29%
+    # against 8.5% with WebRTC's (scripts/bench_diarize.py, seeds 1-2, fine3 vs webrtc).
     keep_speech: bool = False
     # Ship each chunk's 16 kHz float32 speech samples instead of its features (a DECODED
     # chunk with ``feature_size`` 0): the Whisper worker computes the features with its

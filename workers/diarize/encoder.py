@@ -186,17 +186,19 @@ class SpeakerEncoder:
         if engine not in ENGINES:
             raise ValueError(f"engine={engine!r}: use one of {', '.join(ENGINES)}")
         self.engine = engine
-        self.layers = []
-        for layer in range(3):
-            w_ih = np.ascontiguousarray(weights[f"lstm.weight_ih_l{layer}"].T)
-            w_hh = np.ascontiguousarray(weights[f"lstm.weight_hh_l{layer}"].T)
-            bias = weights[f"lstm.bias_ih_l{layer}"] + weights[f"lstm.bias_hh_l{layer}"]
-            self.layers.append((w_ih, w_hh, bias.astype(np.float32)))
         self.linear_w = np.ascontiguousarray(weights["linear.weight"].T)
         self.linear_b = weights["linear.bias"]
-        self.hidden = self.layers[0][1].shape[0]
+        self.hidden = weights["lstm.weight_hh_l0"].shape[1]
+        # The numpy engine's layers (onnxruntime holds its own copy of the weights).
+        self.layers: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._session = None
-        if engine == "onnxruntime":
+        if engine == "numpy":
+            for layer in range(3):
+                w_ih = np.ascontiguousarray(weights[f"lstm.weight_ih_l{layer}"].T)
+                w_hh = np.ascontiguousarray(weights[f"lstm.weight_hh_l{layer}"].T)
+                bias = weights[f"lstm.bias_ih_l{layer}"] + weights[f"lstm.bias_hh_l{layer}"]
+                self.layers.append((w_ih, w_hh, bias.astype(np.float32)))
+        else:
             import onnxruntime
 
             so = onnxruntime.SessionOptions()
