@@ -1,9 +1,10 @@
 """The speaker encoder: resemblyzer's embeddings in onnxruntime and in numpy, its weights read
-without torch, and a missing model said in one paragraph."""
+without torch, its LSTM graph prepared once, and a missing model said in one paragraph."""
 
 from __future__ import annotations
 
 import importlib.util
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,10 @@ import pytest
 
 from overnight.workers.diarize.encoder import (
     ENGINES,
+    LSTM_GRAPH_VERSION,
     SpeakerEncoder,
+    graph_version,
+    lstm_graph,
     mel_filterbank,
     mel_frames,
 )
@@ -19,8 +23,11 @@ from overnight.workers.diarize.prepare import (
     PREPARE_COMMAND,
     DiarizerModelMissing,
     default_cache_root,
+    encoder_path,
     load_weights,
+    lstm_path,
     prepare_encoder,
+    prepare_lstm_graph,
 )
 from overnight.workers.whisper_models import ModelLoadError
 from tests.conftest import SHARED_DATA, loaded_by
@@ -45,7 +52,19 @@ def diarizer_model_dir(tmp_path_factory) -> Path:
         if source is None:
             pytest.skip("no prepared speaker model and no resemblyzer package to prepare it from")
         return prepare_encoder(source, tmp_path_factory.mktemp("model")).parent
-    return default_cache_root()
+    if graph_version(lstm_path()) == LSTM_GRAPH_VERSION:
+        return default_cache_root()
+    # Weights prepared before the graph was: a copy gains it here (the install prepares it).
+    copy = tmp_path_factory.mktemp("model")
+    shutil.copy(encoder_path(), copy)
+    prepare_lstm_graph(copy)
+    return copy
+
+
+def _weights_only_copy(model_dir: Path, folder: Path) -> Path:
+    """A model cache with the prepared weights and no graph, as an install before it left."""
+    shutil.copy(encoder_path(model_dir), folder)
+    return folder
 
 
 @pytest.fixture(scope="module", params=ENGINES)
@@ -116,7 +135,52 @@ def test_encoder_runs_without_torch_in_a_fresh_interpreter(diarizer_model_dir):
         f"enc = SpeakerEncoder.load({str(diarizer_model_dir)!r})\n"
         "Diarizer(encoder=enc)(np.random.default_rng(0).standard_normal(48000).astype('f4'))"
     )
-    assert loaded_by(code, ["torch", "scipy", "sklearn", "librosa"]) == []
+    # Nor onnx: the prepared graph is loaded as it is (importing onnx costs each process
+    # 0.6-0.7 s, most of it its ml_dtypes dependency).
+    heavy = ["torch", "scipy", "sklearn", "librosa", "onnx", "ml_dtypes"]
+    assert loaded_by(code, heavy) == []
+
+
+def test_prepared_lstm_graph_is_the_graph_the_weights_build(diarizer_model_dir):
+    assert lstm_path(diarizer_model_dir).read_bytes() == lstm_graph(
+        load_weights(diarizer_model_dir)
+    )
+    assert graph_version(lstm_path(diarizer_model_dir)) == LSTM_GRAPH_VERSION
+
+
+def test_a_cache_prepared_before_the_graph_gains_it_on_the_next_prepare(
+    diarizer_model_dir, tmp_path
+):
+    folder = _weights_only_copy(diarizer_model_dir, tmp_path)
+    assert not lstm_path(folder).exists()
+    prepare_encoder(cache_dir=folder)  # no source needed: the weights are there
+    assert lstm_path(folder).read_bytes() == lstm_path(diarizer_model_dir).read_bytes()
+
+
+@pytest.mark.parametrize("damage", ["missing", "garbage", "other version"])
+def test_a_missing_damaged_or_stale_graph_is_built_from_the_weights_instead(
+    diarizer_model_dir, tmp_path, damage
+):
+    folder = _weights_only_copy(diarizer_model_dir, tmp_path)
+    graph = lstm_path(folder)
+    if damage == "garbage":
+        graph.write_bytes(b"not a model")
+    elif damage == "other version":
+        # Another version's graph, with other weights: were it used, the embeddings would differ.
+        onnx = pytest.importorskip("onnx")
+        from onnx import numpy_helper
+
+        model = onnx.load_from_string(lstm_graph(load_weights(folder)))
+        first = model.graph.initializer[0]
+        first.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(first) * 0, first.name))
+        for prop in model.metadata_props:
+            prop.value = str(LSTM_GRAPH_VERSION + 1)
+        graph.write_bytes(model.SerializeToString())
+    batch = np.stack([mel_frames(_speech())[s : s + 120] for s in (0, 40, 80)])
+    expected = SpeakerEncoder.load(diarizer_model_dir).embed(batch)
+    np.testing.assert_array_equal(SpeakerEncoder.load(folder).embed(batch), expected)
+    prepare_lstm_graph(folder)  # and the next preparation writes it again
+    assert graph_version(graph) == LSTM_GRAPH_VERSION
 
 
 def test_prepared_weights_equal_the_checkpoints_tensors(tmp_path):

@@ -9,9 +9,12 @@ hidden state through ``Linear(256, 256)`` and ReLU, L2-normalised.
 The LSTM runs over a batch of equal-length windows at once, in one of two engines:
 
 - ``onnxruntime`` (the default; it comes with faster-whisper): the three layers as ONNX
-  ``LSTM`` operators, a graph built in memory from the prepared weights with the ``onnx``
-  package (nothing is written to the model cache). Its recurrence runs in C++ with the
-  weights packed once. On the same calls the whole diarization took 25-32% less time than with
+  ``LSTM`` operators, a graph built from the prepared weights with the ``onnx`` package.
+  Preparation writes it to the model cache beside the weights (``prepare.lstm_path``), because
+  importing ``onnx`` takes 0.6-0.7 s (its ``ml_dtypes`` dependency), and every decode task
+  process of a diarizing job would pay it before its first call; a graph that is missing,
+  unreadable or of another ``LSTM_GRAPH_VERSION`` is built in memory instead. Its recurrence
+  runs in C++ with the weights packed once. On the same calls the whole diarization took 25-32% less time than with
   numpy (``scripts/bench_diarize.py --engines onnxruntime,numpy``, seeds 3-5, one thread), with
   the same turns; the embeddings agree within 1e-6.
 - ``numpy``: the reference, written out step by step (each layer's input projection one matrix
@@ -123,6 +126,12 @@ def _default_threads() -> int:
         return 1
 
 
+# Raised whenever lstm_graph builds something else: a prepared graph of another version is
+# not used (it is built in memory instead) until preparation writes it again.
+LSTM_GRAPH_VERSION = 1
+_GRAPH_VERSION_KEY = "overnight_lstm_graph_version"
+
+
 def lstm_graph(weights: dict[str, np.ndarray]) -> bytes:
     """The encoder's three LSTM layers as a serialized ONNX model: input ``mels`` (frames,
     windows, 40), output ``hidden`` (1, windows, 256), the last layer's final hidden state.
@@ -171,7 +180,37 @@ def lstm_graph(weights: dict[str, np.ndarray]) -> bytes:
     # Opset 17 and IR 8: what every onnxruntime of faster-whisper's range (>=1.14) runs.
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
+    helper.set_model_props(model, {_GRAPH_VERSION_KEY: str(LSTM_GRAPH_VERSION)})
     return model.SerializeToString()
+
+
+def graph_version(path: str | os.PathLike[str]) -> int | None:
+    """The ``LSTM_GRAPH_VERSION`` a prepared graph file was built with; None if it has none
+    or cannot be read as a model."""
+    import onnxruntime
+
+    return _version_of(_session_or_none(onnxruntime, path, onnxruntime.SessionOptions()))
+
+
+def _session_or_none(onnxruntime, path, so):
+    if path is None or not os.path.isfile(path):
+        return None
+    try:
+        return onnxruntime.InferenceSession(os.fspath(path), so, providers=["CPUExecutionProvider"])
+    except Exception:  # any unreadable file (onnxruntime raises its own types): built instead
+        return None
+
+
+def _version_of(session) -> int | None:
+    if session is None:
+        return None
+    value = session.get_modelmeta().custom_metadata_map.get(_GRAPH_VERSION_KEY, "")
+    return int(value) if value.isdigit() else None
+
+
+def _prepared_session(onnxruntime, path, so):
+    session = _session_or_none(onnxruntime, path, so)
+    return session if _version_of(session) == LSTM_GRAPH_VERSION else None
 
 
 class SpeakerEncoder:
@@ -182,7 +221,11 @@ class SpeakerEncoder:
         weights: dict[str, np.ndarray],
         engine: Engine = "onnxruntime",
         threads: int | None = None,
+        graph: str | os.PathLike[str] | None = None,
     ):
+        """``graph``: the prepared ONNX file of ``weights``' LSTM (``prepare.lstm_path``),
+        used by the onnxruntime engine when it is readable and of this ``LSTM_GRAPH_VERSION``;
+        otherwise the graph is built from ``weights``."""
         if engine not in ENGINES:
             raise ValueError(f"engine={engine!r}: use one of {', '.join(ENGINES)}")
         self.engine = engine
@@ -206,16 +249,19 @@ class SpeakerEncoder:
             so.inter_op_num_threads = 1
             # Spinning threads would take CPU from the Whisper actor between calls.
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            self._session = onnxruntime.InferenceSession(
-                lstm_graph(weights), so, providers=["CPUExecutionProvider"]
-            )
+            self._session = _prepared_session(onnxruntime, graph, so)
+            if self._session is None:
+                self._session = onnxruntime.InferenceSession(
+                    lstm_graph(weights), so, providers=["CPUExecutionProvider"]
+                )
 
     @classmethod
     def load(cls, cache_dir=None, engine: Engine = "onnxruntime") -> SpeakerEncoder:
-        """The prepared weights (``prepare.load_weights``; ``DiarizerModelMissing`` if none)."""
-        from overnight.workers.diarize.prepare import load_weights
+        """The prepared weights (``prepare.load_weights``; ``DiarizerModelMissing`` if none),
+        and the prepared LSTM graph beside them where there is one."""
+        from overnight.workers.diarize.prepare import load_weights, lstm_path
 
-        return cls(load_weights(cache_dir), engine=engine)
+        return cls(load_weights(cache_dir), engine=engine, graph=lstm_path(cache_dir))
 
     def embed(self, mels: np.ndarray, batch_size: int = 256) -> np.ndarray:
         mels = np.asarray(mels, dtype=np.float32)
