@@ -278,7 +278,8 @@ def _write_weights(source: str | Path | None, target: Path) -> None:
     missing = [name for name in WEIGHT_NAMES if name not in state]
     if missing:
         raise DiarizerPreparationError(f"the checkpoint lacks {', '.join(missing)}")
-    _write_atomically(target, lambda out: np.savez(out, **{n: state[n] for n in WEIGHT_NAMES}))
+    arrays = {name: state[name] for name in WEIGHT_NAMES}
+    _write_atomically(target, lambda out: np.savez(out, **arrays))  # type: ignore[arg-type]
 
 
 def _write_atomically(target: Path, write) -> None:
