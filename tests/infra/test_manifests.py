@@ -742,6 +742,18 @@ def test_dockerfile_runs_as_a_numeric_non_root_user():
     assert user.isdigit() and int(user) != 0, users[-1]
 
 
+def test_dockerfile_prepares_the_speaker_encoder_in_a_cache_its_user_owns():
+    instructions = dockerfile_instructions()
+    runs = [rest for instruction, rest in instructions if instruction == "RUN"]
+    [prepare] = [r for r in runs if "overnight.workers.diarize.prepare" in r]
+    envs = " ".join(rest for instruction, rest in instructions if instruction == "ENV")
+    cache = re.search(r"OVERNIGHT_CACHE=(\S+)", envs)
+    assert cache, "the model cache is not set for the image"
+    assert f"chown -R ${{UID}}:${{GID}} {cache.group(1)}" in prepare
+    users = [i for i, (instruction, _) in enumerate(instructions) if instruction == "USER"]
+    assert instructions.index(("RUN", prepare)) < users[-1]  # prepared before the user drops root
+
+
 def test_dockerfile_entrypoint_is_the_overnight_cli():
     entrypoints = [r for instruction, r in dockerfile_instructions() if instruction == "ENTRYPOINT"]
     assert [json.loads(e) for e in entrypoints] == [["overnight"]]
