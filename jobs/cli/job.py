@@ -23,6 +23,7 @@ from overnight.jobs.choices import (
     WHISPER_ENGINES,
     WHISPER_TASKS,
 )
+from overnight.jobs.cli.output import add_json_flag, print_json
 
 if TYPE_CHECKING:
     from overnight.jobs.spec import JobSpec
@@ -186,15 +187,6 @@ def _run_id_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _json_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--json",
-        action="store_true",
-        help="print only the run summary (or the dry run's report) as one JSON object on "
-        "stdout; progress stays on stderr",
-    )
-
-
 def _log_format_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--log-format",
@@ -222,7 +214,7 @@ def _common_flags(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="do at most N of the pending items this run (the rest stay pending)",
     )
-    _json_flag(p)
+    add_json_flag(p, "the run summary (or the dry run's report)")
     _log_format_flag(p)
     _notify_flag(p)
     _scheduler_flags(p)
@@ -293,7 +285,7 @@ def add_parser(sub) -> None:
     r.add_argument("job_file", help="job spec file (TOML or YAML) that names its kind")
     _address_flag(r, help="Ray cluster address (default: the job file's, else local)")
     _run_id_flag(r)
-    _json_flag(r)
+    add_json_flag(r, "the run summary (or the dry run's report)")
     _log_format_flag(r)
     _notify_flag(r)
     _quiet_flag(r, help="no progress lines")
@@ -342,14 +334,17 @@ def _run_or_dry(spec: JobSpec, dry: bool, as_json: bool = False) -> int:
         from overnight.jobs.ops.dryrun import dry_run, render
 
         report = dry_run(spec)
-        print(json.dumps(report, default=str) if as_json else render(report))
+        if as_json:
+            print_json(report)
+        else:
+            print(render(report))
         return 0
     from overnight.jobs.api import finish
     from overnight.jobs.run.console import quiet_native_stderr
 
     def show(summary: dict[str, Any]) -> None:
         if as_json:  # one object, nothing else on stdout: a scheduler parses it as it is
-            print(json.dumps(summary, default=str))
+            print_json(summary)
         else:
             print_summary(summary)
 
@@ -543,7 +538,7 @@ def _demo(args: argparse.Namespace) -> dict[str, Any]:
             row = {"uri": name, "tenant": "demo", "external_id": name.removesuffix(".wav")}
             if name == "call_stereo.wav":
                 row["channel_labels"] = "agent,customer"
-            f.write(json.dumps(row) + "\n")
+            f.write(json.dumps(row) + "\n")  # JSON Lines, a manifest: not print_json
     print(f"[overnight] synthesized {len(refs)} calls in {calls}", file=sys.stderr)
     spec = build_spec(overrides=_overrides(args, None, input=str(manifest), output=str(output)))
     summary = run_spec(spec)

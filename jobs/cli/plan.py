@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from overnight.jobs.choices import DEFAULT_HEADROOM, DEFAULT_UTILIZATION
+from overnight.jobs.cli.output import add_json_flag, print_json
 from overnight.jobs.errors import EXIT_NO_OPTION_MEETS_SLA
 
 
@@ -55,13 +56,11 @@ def add_parser(subparsers) -> None:
         help="start-up time of a worker (node, image, model load), e.g. 5m",
     )
     p.add_argument("--max-workers", type=int, help="at most this many workers are available")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    add_json_flag(p, "the plan")
     p.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
-    import json
-
     from overnight.jobs.errors import ConfigError
     from overnight.jobs.ops.plan import (
         Sizing,
@@ -97,7 +96,7 @@ def handle(args: argparse.Namespace) -> int:
     )
     plan = make_plan(profiles, backlog, unit, sizing, notes)
     if args.json:
-        print(json.dumps(plan.to_dict(), indent=2))
+        print_json(plan.to_dict())
     else:
         print(render(plan, unit))
     return 0 if plan.cheapest is not None else EXIT_NO_OPTION_MEETS_SLA

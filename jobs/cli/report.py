@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from overnight.jobs.choices import REPORT_FORMATS, REPORT_GROUPS
+from overnight.jobs.cli.output import add_json_flag, print_json
 
 
 def add_parser(subparsers) -> None:
@@ -38,17 +39,11 @@ def add_parser(subparsers) -> None:
         "(one file per table) for BI tools",
     )
     p.add_argument("--out", help="html: the file; csv/parquet: the folder for one file per table")
-    p.add_argument(
-        "--json",
-        action="store_true",
-        help="print only one JSON object on stdout: the grouping, the totals and the rows of "
-        "the main table (instead of the table)",
-    )
+    add_json_flag(p, "the grouping, the totals and the main table's rows")
     p.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
-    import json
     import sys
 
     from overnight.jobs.ops.report import (
@@ -64,9 +59,8 @@ def handle(args: argparse.Namespace) -> int:
     report = build_report(
         load(args.outputs, since, until), by=args.by, since=since, until=until, tenant=args.tenant
     )
-    if args.json:  # one JSON document on stdout, as every command's --json
-        body = {"by": args.by, "totals": report.totals, "rows": report.main.to_pylist()}
-        print(json.dumps(body, indent=2, default=str))
+    if args.json:
+        print_json({"by": args.by, "totals": report.totals, "rows": report.main.to_pylist()})
         return 0
     if args.format == "table":
         print(render_table(report))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from overnight.jobs.choices import DEFAULT_SHOW_LIMIT
+from overnight.jobs.cli.output import add_json_flag, print_json
 
 
 def add_parser(subparsers) -> None:
@@ -34,12 +35,11 @@ def add_parser(subparsers) -> None:
         metavar="N",
         help=f"at most N rows per dataset (default {DEFAULT_SHOW_LIMIT}; 0: all)",
     )
-    p.add_argument("--json", action="store_true", help="one JSON list of the rows, for machines")
+    add_json_flag(p, "a list of the rows")
     p.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
-    import json
     import os
     import sys
 
@@ -48,21 +48,17 @@ def handle(args: argparse.Namespace) -> int:
     selection = Selection(args.source, args.item, args.status, args.task)
     found = read(args.output, selection)
     limit = max(0, args.limit)
-    if args.json:
-        text = json.dumps(
-            [
-                as_json(name, row)
-                for name, (rows, _) in found.items()
-                for row in (rows[:limit] if limit else rows)
-            ],
-            indent=2,
-            ensure_ascii=False,
-            default=str,
-        )
-    else:
-        text = render(found, limit, width())
     try:
-        print(text)
+        if args.json:
+            print_json(
+                [
+                    as_json(name, row)
+                    for name, (rows, _) in found.items()
+                    for row in (rows[:limit] if limit else rows)
+                ]
+            )
+        else:
+            print(render(found, limit, width()))
         sys.stdout.flush()
     except BrokenPipeError:  # `overnight show OUT | head`: the reader has all it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

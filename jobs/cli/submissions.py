@@ -7,6 +7,7 @@ import contextlib
 import json
 import sys
 
+from overnight.jobs.cli.output import add_json_flag, print_json
 from overnight.jobs.errors import EXIT_SUBMISSION_FAILED
 
 _COLUMNS = (
@@ -43,7 +44,7 @@ def _cmd_add(args: argparse.Namespace) -> int:
     from overnight.jobs.ops.submissions import add, load_config
 
     result = add(load_config(args.config), args.tenant, args.manifest)
-    print(json.dumps(result, sort_keys=True))
+    print_json(result)
     return 0
 
 
@@ -62,6 +63,7 @@ def _cmd_process(args: argparse.Namespace) -> int:
             verbose=args.verbose,
             echo=lambda line: print(line, file=sys.stderr, flush=True),
         )
+    # JSON Lines, one submission a line as each is handled: not print_json's one document.
     for r in records:
         print(json.dumps({k: r.get(k) for k in (*_COLUMNS, "reason", "output")}, sort_keys=True))
     failed = [r for r in records if r["status"] == FAILED]
@@ -76,8 +78,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     records = SubmissionStore(config.submissions.state).all(args.tenant)
-    if args.json:  # one JSON document on stdout, as every command's --json
-        print(json.dumps(records, sort_keys=True, default=str))
+    if args.json:
+        print_json(records)
     else:
         print(_table(records))
     return 0
@@ -109,5 +111,5 @@ def add_parser(subparsers) -> None:
     ls = sub.add_parser("list", help="status and totals of every submission")
     ls.add_argument("--config", required=True, help=config_help)
     ls.add_argument("--tenant", help="only this tenant's submissions")
-    ls.add_argument("--json", action="store_true", help="print only the records, as one JSON list")
+    add_json_flag(ls, "a list of the records")
     ls.set_defaults(handler=_cmd_list)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
+from overnight.jobs.cli.output import add_json_flag, print_json
 from overnight.jobs.errors import EXIT_STILL_RUNNING
 
 
@@ -70,7 +70,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
     st = status(args.address, args.submission_id)
     if args.json:
-        print(json.dumps(st))
+        print_json(st)
     else:
         _print_status(st)
     return 0
@@ -120,7 +120,7 @@ def add_parser(subparsers) -> None:
     st = subparsers.add_parser("status", help="status of a submitted job")
     st.add_argument("submission_id", help="the id `overnight submit` printed")
     st.add_argument("--address", help=address_help)
-    st.add_argument("--json", action="store_true", help="one JSON object")
+    add_json_flag(st, "the job's status")
     st.set_defaults(handler=_cmd_status)
 
     lg = subparsers.add_parser("logs", help="driver logs of a submitted job")

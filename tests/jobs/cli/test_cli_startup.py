@@ -186,6 +186,7 @@ def test_every_command_module_imports_only_argparse_and_light_modules_at_the_top
     allowed = {"__future__", "argparse", "json", "sys", "contextlib", "typing", "pathlib"}
     allowed |= {
         "overnight.jobs.choices",
+        "overnight.jobs.cli.output",  # --json's flag and printer: argparse and json only
         "overnight.jobs.accounting.money",
         "overnight.jobs.errors",
         "importlib",

@@ -1,18 +1,25 @@
-"""``--json`` on the job commands: stdout is one JSON object (the run summary, or the dry run's
-report) and nothing else, for a scheduler to parse as it is; progress stays on stderr."""
+"""``--json``: stdout is one JSON document and nothing else, in one format for every command
+(``jobs/cli/output.py``); on the job commands it is the run summary, or the dry run's report,
+for a scheduler to parse as it is, and progress stays on stderr."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import shutil
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from overnight.jobs.cli import main
+from overnight.jobs.cli.output import print_json
 from tests.conftest import REPO
 from tests.jobs.cli.test_cli_messages import cli_env
+from tests.jobs.ops.test_show import write_output
 
 
 def _overnight(*args: str) -> tuple[int, str, str]:
@@ -28,9 +35,52 @@ def _overnight(*args: str) -> tuple[int, str, str]:
     return proc.returncode, proc.stdout, proc.stderr
 
 
+def _printed(document: object) -> str:
+    """What the shared ``print_json`` prints for ``document``."""
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        print_json(document)
+    return out.getvalue()
+
+
 def _json_of(*args: str) -> tuple[int, dict, str]:
     code, stdout, stderr = _overnight(*args, "--json")
-    return code, json.loads(stdout), stderr
+    document = json.loads(stdout)
+    assert stdout == _printed(document)  # the one format of every command's --json
+    return code, document, stderr
+
+
+def test_print_json_is_one_indented_utf8_document_with_other_values_as_str(capsys):
+    print_json({"b": 1, "a": ["Grüße", datetime(2026, 12, 3, tzinfo=UTC)], "p": Path("/x")})
+    assert capsys.readouterr().out == (
+        '{\n  "b": 1,\n  "a": [\n    "Grüße",\n    "2026-12-03 00:00:00+00:00"\n  ],\n'
+        '  "p": "/x"\n}\n'
+    )
+
+
+def test_specification_every_command_prints_its_json_in_the_same_format(tmp_path, capsys):
+    out = str(write_output(tmp_path / "out"))
+    (tmp_path / "rec").mkdir()
+    (tmp_path / "rec" / "a.wav").write_bytes(b"RIFF")
+    manifest, config = tmp_path / "manifest.csv", tmp_path / "tenants.toml"
+    manifest.write_text(f"uri\n{tmp_path}/rec/a.wav\n")
+    config.write_text(
+        f'[submissions]\nstate = "{tmp_path}/state"\n\n[tenants.acme]\n'
+        f'allowed_input_prefixes = ["{tmp_path}/rec/"]\ninbox = "{tmp_path}/inbox/"\n'
+        f'output = "{tmp_path}/tenant-out"\n'
+    )
+    plan = ["--audio-hours", "10", "--deadline", "6h", "--gpu", "l4", "--throughput", "300"]
+    commands = (
+        ["show", out, "--limit", "1", "--json"],
+        ["report", out, "--json"],
+        ["plan", *plan, "--json"],
+        # One document without a flag: the submission it queued.
+        ["submissions", "add", "acme", str(manifest), "--config", str(config)],
+    )
+    for argv in commands:
+        assert main(argv) == 0, argv
+        stdout = capsys.readouterr().out
+        assert stdout[:4] in ("{\n  ", "[\n  "), (argv, stdout[:80])  # indented, one document
+        assert stdout == _printed(json.loads(stdout)), argv
 
 
 def _one_call(synth_calls, tmp_path) -> tuple[Path, Path]:
