@@ -316,9 +316,21 @@ class Whisper:
         self.model = WhisperModel(bundled_model_path(), device="cpu", compute_type="int8")
 
     def words(self, audio: np.ndarray) -> tuple[list[dict], float]:
+        """The words Whisper hears in the speech the job's VAD passes (its noise floor
+        included: faster-whisper's own VAD passes a fraction of telephone-band speech)."""
+        from overnight.workers.audio import AudioOptions, speech_clips
+
         started = time.perf_counter()
+        clips = speech_clips(audio, AudioOptions())
+        if not clips:
+            return [], time.perf_counter() - started
         segs, _ = self.model.transcribe(
-            audio, language="en", beam_size=1, word_timestamps=True, vad_filter=True
+            audio,
+            language="en",
+            beam_size=1,
+            word_timestamps=True,
+            vad_filter=False,
+            clip_timestamps=[t / SR for clip in clips for t in clip],
         )
         out = []
         for s in segs:
