@@ -324,10 +324,12 @@ def test_csv_and_parquet_hold_the_same_tables_for_bi_tools(outputs, tmp_path):
 
 def test_report_reads_outputs_in_object_storage(outputs, s3, tmp_path):
     nightly, _ = outputs
+    # A prefix of its own: the moto server lives for the session, and other tests' outputs
+    # under a shared prefix would be read into this report.
     for sub in ("costs", "transcripts", "results", "runs"):
-        upload_folder(s3, "acme-out", nightly / sub, f"nightly/{sub}")
+        upload_folder(s3, "acme-out", nightly / sub, f"report-test/nightly/{sub}")
     local = build_report(load([str(nightly)]), by="tenant")
-    remote = build_report(load(["s3://acme-out/nightly"]), by="tenant")
+    remote = build_report(load(["s3://acme-out/report-test/nightly"]), by="tenant")
     assert remote.main.equals(local.main)
     assert remote.totals == local.totals
     write(remote, "csv", "s3://acme-out/reports/tenant")

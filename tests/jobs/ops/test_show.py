@@ -221,8 +221,9 @@ def test_show_errors_are_one_line_with_exit_status_4_and_no_traceback(tmp_path, 
 def test_show_reads_an_output_on_s3(s3, tmp_path):
     local = write_output(tmp_path / "out", transcripts=True, results=True)
     for name in ("transcripts", "results"):
-        upload_folder(s3, "acme-out", local / name, f"nightly/{name}")
-    done = show("s3://acme-out/nightly", "--source", "call_stereo", env=dict(os.environ))
+        # A prefix of its own: the moto server lives for the session (test_report reads one).
+        upload_folder(s3, "acme-out", local / name, f"show-test/nightly/{name}")
+    done = show("s3://acme-out/show-test/nightly", "--source", "call_stereo", env=dict(os.environ))
     assert done.returncode == 0, done.stderr
     assert "customer  I was charged twice" in done.stdout
 
