@@ -311,9 +311,11 @@ def telephone_wav(audio: np.ndarray) -> bytes:
 def covered(spans: list[tuple[float, float]], clips: list[tuple[float, float]]) -> float:
     """The share of ``spans``' seconds that ``clips`` cover."""
     grid = np.arange(0, max(e for _, e in spans), 0.01)
-    inside = lambda ranges: np.any([(grid >= s) & (grid < e) for s, e in ranges], axis=0)  # noqa: E731
-    speech = inside(spans)
-    return float(np.mean(inside(clips)[speech]))
+
+    def inside(ranges: list[tuple[float, float]]) -> np.ndarray:
+        return np.any([(grid >= s) & (grid < e) for s, e in ranges], axis=0)
+
+    return float(np.mean(inside(clips)[inside(spans)]))
 
 
 def test_the_vad_finds_telephone_band_speech_between_digital_silences():

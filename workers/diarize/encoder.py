@@ -14,9 +14,9 @@ The LSTM runs over a batch of equal-length windows at once, in one of two engine
   importing ``onnx`` takes 0.6-0.7 s (its ``ml_dtypes`` dependency), and every decode task
   process of a diarizing job would pay it before its first call; a graph that is missing,
   unreadable or of another ``LSTM_GRAPH_VERSION`` is built in memory instead. Its recurrence
-  runs in C++ with the weights packed once. On the same calls the whole diarization took 25-32% less time than with
-  numpy (``scripts/bench_diarize.py --engines onnxruntime,numpy``, seeds 3-5, one thread), with
-  the same turns; the embeddings agree within 1e-6.
+  runs in C++ with the weights packed once. On the same calls the whole diarization took
+  25-32% less time than with numpy (``scripts/bench_diarize.py --engines onnxruntime,numpy``,
+  seeds 3-5, one thread), with the same turns; the embeddings agree within 1e-6.
 - ``numpy``: the reference, written out step by step (each layer's input projection one matrix
   product over every frame of the batch, then one (windows, 256) x (256, 1024) product per
   frame). The tests check both against resemblyzer's own ``VoiceEncoder``.
