@@ -448,6 +448,8 @@ def row(label: str, sc: Scores) -> dict:
         ),
         "count_ok": round(100 * sc.count_right / max(sc.calls, 1), 1),
         "words_ok": round(100 * sc.words_right / sc.words, 1) if sc.words else None,
+        # The words scored: a pooled figure over seeds weighs each seed by them.
+        "words": sc.words,
         "role_ok": round(100 * sc.role_right / max(sc.calls, 1), 1),
         "found": dict(sorted({k: sc.found.count(k) for k in set(sc.found)}.items())),
         "audio_s": round(sc.audio_s, 1),
