@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import pickle
 import random
 import sys
 import tempfile
@@ -458,6 +459,23 @@ def row(label: str, sc: Scores) -> dict:
     }
 
 
+def _kept(sets) -> dict:
+    """What ``--words-cache`` keeps: each call's telephone copies and words, by set."""
+    return {
+        f"{kind}{n}/{call.name}": (call.copies, call.words)
+        for kind, n, calls in sets
+        for call in calls
+    }
+
+
+def _restore(sets, kept: dict) -> None:
+    for kind, n, calls in sets:
+        for call in calls:
+            copies, words = kept.get(f"{kind}{n}/{call.name}", ({}, {}))
+            call.copies.update(copies)
+            call.words.update(words)
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     from overnight.workers.diarize import DiarizeOptions
     from overnight.workers.diarize.encoder import SpeakerEncoder
@@ -477,6 +495,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "--regions", default="voice", help="voice, job, fine, fine3 or oracle (comma list)"
     )
     p.add_argument("--json", type=Path, help="write the rows here")
+    p.add_argument(
+        "--words-cache",
+        help="a pickle path with {seed}: each set's telephone copies and Whisper words are "
+        "read from it when there, written to it when not, so that two runs (other options, "
+        "or the code before a change) score the same words; tiny.en's word timestamps "
+        "change from run to run",
+    )
     p.add_argument(
         "--engines",
         default="onnxruntime",
@@ -518,6 +543,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ]
     if args.data.is_dir():
         sets.append(("stereo", 2, [stereo_call(args.data)]))
+    cache = Path(args.words_cache.format(seed=args.seed)) if args.words_cache else None
+    if cache is not None and cache.exists():
+        _restore(sets, pickle.loads(cache.read_bytes()))
     for tag, options in variants:
         for kind, n, calls in sets:
             for condition in args.conditions.split(","):
@@ -530,6 +558,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         r = row(label.strip(), sc)
                         rows.append(r)
                         print(json.dumps(r), flush=True)
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_bytes(pickle.dumps(_kept(sets)))
     if len(encoders) > 1:
         # The engines ran in turn on the same sets: their summed time per second of audio.
         per = {

@@ -21,6 +21,7 @@ from overnight.workers.diarize import (
     relabel,
 )
 from overnight.workers.diarize.encoder import SpeakerEncoder
+from overnight.workers.diarize.regions import voice_regions
 from tests.conftest import SHARED_DATA
 from tests.workers.test_diarize_encoder import diarizer_model_dir  # noqa: F401 (fixture)
 
@@ -78,8 +79,11 @@ def test_two_speaker_mono_mix_comes_out_as_two_speakers_with_their_words(encoder
     from overnight.workers.whisper_models import bundled_model_path
 
     audio, reference = _call()
-    regions = [(s / SR, e / SR) for s, e in speech_clips(audio, AudioOptions())]
-    result = Diarizer(DiarizeOptions(), encoder)(audio, regions)
+    # The job's regions: WebRTC's inside the transcription's clips (``diarize_chunks``); here
+    # one clip holds the whole call. Silero's clip alone spans the silent gaps, and windows
+    # over a gap and speech made a third speaker of the espeak-ng voices.
+    assert len(speech_clips(audio, AudioOptions())) == 1
+    result = Diarizer(DiarizeOptions(), encoder)(audio, voice_regions(audio))
     assert result.num_speakers == 2
     # SPEAKER_00 is who spoke first; each turn lands on its constructed speaker.
     truth = {"A": "SPEAKER_00", "B": "SPEAKER_01"}
@@ -127,6 +131,41 @@ def test_exact_speaker_count_is_obeyed(encoder):
     audio, _ = _call()
     result = Diarizer(DiarizeOptions(speakers=3), encoder)(audio)
     assert result.num_speakers == 3
+
+
+def _change_found(weights) -> float:
+    """Where ``_turns`` puts the change of a 6 s region whose speaker changes at 3.0 s, from
+    1.2 s windows every 0.4 s whose embeddings mix the two voices by their share of it."""
+    from overnight.workers.diarize import diarize
+
+    a, b = np.eye(256, dtype=np.float32)[:2]
+    spans = [(0, s, 120) for s in range(0, 481, 40)]
+    emb = []
+    for _, s, w in spans:
+        share = np.clip(300 - s, 0, w) / w
+        v = share * a + (1 - share) * b
+        emb.append(v / np.linalg.norm(v))
+    labels = np.array([int(e[1] > e[0]) for e in emb])
+    original = diarize.centre_weights
+    diarize.centre_weights = weights
+    try:
+        turns = diarize._turns([np.zeros((600, 40))], [(0.0, 6.0)], spans, np.stack(emb), labels)
+    finally:
+        diarize.centre_weights = original
+    assert [t.speaker for t in turns] == ["SPEAKER_00", "SPEAKER_01"]
+    return turns[0].end
+
+
+def test_a_change_inside_a_region_is_placed_where_the_windows_centred_on_it_agree():
+    """Each window speaks most for its centre: a window straddling the change must not pull
+    the frames past it to its majority speaker. With equal weights the change lands a
+    window step (0.2 s here) late."""
+    from overnight.workers.diarize.diarize import centre_weights
+
+    assert abs(_change_found(centre_weights) - 3.0) <= 0.05
+    assert abs(_change_found(lambda n: np.ones(n)) - 3.0) >= 0.15
+    w = centre_weights(120)
+    assert w.argmax() in (59, 60) and w.min() > 0
 
 
 def test_options_refuse_impossible_counts():
@@ -232,8 +271,6 @@ def test_speech_regions_join_short_pauses_drop_clicks_and_pad():
 
 
 def test_speech_regions_cover_each_turn_and_stop_at_the_pauses_between_them():
-    from overnight.workers.diarize.regions import voice_regions
-
     audio, reference = _call()
     regions = voice_regions(audio)
     for _, start, end in reference:
