@@ -158,8 +158,8 @@ def _change_found(weights) -> float:
 
 def test_a_change_inside_a_region_is_placed_where_the_windows_centred_on_it_agree():
     """Each window speaks most for its centre: a window straddling the change must not pull
-    the frames past it to its majority speaker. With equal weights the change lands a
-    window step (0.2 s here) late."""
+    the frames past it to its majority speaker. With equal weights the change lands half a
+    step (0.2 s) late."""
     from overnight.workers.diarize.diarize import centre_weights
 
     assert abs(_change_found(centre_weights) - 3.0) <= 0.05

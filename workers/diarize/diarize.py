@@ -14,8 +14,7 @@
    the hint needs 0.8 on wideband and 0.88 on telephone band.
 4. Every 10 ms frame of speech takes the speaker whose windows covering it are most similar,
    each window weighed most at its centre (``centre_weights``); runs of one speaker are the
-   turns. Speakers are named ``SPEAKER_00``,
-   ``SPEAKER_01``, ... in order of first speech.
+   turns. Speakers are named ``SPEAKER_00``, ``SPEAKER_01``, ... in order of first speech.
 
 One speaker per instant: overlapping speech goes to one of the two. Parameters come from
 ``scripts/bench_diarize.py`` on seeds 1 and 2 (2-speaker telephone-band and wideband calls
