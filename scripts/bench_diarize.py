@@ -351,6 +351,27 @@ class Whisper:
         return out, time.perf_counter() - started
 
 
+def crop_call(call: Call, seconds: float, min_talk_s: float = 1.0) -> Call | None:
+    """The first ``seconds`` of ``call`` (a short recording: a voicemail, a brief call), its
+    reference cut there; None when a speaker the call needs talks under ``min_talk_s`` in it
+    (a 2-speaker call whose second party has not spoken yet is not a 2-speaker recording)."""
+    reference = [(s, a, min(b, seconds)) for s, a, b in call.reference if a < seconds]
+    talk: dict[str, float] = {}
+    for s, a, b in reference:
+        talk[s] = talk.get(s, 0.0) + b - a
+    if sum(t >= min_talk_s for t in talk.values()) < call.speakers:
+        return None
+    name = f"{call.name}@{seconds:.0f}s"
+    return Call(name, call.audio[: int(seconds * SR)].copy(), reference, call.speakers)
+
+
+def crop_set(calls: list[Call], low: float, high: float, seed: int) -> list[Call]:
+    """Each call cut to a length drawn from [low, high] seconds (``crop_call``)."""
+    rng = random.Random(seed)
+    cut = (crop_call(c, rng.uniform(low, high)) for c in calls)
+    return [c for c in cut if c is not None]
+
+
 def speech_regions(audio: np.ndarray, call: Call, how: str) -> list[tuple[float, float]]:
     """``voice``: the diarization's own regions in the job (WebRTC's VAD, mode 2, 160 ms
     pauses); ``job``: the transcription's mono Silero regions (2 s silence, 400 ms pad);
@@ -511,6 +532,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for f in dataclasses.fields(DiarizeOptions):
         if (f.type in ("float", "int") or f.name == "method") and f.name != "seed":
             p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=None)
+    p.add_argument(
+        "--crop",
+        metavar="LOW,HIGH",
+        help="short recordings: each call cut to its first LOW-HIGH seconds (drawn per call); "
+        "a 2-speaker call whose second party has not spoken 1 s by then is left out",
+    )
     p.add_argument("--speakers-exact", type=int, default=None)
     p.add_argument("--hint", type=int, default=None, help="hint_speakers (0: none)")
     args = p.parse_args(argv)
@@ -541,11 +568,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for kind in args.sets.split(",")
         for n in (int(x) for x in args.speakers.split(","))
     ]
-    if args.data.is_dir():
+    if args.crop:
+        low, high = (float(x) for x in args.crop.split(","))
+        sets = [(k, n, crop_set(calls, low, high, args.seed)) for k, n, calls in sets]
+    elif args.data.is_dir():
         sets.append(("stereo", 2, [stereo_call(args.data)]))
     cache = Path(args.words_cache.format(seed=args.seed)) if args.words_cache else None
+    kept: dict = {}
     if cache is not None and cache.exists():
-        _restore(sets, pickle.loads(cache.read_bytes()))
+        kept = pickle.loads(cache.read_bytes())
+        _restore(sets, kept)
     for tag, options in variants:
         for kind, n, calls in sets:
             for condition in args.conditions.split(","):
@@ -560,7 +592,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         print(json.dumps(r), flush=True)
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_bytes(pickle.dumps(_kept(sets)))
+        # Merged into what was there: a run of other sets (--crop, --speakers) keeps the rest.
+        cache.write_bytes(pickle.dumps({**kept, **_kept(sets)}))
     if len(encoders) > 1:
         # The engines ran in turn on the same sets: their summed time per second of audio.
         per = {
