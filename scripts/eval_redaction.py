@@ -7,6 +7,7 @@ number: none of its digits, 4 in a row, left anywhere in the row) and precision 
 the share of clean calls with any redaction.
 
     python scripts/eval_redaction.py [--seed 17 [20 21 ...]] [--misses] [--cache 'DIR/s{seed}.pkl']
+        [--channels split|mono|diarized]
 """
 
 from __future__ import annotations
@@ -33,6 +34,13 @@ def main() -> None:
         help="a pickle of the transcripts ({seed} in it: one per seed): read when it exists, "
         "else written",
     )
+    parser.add_argument(
+        "--channels",
+        choices=corpus.CHANNEL_MODES,
+        default="split",
+        help="split: each side its own channel (default); mono: both mixed to one; diarized: "
+        "that mix with the job's --diarize (keep a --cache path per mode)",
+    )
     args = parser.parse_args()
     if args.cache and len(args.seed) > 1 and "{seed}" not in args.cache:
         parser.error("--cache needs {seed} in it when several seeds share it")
@@ -44,7 +52,7 @@ def main() -> None:
         if cache and cache.is_file():
             rows = pickle.loads(cache.read_bytes())
         else:
-            rows = corpus.transcribe(calls)
+            rows = corpus.transcribe(calls, channels=args.channels)
             if cache:
                 cache.write_bytes(pickle.dumps(rows))
         t1 = time.perf_counter()

@@ -504,12 +504,21 @@ def score(
 # ---- transcription and redaction ---------------------------------------------------------
 
 
-def transcribe(calls: Sequence[Call], batch_size: int = 16, threads: int = 2) -> dict[str, dict]:
-    """Each call synthesized, decoded as a split-channel call (agent, customer) and
-    transcribed in one cross-call batched run of the real Whisper worker (the bundled
-    tiny.en, word timestamps on): the transcripts rows, by call name."""
+CHANNEL_MODES = ("split", "mono", "diarized")
+
+
+def transcribe(
+    calls: Sequence[Call], batch_size: int = 16, threads: int = 2, channels: str = "split"
+) -> dict[str, dict]:
+    """Each call synthesized and transcribed in one cross-call batched run of the real
+    Whisper worker (the bundled tiny.en, word timestamps on): the transcripts rows, by call
+    name. ``channels``: ``split``, decoded as a split-channel call (agent, customer);
+    ``mono``, the two channels mixed to one, as a mono recording; ``diarized``, that mix with
+    the job's ``--diarize`` (its decode stage's speaker turns, then the worker's words by
+    speaker), so that the redactor sees speakers only as diarization found them."""
     import io
 
+    import numpy as np
     import pyarrow as pa
 
     from overnight.jobs.ops.demo import write_wav
@@ -517,20 +526,38 @@ def transcribe(calls: Sequence[Call], batch_size: int = 16, threads: int = 2) ->
     from overnight.workers.audio import AudioChunker, AudioOptions
     from overnight.workers.whisper import WhisperOptions, WhisperWorker, WhisperWorkerConfig
 
-    chunker = AudioChunker(AudioOptions())
+    if channels not in CHANNEL_MODES:
+        raise ValueError(f"channels={channels!r}: one of {', '.join(CHANNEL_MODES)}")
+    diarize = None
+    if channels == "diarized":
+        from overnight.jobs.transcribe import _diarize
+        from overnight.workers.diarize import DiarizeOptions
+
+        diarize = DiarizeOptions()
+    chunker = AudioChunker(AudioOptions(keep_speech=diarize is not None))
     rows = []
     for call in calls:
         buf = io.BytesIO()
-        write_wav(buf, synthesize(call))
-        decoded = chunker(buf.getvalue(), split_channels=True)
-        rows.append(
-            decoded.record(
-                call.name,
-                f"corpus://{call.name}",
-                split=True,
-                channel_labels=["agent", "customer"],
+        audio = synthesize(call)
+        if channels == "split":
+            write_wav(buf, audio)
+            decoded = chunker(buf.getvalue(), split_channels=True)
+            rows.append(
+                decoded.record(
+                    call.name,
+                    f"corpus://{call.name}",
+                    split=True,
+                    channel_labels=["agent", "customer"],
+                )
             )
-        )
+            continue
+        # The sides take turns, so their sum is the call as one microphone line hears it.
+        write_wav(buf, np.clip(audio.sum(axis=0), -1.0, 1.0))
+        decoded = chunker(buf.getvalue(), split_channels=False)
+        row = decoded.record(call.name, f"corpus://{call.name}")
+        if diarize is not None:
+            _diarize(row, decoded, diarize)
+        rows.append(row)
     worker = WhisperWorker(
         WhisperWorkerConfig(
             whisper=WhisperOptions(batch_size=batch_size, cpu_threads=threads, word_timestamps=True)
