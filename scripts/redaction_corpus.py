@@ -344,8 +344,11 @@ def build_corpus(seed: int = 17, pii: int = 40, clean: int = 40) -> list[Call]:
     return calls
 
 
-def synthesize(call: Call, gap_s: float = 0.4) -> Any:
-    """The call as (2, samples) float32: agent left, customer right, one turn after another."""
+def synthesize(call: Call, gap_s: float = 0.4, mono: bool = False) -> Any:
+    """The call as (2, samples) float32: agent left, customer right, one turn after another,
+    each side on its own line; ``mono``: (1, samples), both voices on one line (the sides
+    summed before the line's band, noise and level, as one recording of the call hears them;
+    rendering each side first would give a silent side full-scale noise of its own)."""
     import numpy as np
 
     from overnight.jobs.ops.demo import silence, speak
@@ -356,10 +359,13 @@ def synthesize(call: Call, gap_s: float = 0.4) -> Any:
         clip = np.concatenate([speak(text, voice=voice, speed=rate), silence(gap_s)])
         for label, parts in channels.items():
             parts.append(clip if label == speaker else np.zeros_like(clip))
+    raw = [np.concatenate(channels[label]) for label in ("agent", "customer")]
+    if mono:
+        raw = [raw[0] + raw[1]]
     sides = []
-    for k, label in enumerate(("agent", "customer")):
+    for k, audio in enumerate(raw):
         audio, rate = number_speech.render(
-            np.concatenate(channels[label]), call.condition, zlib.crc32(f"{call.name}/{k}".encode())
+            audio, call.condition, zlib.crc32(f"{call.name}/{k}".encode())
         )
         if rate != number_speech.SAMPLE_RATE:  # back to 16 kHz samples, the band kept narrow
             x = np.arange(audio.size * 2) / 2
@@ -518,7 +524,6 @@ def transcribe(
     speaker), so that the redactor sees speakers only as diarization found them."""
     import io
 
-    import numpy as np
     import pyarrow as pa
 
     from overnight.jobs.ops.demo import write_wav
@@ -538,7 +543,7 @@ def transcribe(
     rows = []
     for call in calls:
         buf = io.BytesIO()
-        audio = synthesize(call)
+        audio = synthesize(call, mono=channels != "split")
         if channels == "split":
             write_wav(buf, audio)
             decoded = chunker(buf.getvalue(), split_channels=True)
@@ -551,8 +556,7 @@ def transcribe(
                 )
             )
             continue
-        # The sides take turns, so their sum is the call as one microphone line hears it.
-        write_wav(buf, np.clip(audio.sum(axis=0), -1.0, 1.0))
+        write_wav(buf, audio[0])
         decoded = chunker(buf.getvalue(), split_channels=False)
         row = decoded.record(call.name, f"corpus://{call.name}")
         if diarize is not None:
