@@ -323,8 +323,9 @@ def test_the_demo_keeps_its_calls_under_its_output_and_shows_every_turn_beside_i
 
 @needs_espeak
 def test_a_long_run_prints_a_progress_line_at_least_every_10_s(tmp_path):
-    """A real run of about a minute (interrupted after 60 s of work in flight) prints at
-    least 5 progress lines; with --verbose, Ray's own log lines are back on the terminal."""
+    """A real run of about 40 s (interrupted after 40 s of work in flight) prints at least 4
+    progress lines, none more than 13 s after the last; with --verbose, Ray's own log lines
+    are back on the terminal."""
     clip = np.concatenate(
         [
             np.concatenate([speak(text), silence(0.8)])
@@ -332,7 +333,7 @@ def test_a_long_run_prints_a_progress_line_at_least_every_10_s(tmp_path):
         ]
     )
     write_wav(tmp_path / "long_call.wav", clip)
-    # 200 items of one recording (distinct external ids): far more than a minute of work
+    # 200 items of one recording (distinct external ids): far more than 40 s of work
     manifest = tmp_path / "calls.jsonl"
     manifest.write_text(
         "".join(
@@ -378,8 +379,8 @@ def test_a_long_run_prints_a_progress_line_at_least_every_10_s(tmp_path):
         while not progress and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         assert progress, "".join(stderr[-20:])
-        # The first line comes 10 s into the work: 50 s more make a minute in flight.
-        while time.monotonic() < progress[0][0] + 52 and proc.poll() is None:
+        # The first line comes 10 s into the work: 30 s more make 40 s in flight, three gaps.
+        while time.monotonic() < progress[0][0] + 32 and proc.poll() is None:
             time.sleep(0.2)
         still_running = proc.poll() is None
         proc.send_signal(signal.SIGINT)
@@ -390,9 +391,9 @@ def test_a_long_run_prints_a_progress_line_at_least_every_10_s(tmp_path):
         if proc.poll() is None:
             proc.kill()
     reader.join(timeout=10)
-    assert still_running, "the run ended within a minute; give it more work"
+    assert still_running, "the run ended within 40 s; give it more work"
     assert proc.returncode == 130, "".join(stderr[-20:])
-    assert len(progress) >= 5, [line for _, line in progress]
+    assert len(progress) >= 4, [line for _, line in progress]
     gaps = [b[0] - a[0] for a, b in itertools.pairwise(progress)]
     assert max(gaps) < 13, gaps  # every 10 s, with a little slack for a loaded machine
     text = "".join(stderr)
