@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import itertools
 import json
 import os
@@ -11,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -39,6 +41,17 @@ def loaded_by(code: str, modules: Iterable[str]) -> list[str]:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.splitlines()[-1])
+
+
+def load_script(name: str) -> ModuleType:
+    """``scripts/<name>.py`` imported as the module ``name`` (scripts are not a package);
+    registered in ``sys.modules`` first, where its dataclasses look their module up."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def require_vllm() -> None:

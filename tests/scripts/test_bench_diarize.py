@@ -5,25 +5,15 @@ tested here; the diarizer's own tests hold them.)"""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import numpy as np
 
-from tests.conftest import REPO
+from tests.conftest import load_script
 
 SR = 16_000
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "bench_diarize", REPO / "scripts" / "bench_diarize.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_diarize"] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_diarize")
 
 
 def _call(bench, reference, speakers=2, seconds=30.0):

@@ -6,30 +6,16 @@ the three modes (split, mono, diarized) are ``scripts/eval_redaction.py --channe
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
 
 from overnight.jobs.ops.demo import espeak_available
-from tests.conftest import REPO
+from tests.conftest import load_script
 
 pytestmark = pytest.mark.skipif(not espeak_available(), reason="espeak-ng not installed")
 
 
-def _corpus_module():
-    spec = importlib.util.spec_from_file_location(
-        "redaction_corpus", REPO / "scripts" / "redaction_corpus.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["redaction_corpus"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_a_card_read_on_a_diarized_mono_call_leaves_no_digits_and_the_dialogue_keeps_speakers():
-    module = _corpus_module()
+    module = load_script("redaction_corpus")
     cards = [
         c
         for c in module.build_corpus()
