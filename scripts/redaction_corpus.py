@@ -519,7 +519,7 @@ def transcribe(
     """Each call synthesized and transcribed in one cross-call batched run of the real
     Whisper worker (the bundled tiny.en, word timestamps on): the transcripts rows, by call
     name. ``channels``: ``split``, decoded as a split-channel call (agent, customer);
-    ``mono``, the two channels mixed to one, as a mono recording; ``diarized``, that mix with
+    ``mono``, both voices on one line (``synthesize(mono=True)``); ``diarized``, that with
     the job's ``--diarize`` (its decode stage's speaker turns, then the worker's words by
     speaker), so that the redactor sees speakers only as diarization found them."""
     import io
