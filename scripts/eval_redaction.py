@@ -38,8 +38,8 @@ def main() -> None:
         "--channels",
         choices=corpus.CHANNEL_MODES,
         default="split",
-        help="split: each side its own channel (default); mono: both mixed to one; diarized: "
-        "that mix with the job's --diarize (keep a --cache path per mode)",
+        help="split: each side its own channel (default); mono: both voices on one line; "
+        "diarized: that with the job's --diarize (keep a --cache path per mode)",
     )
     args = parser.parse_args()
     if args.cache and len(args.seed) > 1 and "{seed}" not in args.cache:
