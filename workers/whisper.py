@@ -383,6 +383,24 @@ def ct2_encoder_output(rows: np.ndarray) -> Any:
     return ctranslate2.StorageView.from_array(np.ascontiguousarray(rows))
 
 
+def seed_samplers(seed: int) -> None:
+    """Seed the generators the fallback decode samples from (``SamplingModel``). Unseeded,
+    CTranslate2 seeds each of its threads from ``std::random_device``, so a looping chunk
+    came out worded differently run to run (5 of the redaction corpus's 80 calls differed
+    between two runs over the same audio; none with a seed). CTranslate2 seeds a thread's
+    generator from this value when that thread first samples, and a model's threads are its
+    own: a model loaded after this call starts its sampling from ``seed``. The global
+    ``torch`` generator serves the torch engine; torch is seeded only when it is loaded."""
+    import sys
+
+    import ctranslate2
+
+    ctranslate2.set_random_seed(seed)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(seed)
+
+
 def host_array(encoded: Any) -> np.ndarray:
     """An encoder output (a CTranslate2 StorageView on any device, or the torch engine's
     tensor) as a host array."""
@@ -577,9 +595,11 @@ class WhisperWorker:
                 import torch
 
                 torch.set_num_threads(opts.cpu_threads)
+            seed_samplers(opts.seed)
             return faster_whisper_model(engine, path, self.encoder_batch)
         from faster_whisper import WhisperModel
 
+        seed_samplers(opts.seed)
         compute_type = opts.compute_type
         if compute_type == "auto":
             compute_type = "float16" if self.device == "cuda" else "int8"

@@ -137,6 +137,16 @@ class DecodingOptions(BaseModel):
     log_prob_threshold: float = Field(
         -1.0, description="...when its average log-probability is also below this"
     )
+    seed: int = Field(
+        0,
+        ge=0,
+        le=2**32 - 1,
+        description="random seed of the sampled fallback decode of a looping chunk "
+        "(CTranslate2's or torch's generator, set when an actor loads its model): a rerun "
+        "over the same items in the same batches writes the same text. The samples also "
+        "depend on the chunks decoded before on that model, so items spread over other "
+        "actors or batches may still be worded differently",
+    )
     task: WhisperTask = Field(
         "transcribe",
         description="translate: English text from speech in any language (multilingual "

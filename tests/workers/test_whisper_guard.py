@@ -1,5 +1,6 @@
 """What counts as a degenerate decode, and how one is cut (workers.whisper_guard). The real
-model's fallback on a looping call is tests/jobs/test_transcribe.py."""
+model's fallback on a looping call is tests/jobs/test_transcribe.py; that its samples are
+reproducible is the last test here."""
 
 from __future__ import annotations
 
@@ -66,3 +67,33 @@ def test_a_segment_that_looped_on_every_attempt_keeps_the_words_of_its_cut_text_
     assert cut["text"] == " It is $200,000, $10,000" and cut["degenerate"] is True
     assert [w["word"].strip() for w in cut["words"]] == ["It", "is", "$200,000,", "$10,000,"]
     assert seg["text"].startswith(" It is $200,000, $10,000, $10,000")  # the decode's own
+
+
+def test_a_looping_chunk_sampled_again_is_worded_the_same_by_a_rerun_with_the_same_seed(
+    monkeypatch,
+):
+    """The fallback samples (``SamplingModel``). Unseeded, CTranslate2 drew from
+    ``std::random_device``, and this call's SSN loop came out worded differently on each of
+    3 runs in one process; with ``seed`` every model starts its draws from it."""
+    from overnight.jobs.ops.demo import espeak_available
+    from overnight.workers import whisper
+    from tests.conftest import load_script
+
+    if not espeak_available():
+        pytest.skip("espeak-ng not installed")
+    sampled = []
+
+    class Counted(whisper.SamplingModel):
+        def __init__(self, *args, **kwargs):
+            sampled.append(args[1])  # the temperature
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(whisper, "SamplingModel", Counted)
+    corpus = load_script("redaction_corpus")
+    # Seed 17's call whose customer reads an SSN that tiny.en loops on ("6-5-3-3-2-2-2-...").
+    call = next(c for c in corpus.build_corpus() if c.name == "pii_033")
+    texts = []
+    for _ in range(2):  # a new worker each time: its own model, as a rerun's actor has
+        texts.append(corpus.transcribe([call])[call.name]["text"])
+    assert sampled, "the call no longer loops: choose another for this test"
+    assert texts[0] == texts[1]
