@@ -7,24 +7,19 @@ are generated from the code by the build itself, never kept as files.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, load_script
 
 GENERATED = ("cli", "config", "schemas", "error-codes", "exit-codes", "python-api")
 
 
 def gen_docs():
-    spec = importlib.util.spec_from_file_location("gen_docs", REPO / "scripts" / "gen_docs.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gen_docs")
 
 
 def test_the_site_builds_with_warnings_as_errors_and_holds_the_generated_reference(tmp_path):

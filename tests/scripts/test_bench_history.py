@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
-from tests.conftest import REPO
+from tests.conftest import load_script
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "bench_history", REPO / "scripts" / "bench_history.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_history"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_history")
 
 
 def test_bench_history_writes_compacted_nights_and_times_a_new_night_on_disk_and_moto():

@@ -4,24 +4,15 @@ source references' words, in order. (The timing is not tested.)"""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import wave
 
 import pytest
 
-from tests.conftest import REPO, SHARED_DATA
+from tests.conftest import SHARED_DATA, load_script
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "bench_transcribe", REPO / "scripts" / "bench_transcribe.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_transcribe"] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_transcribe")
 
 
 def test_real_corpus_clips_bands_and_references(tmp_path):

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import REPO, require_vllm
+from tests.conftest import REPO, load_script, require_vllm
 
 require_vllm()
 
@@ -49,10 +49,7 @@ def test_gpu_check_passes_in_cpu_mode_from_configs_and_dummy_weights(tmp_path):
 
 
 def _gpu_check_module():
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gpu_check")
 
 
 def test_a_failing_ctranslate2_half_is_recorded_and_the_run_goes_on_to_fail_clearly(
@@ -111,11 +108,7 @@ def test_whisper_engines_check_times_both_engines_and_the_front_ends_in_cpu_mode
 
 
 def test_window_flops_give_the_issues_turbo_figures():
-    spec = importlib.util.spec_from_file_location(
-        "gpu_check_whisper", REPO / "scripts" / "gpu_check_whisper.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("gpu_check_whisper")
     flops = module.window_flops(module.SHAPES["large-v3-turbo"], 96, 1)
     assert abs(flops["encoder"] / 1e12 - 2.27) < 0.02
     assert abs(flops["decoder"] / 1e12 - 0.07) < 0.01

@@ -9,7 +9,6 @@ server that knows no repository; the Hugging Face cache is an empty temporary fo
 from __future__ import annotations
 
 import http.server
-import importlib.util
 import inspect
 import json
 import os
@@ -24,7 +23,7 @@ import pytest
 
 from overnight.jobs import errors
 from overnight.jobs.ops import remote as submit
-from tests.conftest import REPO, SHARED_DATA, _free_port
+from tests.conftest import REPO, SHARED_DATA, _free_port, load_script
 
 
 def overnight(*args: str, env: dict[str, str] | None = None, **kwargs) -> tuple[int, str]:
@@ -408,10 +407,7 @@ def test_every_systemic_failure_has_its_own_exit_code_and_the_docs_list_it():
     assert errors.Superseded.exit_code == 8 and errors.ClusterUnreachable.exit_code == 10
     # The docs' exit-code page is generated from the classes' docstrings and the EXIT_*
     # comments (scripts/gen_docs.py): each code must be there with a meaning.
-    spec = importlib.util.spec_from_file_location("gen_docs", REPO / "scripts" / "gen_docs.py")
-    assert spec and spec.loader
-    gen_docs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen_docs)
+    gen_docs = load_script("gen_docs")
     page = gen_docs.exit_codes_reference()
     for code in codes.values():
         row = next((line for line in page.splitlines() if line.startswith(f"| {code} | ")), "")

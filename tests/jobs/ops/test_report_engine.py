@@ -11,7 +11,6 @@ one output given twice."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import random
 import shutil
@@ -23,6 +22,7 @@ import pytest
 
 from overnight.jobs.ops.report import build_report, load, parse_since, parse_until
 from overnight.jobs.ops.report.aggregate import _Exact, _split
+from tests.conftest import load_script
 from tests.jobs.ops.test_report import (
     DAY1,
     DAY2,
@@ -38,12 +38,7 @@ REPO = Path(__file__).resolve().parents[3]
 @pytest.fixture(scope="module")
 def legacy() -> Any:
     """The report's aggregation before #38, from git history (skipped where it is not)."""
-    spec = importlib.util.spec_from_file_location(
-        "bench_report", REPO / "scripts" / "bench_report.py"
-    )
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("bench_report")
     try:
         return bench.legacy_report(REPO)
     except bench.LegacyUnavailable as exc:

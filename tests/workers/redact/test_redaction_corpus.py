@@ -10,13 +10,10 @@ same table, and the README the figures on seeds no rule was written against."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
 
 from overnight.jobs.ops.demo import espeak_available
-from tests.conftest import REPO
+from tests.conftest import load_script
 
 pytestmark = pytest.mark.skipif(not espeak_available(), reason="espeak-ng not installed")
 
@@ -25,20 +22,9 @@ OTHER_RECALL = 0.5
 CLEAN_SHARE = 0.05
 
 
-def _corpus_module():
-    spec = importlib.util.spec_from_file_location(
-        "redaction_corpus", REPO / "scripts" / "redaction_corpus.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["redaction_corpus"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="session")
 def corpus():
-    module = _corpus_module()
+    module = load_script("redaction_corpus")
     calls = module.build_corpus()
     return module, calls, module.transcribe(calls)
 
