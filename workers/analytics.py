@@ -167,7 +167,9 @@ def call_analytics(
                 "words": words,
                 "words_per_minute": round(words / (talk / 60.0), 1) if talk else None,
                 "longest_monologue_s": round(monologues.get(speaker, 0.0), 3),
-                "interruptions_made": sum(n for (by, _), n in interruptions.items() if by == speaker),
+                "interruptions_made": sum(
+                    n for (by, _), n in interruptions.items() if by == speaker
+                ),
                 "interrupted": sum(n for (_, of), n in interruptions.items() if of == speaker),
             }
         )

@@ -145,7 +145,9 @@ def test_the_wheel_installs_in_a_fresh_venv_and_runs_the_demo(tmp_path: Path) ->
         for k, v in os.environ.items()
         if k not in ("PYTHONPATH", "VIRTUAL_ENV", "RAY_ADDRESS") and not k.startswith("HF_")
     }
-    env["PATH"] = os.pathsep.join([str(venv / "bin"), str(Path(sys.executable).parent), env["PATH"]])
+    env["PATH"] = os.pathsep.join(
+        [str(venv / "bin"), str(Path(sys.executable).parent), env["PATH"]]
+    )
     where = subprocess.run(
         [
             str(python),
