@@ -389,8 +389,11 @@ def seed_samplers(seed: int) -> None:
     came out worded differently run to run (5 of the redaction corpus's 80 calls differed
     between two runs over the same audio; none with a seed). CTranslate2 seeds a thread's
     generator from this value when that thread first samples, and a model's threads are its
-    own: a model loaded after this call starts its sampling from ``seed``. The global
-    ``torch`` generator serves the torch engine; torch is seeded only when it is loaded."""
+    own: a model loaded after this call starts its sampling from ``seed``, and one model
+    worker fed the same batches draws the same samples. With several model workers, batches
+    reach whichever worker is free, each with its own generator, so there the draws still
+    vary; CTranslate2 has no per-call seed. The global ``torch`` generator serves the torch
+    engine; torch is seeded only when it is loaded."""
     import sys
 
     import ctranslate2

@@ -142,10 +142,11 @@ class DecodingOptions(BaseModel):
         ge=0,
         le=2**32 - 1,
         description="random seed of the sampled fallback decode of a looping chunk "
-        "(CTranslate2's or torch's generator, set when an actor loads its model): a rerun "
-        "over the same items in the same batches writes the same text. The samples also "
-        "depend on the chunks decoded before on that model, so items spread over other "
-        "actors or batches may still be worded differently",
+        "(CTranslate2's or torch's generator, set when an actor loads its model): one model "
+        "worker fed the same chunks in the same batches writes the same text on every run. "
+        "A draw also depends on what that model sampled before, so where batches form "
+        "otherwise (several model workers, as on CPU by default, several actors, or rows "
+        "arriving in another order) a looping chunk may still be worded differently",
     )
     task: WhisperTask = Field(
         "transcribe",
