@@ -22,8 +22,10 @@ class ConfigModel(BaseModel):
 def config_error(
     exc: ValidationError, title: str, root: str, show_input: bool = True
 ) -> ConfigError:
-    """One line per problem: ``  where: message (got value)``; ``root`` names the top level.
-    ``show_input=False`` leaves the values out (the tenants config's are URLs)."""
+    """Each problem as ``where: message (got value)``, joined by "; ": one line, as the CLI
+    prints every error (it escapes control characters, so the newlines this once held came
+    out as a literal backslash-n). ``root`` names the top level. ``show_input=False`` leaves
+    the values out (the tenants config's are URLs)."""
     problems = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or root
@@ -31,5 +33,5 @@ def config_error(
         # A URL field's value can carry a token (a webhook's): never repeated.
         secret = any(str(part) in _SECRET_FIELDS for part in err["loc"])
         shown = "" if isinstance(value, dict) or not show_input or secret else f" (got {value!r})"
-        problems.append(f"  {where}: {err['msg']}{shown}")
-    return ConfigError(f"{title}:\n" + "\n".join(problems))
+        problems.append(f"{where}: {err['msg']}{shown}")
+    return ConfigError(f"{title}: " + "; ".join(problems))

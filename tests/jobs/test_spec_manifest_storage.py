@@ -42,6 +42,21 @@ def test_invalid_spec_message_names_the_field_and_the_value():
     assert "transcribe.batch_size" in text and "got 0" in text and "transcribe.bogus" in text
 
 
+def test_a_job_file_with_two_problems_is_one_readable_line_naming_both(tmp_path, capsys):
+    # The CLI escapes control characters to keep an error on one line; the message held
+    # newlines, so it printed "invalid job spec:\n  transcribe.seed: ...".
+    job = tmp_path / "job.toml"
+    job.write_text(
+        '[job]\nkind = "transcribe"\ninput = "in"\noutput = "out"\nmax_error_rate = 7\n'
+        "[transcribe]\nseed = -1\n"
+    )
+    assert cli_main(["run", str(job)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "\\n" not in err, err
+    assert "job.max_error_rate: Input should be less than or equal to 1 (got 7); " in err
+    assert "transcribe.seed: Input should be greater than or equal to 0 (got -1)" in err
+
+
 def test_unparseable_job_file_is_a_config_error(tmp_path):
     bad = tmp_path / "job.toml"
     bad.write_text("[job\ninput=")
