@@ -167,9 +167,7 @@ def test_tenants_config_names_a_misspelt_key_and_cannot_be_changed_once_loaded(t
             }
         },
     }
-    with pytest.raises(
-        ConfigError, match=r"invalid tenants config .*: submissions\.max_attempt: "
-    ):
+    with pytest.raises(ConfigError, match=r"invalid tenants config .*: submissions\.max_attempt: "):
         _load_tenants(tmp_path, data)
     del data["submissions"]["max_attempt"]
     config = _load_tenants(tmp_path, data)
