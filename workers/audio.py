@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import io
 import math
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -714,10 +715,28 @@ class AudioChunker:
         return Chunk(channel=channel, clips=seconds, features=feats, speech=kept)
 
 
+@functools.cache
+def _blas() -> Any:
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
+
+
+# threadpoolctl's limit is process-wide: one chunk at a time, so that a thread's exit cannot
+# give another thread's product its threads back mid-call.
+_ONE_BLAS_THREAD = threading.Lock()
+
+
 def features_of(extractor: FeatureExtractor, speech: np.ndarray) -> np.ndarray:
     """A chunk's features as the Whisper worker takes them: faster-whisper's log-mel of its
-    samples without the last frame (the batched pipeline's framing), float32."""
-    return extractor(speech)[..., :-1].astype(np.float32, copy=False)
+    samples without the last frame (the batched pipeline's framing), float32.
+
+    Computed with one BLAS thread, whatever the process has: OpenBLAS splits the mel product
+    among its threads and rounds differently for each split, so the same samples gave other
+    features in a Ray decode task (one thread) than in the Whisper actor or in-process (two
+    on a 2-core machine), and tiny.en at times other words."""
+    with _ONE_BLAS_THREAD, _blas().limit(limits=1, user_api="blas"):
+        return extractor(speech)[..., :-1].astype(np.float32, copy=False)
 
 
 def to_original_time(clips: list[tuple[float, float]], t: float) -> float:

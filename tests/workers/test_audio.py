@@ -13,6 +13,7 @@ from overnight.workers.audio import (
     SAMPLE_RATE,
     AudioChunker,
     AudioOptions,
+    features_of,
     pack_clips,
     to_original_time,
 )
@@ -346,3 +347,20 @@ def test_the_vads_noise_floor_never_reaches_the_samples_the_models_get():
     expected = np.frombuffer(wav(audio)[44:], np.int16).astype(np.float32) / 32768
     np.testing.assert_allclose(samples, expected, atol=1e-4)
     assert not np.any(samples[: SAMPLE_RATE // 4])  # the digital silence stays silent
+
+
+def test_a_chunks_features_are_the_same_bits_whatever_blas_threads_the_process_has():
+    # A Ray decode task has one BLAS thread and the Whisper actor or an in-process run has
+    # the machine's cores; OpenBLAS rounds the mel product differently per thread count,
+    # which changed tiny.en's words on some calls of the redaction corpus.
+    from faster_whisper.feature_extractor import FeatureExtractor
+    from threadpoolctl import threadpool_limits
+
+    speech = np.random.default_rng(5).standard_normal(30 * SAMPLE_RATE).astype(np.float32) * 0.1
+    extractor = FeatureExtractor(feature_size=80)
+    got = []
+    for threads in (1, 2, 4):
+        with threadpool_limits(limits=threads, user_api="blas"):
+            got.append(features_of(extractor, speech))
+    assert got[0].shape == (80, 3000)
+    assert all(np.array_equal(got[0], other) for other in got[1:])
