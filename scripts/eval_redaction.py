@@ -6,14 +6,13 @@ the bundled tiny.en with word timestamps, redacted with every type on; prints re
 number: none of its digits, 4 in a row, left anywhere in the row) and precision per type and
 the share of clean calls with any redaction.
 
-    python scripts/eval_redaction.py [--seed 17 [20 21 ...]] [--misses] [--cache 'DIR/s{seed}.pkl']
+    python scripts/eval_redaction.py [--seed 17 [20 21 ...]] [--misses] [--cache 'DIR/s{seed}.json.gz']
         [--channels split|mono|diarized]
 """
 
 from __future__ import annotations
 
 import argparse
-import pickle
 import sys
 import time
 from pathlib import Path
@@ -31,8 +30,8 @@ def main() -> None:
     parser.add_argument("--misses", action="store_true", help="print every miss and false alarm")
     parser.add_argument(
         "--cache",
-        help="a pickle of the transcripts ({seed} in it: one per seed): read when it exists, "
-        "else written",
+        help="the transcripts as gzipped JSON ({seed} in it: one per seed): read when it "
+        "exists, else written",
     )
     parser.add_argument(
         "--channels",
@@ -50,11 +49,11 @@ def main() -> None:
         cache = Path(args.cache.format(seed=seed)) if args.cache else None
         t0 = time.perf_counter()
         if cache and cache.is_file():
-            rows = pickle.loads(cache.read_bytes())
+            rows = corpus.load_rows(cache)
         else:
             rows = corpus.transcribe(calls, channels=args.channels)
             if cache:
-                cache.write_bytes(pickle.dumps(rows))
+                corpus.save_rows(rows, cache)
         t1 = time.perf_counter()
         scores = corpus.evaluate(calls, rows)
         t2 = time.perf_counter()

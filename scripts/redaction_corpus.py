@@ -27,6 +27,8 @@ Scoring (``score``), per entity type:
 
 from __future__ import annotations
 
+import gzip
+import json
 import random
 import re
 import sys
@@ -569,6 +571,17 @@ def transcribe(
     )
     out = worker(pa.Table.from_pylist(rows, schema=DECODED)).to_pylist()
     return {row["item_id"]: row for row in out}
+
+
+def save_rows(rows: Mapping[str, Mapping[str, Any]], path: Path) -> None:
+    """Transcripts as gzipped JSON (``transcribe``'s rows by call name): tiny.en's words for
+    the same audio differ by CPU and BLAS build, so a recorded set is what scores the same
+    everywhere."""
+    path.write_bytes(gzip.compress(json.dumps(rows, sort_keys=True).encode(), mtime=0))
+
+
+def load_rows(path: Path) -> dict[str, dict]:
+    return json.loads(gzip.decompress(path.read_bytes()))
 
 
 def evaluate(
