@@ -9,13 +9,14 @@ other types keep a floor against regressions (a seed holds 4 of most, and tiny.e
 garbles some cue words on telephone-band calls).
 
 Seed 17 is the seed the rules were written against, so the targets are asserted on its
-transcripts as recorded (``data/``, written by ``scripts/eval_redaction.py --cache``): tiny.en
-words the same audio differently on another CPU (CTranslate2's and OpenBLAS's kernels), and
-one call's words decide a card. On this seed, transcripts made with other features (two BLAS
-threads, before ``features_of`` fixed one) left one card of 12 and flagged 3 clean calls of
-40. So the live transcription asserts the whole chain within one such change: at most one
-card, SSN or account number left, at most 3 clean calls flagged. ``scripts/eval_redaction.py``
-prints the same table, and the README the figures on seeds no rule was written against."""
+transcripts as recorded (``corpus_seed17_tiny_en.json.gz``, written by
+``scripts/eval_redaction.py --cache``): tiny.en words the same audio differently on another
+CPU (CTranslate2's and OpenBLAS's kernels), and one call's words decide a card. On this
+seed, transcripts made with other features (two BLAS threads, before ``features_of`` fixed
+one) left one card of 12 and flagged 3 clean calls of 40. So the live transcription asserts
+the whole chain within one such change: at most one card, SSN or account number left, at
+most 3 clean calls flagged. ``scripts/eval_redaction.py`` prints the same table, and the
+README the figures on seeds no rule was written against."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ RECALL = {"card_number": 0.99, "ssn": 0.99, "bank_account": 0.99}
 OTHER_RECALL = 0.5
 CLEAN_SHARE = 0.05
 # The seed-17 transcripts of 2026-12-07 (AMD EPYC, AVX2; one BLAS thread for the features).
-RECORDED = Path(__file__).parent / "data" / "corpus_seed17_tiny_en.json.gz"
+RECORDED = Path(__file__).with_name("corpus_seed17_tiny_en.json.gz")
 
 
 def report(scores) -> str:
