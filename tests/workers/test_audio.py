@@ -155,7 +155,7 @@ def _whole_file_chunks(data: bytes, options: AudioOptions) -> list[tuple[int, li
         for group in pack_clips(clips, options.chunk_length_s * SAMPLE_RATE, max_gap):
             speech = np.concatenate([channel_audio[s:e] for s, e in group])
             seconds = [(s / SAMPLE_RATE, e / SAMPLE_RATE) for s, e in group]
-            out.append((channel, seconds, features(speech)[..., :-1]))
+            out.append((channel, seconds, features_of(features, speech)))
     return out
 
 
