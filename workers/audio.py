@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import io
 import math
-import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from faster_whisper.feature_extractor import FeatureExtractor
 from faster_whisper.vad import VadOptions, get_speech_timestamps, get_vad_model
 
 from overnight.schemas import ErrorCode
+from overnight.workers.blas import one_blas_thread
 
 SAMPLE_RATE = 16_000
 # Recordings up to this long (10 min, 38 MB a channel) are decoded once; longer ones twice.
@@ -715,18 +715,6 @@ class AudioChunker:
         return Chunk(channel=channel, clips=seconds, features=feats, speech=kept)
 
 
-@functools.cache
-def _blas() -> Any:
-    from threadpoolctl import ThreadpoolController
-
-    return ThreadpoolController()
-
-
-# threadpoolctl's limit is process-wide: one chunk at a time, so that a thread's exit cannot
-# give another thread's product its threads back mid-call.
-_ONE_BLAS_THREAD = threading.Lock()
-
-
 def features_of(extractor: FeatureExtractor, speech: np.ndarray) -> np.ndarray:
     """A chunk's features as the Whisper worker takes them: faster-whisper's log-mel of its
     samples without the last frame (the batched pipeline's framing), float32.
@@ -735,7 +723,7 @@ def features_of(extractor: FeatureExtractor, speech: np.ndarray) -> np.ndarray:
     among its threads and rounds differently for each split, so the same samples gave other
     features in a Ray decode task (one thread) than in the Whisper actor or in-process (two
     on a 2-core machine), and tiny.en at times other words."""
-    with _ONE_BLAS_THREAD, _blas().limit(limits=1, user_api="blas"):
+    with one_blas_thread():
         return extractor(speech)[..., :-1].astype(np.float32, copy=False)
 
 

@@ -18,6 +18,7 @@ from overnight.workers.diarize import (
     dialogue_text,
     first_speaker_roles,
     mono_call_analytics,
+    region_mels,
     relabel,
 )
 from overnight.workers.diarize.encoder import SpeakerEncoder
@@ -125,6 +126,29 @@ def test_one_voice_comes_out_as_one_speaker(encoder):
     result = Diarizer(DiarizeOptions(), encoder)(audio)
     assert result.num_speakers == 1
     assert {t.speaker for t in result.turns} == {"SPEAKER_00"}
+
+
+def test_a_calls_mel_frames_and_speakers_are_the_same_bits_whatever_blas_threads_it_has(
+    encoder,
+):
+    # A Ray decode task diarizes with one BLAS thread; an in-process run or a test has the
+    # machine's cores. OpenBLAS rounds the mel product (and the clustering's products and
+    # eigen decompositions) differently per thread count: every mel frame of 24 real-voice
+    # calls differed in its last bits between one and two threads.
+    from threadpoolctl import threadpool_limits
+
+    audio, _ = _call()
+    regions = voice_regions(audio)
+    diarizer = Diarizer(DiarizeOptions(), encoder)
+    got = []
+    for threads in (1, 2, 4):
+        with threadpool_limits(limits=threads, user_api="blas"):
+            got.append((region_mels(audio, regions), diarizer(audio, regions).turns))
+    mels, turns = got[0]
+    assert sum(len(m) for m in mels) > 500 and len(turns) >= 4
+    for other_mels, other_turns in got[1:]:
+        assert all(np.array_equal(a, b) for a, b in zip(mels, other_mels, strict=True))
+        assert other_turns == turns
 
 
 def test_exact_speaker_count_is_obeyed(encoder):

@@ -31,6 +31,7 @@ from typing import Literal
 
 import numpy as np
 
+from overnight.workers.blas import one_blas_thread
 from overnight.workers.diarize import cluster
 from overnight.workers.diarize.encoder import (
     FRAMES_PER_SECOND,
@@ -178,8 +179,11 @@ class Diarizer:
             turns = [Turn(speaker_label(0), a, b) for a, b in regions]
             return Diarization(turns, 1 if turns else 0, 0, speech_s)
         emb = self._embed(mels, spans)
-        labels = self._cluster(emb, narrowband(mels))
-        turns = _turns(mels, regions, spans, emb, labels)
+        # The affinity products and eigen decompositions with one BLAS thread, as in a Ray
+        # decode task, so that an in-process run finds the same speakers (workers.blas).
+        with one_blas_thread():
+            labels = self._cluster(emb, narrowband(mels))
+            turns = _turns(mels, regions, spans, emb, labels)
         return Diarization(turns, len({t.speaker for t in turns}), len(spans), speech_s)
 
     def _embed(self, mels: list[np.ndarray], spans: list[tuple[int, int, int]]) -> np.ndarray:

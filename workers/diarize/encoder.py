@@ -33,6 +33,8 @@ from typing import Literal
 
 import numpy as np
 
+from overnight.workers.blas import one_blas_thread
+
 SAMPLE_RATE = 16_000
 N_FFT = 400
 HOP = 160
@@ -107,7 +109,9 @@ def mel_frames(wav: np.ndarray) -> np.ndarray:
     )
     spectrum = np.fft.rfft(frames * _WINDOW, axis=1)
     power = (spectrum.real**2 + spectrum.imag**2).astype(np.float32)
-    return power @ MEL_FILTERS.T
+    # One BLAS thread, as in a Ray decode task, wherever this runs (see workers.blas).
+    with one_blas_thread():
+        return power @ MEL_FILTERS.T
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
