@@ -195,6 +195,18 @@ class TranscribeOptions(DecodingOptions):
         "['agent', 'customer'] (the agent greets first); default SPEAKER_00, SPEAKER_01, ...",
     )
 
+    @field_validator("channel_labels", "speaker_roles")
+    @classmethod
+    def _distinct_names(cls, value: list[str] | None) -> list[str] | None:
+        from overnight.workers.analytics import speaker_names_problem
+
+        if value is None:
+            return None
+        problem = speaker_names_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return [name.strip() for name in value] or None
+
     @field_validator("redact", mode="before")
     @classmethod
     def _known_types(cls, value: Any) -> Any:

@@ -35,6 +35,25 @@ MIN_OVERLAP_S = 0.3
 MONOLOGUE_GAP_S = 3.0
 
 
+def speaker_names_problem(names: Sequence[str]) -> str | None:
+    """Why ``names`` (channel labels or speaker roles, one a speaker) cannot name speakers, or
+    None. Talk time, turns and interruptions are keyed by name, and the text's dialogue lines
+    are prefixed with it: two speakers given one name became one speaker with exit 0 (a
+    2-speaker call with roles ``agent,agent`` came out as one turn of one speaker)."""
+    seen: dict[str, str] = {}
+    for name in names:
+        key = name.strip().casefold()
+        if not key:
+            return f"a speaker name is empty in {list(names)!r}"
+        if key in seen:
+            return (
+                f"speaker names must differ: {name.strip()!r} and {seen[key]!r} would make "
+                "two speakers one"
+            )
+        seen[key] = name.strip()
+    return None
+
+
 @dataclass(frozen=True)
 class Span:
     speaker: str

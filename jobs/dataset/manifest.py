@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 from overnight.jobs.dataset import storage
 from overnight.jobs.errors import ConfigError, InputNotFound
 from overnight.schemas import MANIFEST, METADATA_COLUMNS
+from overnight.workers.analytics import speaker_names_problem
 
 MANIFEST_SUFFIXES = (".csv", ".jsonl", ".parquet")
 # Per-item decoding vocabulary: a non-empty value overrides the job's option of that name.
@@ -68,13 +69,18 @@ def _labels(value: Any) -> list[str] | None:
         return None
     if isinstance(value, str):
         parts = [p.strip() for p in value.replace(";", ",").split(",")]
-        return [p for p in parts if p] or None
-    if not isinstance(value, list | tuple):
+        names = [p for p in parts if p]
+    elif isinstance(value, list | tuple):
+        names = [str(v) for v in value]
+    else:
         raise ValueError(
             f"channel_labels must be text such as 'agent,customer' or a list of names, "
             f"not {value!r}"
         )
-    return [str(v) for v in value] or None
+    problem = speaker_names_problem(names)
+    if problem:
+        raise ValueError(f"channel_labels: {problem}")
+    return [name.strip() for name in names] or None
 
 
 def _resolve_uri(uri: str, manifest_url: str) -> str:

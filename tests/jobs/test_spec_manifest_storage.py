@@ -57,6 +57,34 @@ def test_a_job_file_with_two_problems_is_one_readable_line_naming_both(tmp_path,
     assert "transcribe.seed: Input should be greater than or equal to 0 (got -1)" in err
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--diarize", "--speaker-roles", "agent,Agent"],
+        ["--channel-labels", "agent,agent"],
+    ],
+)
+def test_two_speakers_given_one_name_is_refused_before_work(tmp_path, capsys, args):
+    # A 2-speaker call with roles agent,agent came out as one speaker's single turn, exit 0:
+    # analytics and the dialogue are keyed by name.
+    (tmp_path / "in").mkdir()
+    assert cli_main(["transcribe", str(tmp_path / "in"), str(tmp_path / "out"), *args]) == 2
+    err = capsys.readouterr().err
+    assert "speaker names must differ" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_job_file_speaker_names_are_trimmed_and_an_empty_one_is_refused(tmp_path, capsys):
+    job = tmp_path / "job.toml"
+    head = '[job]\nkind = "transcribe"\ninput = "in"\noutput = "out"\n[transcribe]\n'
+    job.write_text(head + 'channel_labels = [" agent", "customer "]\n')
+    spec = build_spec(read_job_file(job))
+    assert spec.transcribe.channel_labels == ["agent", "customer"]
+    job.write_text(head + 'diarize = true\nspeaker_roles = ["agent", " "]\n')
+    assert cli_main(["run", str(job)]) == 2
+    assert "a speaker name is empty" in capsys.readouterr().err
+
+
 def test_unparseable_job_file_is_a_config_error(tmp_path):
     bad = tmp_path / "job.toml"
     bad.write_text("[job\ninput=")
@@ -131,6 +159,13 @@ def test_a_manifest_column_of_the_wrong_type_is_refused_naming_the_row(tmp_path)
     ]
     manifest.write_text("\n".join(json.dumps(r) for r in rows))
     with pytest.raises(ConfigError, match="row 2: channel_labels must be text"):
+        list_items(str(manifest))
+
+
+def test_a_manifest_row_naming_two_channels_alike_is_refused_naming_the_row(tmp_path):
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("uri,channel_labels\na.wav,agent;customer\nb.wav,agent;AGENT\n")
+    with pytest.raises(ConfigError, match="row 2: channel_labels: speaker names must differ"):
         list_items(str(manifest))
 
 

@@ -284,6 +284,13 @@ def test_first_speaker_is_the_agent_and_a_short_blip_does_not_decide():
     assert seg["speaker"] == "agent"
 
 
+def test_a_speaker_past_the_roles_never_takes_a_name_a_role_took():
+    turns = [Turn(f"SPEAKER_0{i}", i, i + 1.0) for i in range(3)]
+    roles = first_speaker_roles(turns, ("agent", "SPEAKER_02"))
+    assert roles == {"SPEAKER_00": "agent", "SPEAKER_01": "SPEAKER_02", "SPEAKER_02": "SPEAKER_00"}
+    assert len(set(roles.values())) == 3
+
+
 def test_speech_regions_join_short_pauses_drop_clicks_and_pad():
     from overnight.workers.diarize.regions import join_runs
 

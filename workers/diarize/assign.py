@@ -17,11 +17,12 @@ monologues from each word's span); two measures need another definition on a mon
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from overnight.workers.analytics import JOIN_GAP_S, call_analytics, speech_spans, utterances
-from overnight.workers.diarize.diarize import Turn
+from overnight.workers.diarize.diarize import Turn, speaker_label
 
 INTERRUPT_GAP_S = 0.1
 OVERTALK_UNMEASURED = (
@@ -162,7 +163,18 @@ def first_speaker_roles(
     for t in first + ordered:
         if t.speaker not in seen:
             seen.append(t.speaker)
-    return {speaker: roles[i] if i < len(roles) else speaker for i, speaker in enumerate(seen)}
+    names = {speaker: roles[i] for i, speaker in enumerate(seen[: len(roles)])}
+    # An unnamed speaker keeps its label unless a role took it (roles ``agent,SPEAKER_02`` on a
+    # 3-speaker call): then the next free SPEAKER_nn, so that no two speakers share a name.
+    taken = set(names.values())
+    free = (speaker_label(i) for i in itertools.count())
+    for speaker in seen[len(roles) :]:
+        label = speaker
+        while label in taken:
+            label = next(free)
+        names[speaker] = label
+        taken.add(label)
+    return names
 
 
 def relabel(segments: Iterable[Mapping[str, Any]], names: Mapping[str, str]) -> list[dict]:

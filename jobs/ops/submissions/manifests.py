@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 
 from overnight.jobs.ops.submissions.config import Tenant
 from overnight.jobs.ops.submissions.urls import UriRejected, normalize, shown
+from overnight.workers.analytics import speaker_names_problem
 
 MAX_MANIFEST_BYTES = 64 * 2**20
 # Manifest columns that would carry a credential into results: rejected, never copied.
@@ -64,6 +65,13 @@ def _column_problem(row: dict[str, Any]) -> str | None:
             "channel_labels must be text such as 'agent,customer' or a list of names, "
             f"not {shown(json.dumps(labels, default=str), 60)}"
         )
+    if labels is not None:
+        names = labels
+        if isinstance(labels, str):  # as the job's manifest reader takes it: blanks dropped
+            names = [n for n in labels.replace(";", ",").split(",") if n.strip()]
+        problem = speaker_names_problem(names)
+        if problem:
+            return f"channel_labels: {shown(problem, 120)}"
     language = row.get("language")
     if language is not None and not isinstance(language, str):
         return f"language must be a language code such as 'en', not {shown(str(language), 40)}"

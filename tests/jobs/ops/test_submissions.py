@@ -569,6 +569,25 @@ def test_a_bad_tenant_row_or_a_failing_submission_never_stops_another_tenants(tm
     assert "a file is in the way of the folder" in failed, failed
 
 
+def test_a_submission_naming_two_channels_alike_is_rejected_at_intake_naming_the_row(
+    tmp_path, capsys
+):
+    # Two channels under one name become one speaker in the transcript and its analytics;
+    # the job's manifest reader refuses such a row, so intake says so before the job runs.
+    from overnight.jobs.ops.demo import noise, write_wav
+
+    (tmp_path / "calls" / "acme").mkdir(parents=True)
+    (tmp_path / "inbox" / "acme").mkdir(parents=True)
+    wav = tmp_path / "calls" / "acme" / "a.wav"
+    write_wav(wav, noise(1.0))
+    config = local_tenants(tmp_path)
+    bad = tmp_path / "bad.csv"
+    bad.write_text(f"uri,channel_labels\n{wav},agent;Agent\n")
+    assert main(["submissions", "add", "acme", str(bad), "--config", str(config)]) == 7
+    err = capsys.readouterr().err
+    assert "speaker names must differ" in err and "row 1" in err, err
+
+
 def _two_tenants(tmp_path: Path, model: str) -> Path:
     """acme and globex, one one-recording submission each in their inbox."""
     from overnight.jobs.ops.demo import noise, write_wav
