@@ -179,7 +179,11 @@ class TranscribeOptions(DecodingOptions):
         "they are (a channel is a speaker). Turns word_timestamps on unless it is set to false",
     )
     speakers: int | None = Field(
-        None, ge=1, le=16, description="diarize: exactly this many speakers; default: estimated"
+        None,
+        ge=1,
+        le=16,
+        description="diarize: exactly this many speakers (min_speakers and max_speakers, "
+        "which bound the estimate, then do not apply); default: estimated",
     )
     min_speakers: int = Field(1, ge=1, le=16, description="diarize: at least this many speakers")
     max_speakers: int = Field(

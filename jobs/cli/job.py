@@ -81,7 +81,12 @@ def _transcribe_flags(p: argparse.ArgumentParser) -> None:
         help="mono recordings: find who spoke when; words get their speaker, the text is "
         "dialogue, analytics are filled (turns word timestamps on)",
     )
-    p.add_argument("--speakers", type=int, metavar="N", help="with --diarize: exactly N speakers")
+    p.add_argument(
+        "--speakers",
+        type=int,
+        metavar="N",
+        help="with --diarize: exactly N speakers (--min/--max-speakers then do not apply)",
+    )
     p.add_argument(
         "--min-speakers", type=int, metavar="N", help="with --diarize: at least N (default 1)"
     )
