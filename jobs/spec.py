@@ -176,7 +176,8 @@ class TranscribeOptions(DecodingOptions):
         description="mono recordings: find who spoke when (speaker embeddings of the speech, "
         "clustered), give every word its speaker, split segments where the speaker changes, "
         "write the text as dialogue and fill `analytics`. Split-channel calls are left as "
-        "they are (a channel is a speaker). Turns word_timestamps on unless it is set to false",
+        "they are (a channel is a speaker); a one-channel recording in a job that splits "
+        "channels is diarized. Turns word_timestamps on unless it is set to false",
     )
     speakers: int | None = Field(
         None,

@@ -6,6 +6,7 @@ words, as dialogue in ``show``, with call analytics and its own ledger stage."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pyarrow.dataset as pads
@@ -86,6 +87,38 @@ def test_show_prints_a_diarized_call_as_dialogue(diarized, capsys):
     # One line a turn: its time, its speaker, what was said; the speakers take turns.
     spoken = re.findall(r"^\s+\d\d:\d\d\s+(agent|customer)\s+\S", printed, re.M)
     assert spoken[:4] == ["agent", "customer", "agent", "customer"], printed
+
+
+@pytest.fixture(scope="module")
+def mixed_queue(tmp_path_factory):
+    """A job that splits channels (a queue of stereo calls) and diarizes, over the mono mix
+    and a stereo call (each channel one half of the mix)."""
+    _model_prepared()
+    root = tmp_path_factory.mktemp("mixed")
+    calls = root / "calls"
+    calls.mkdir()
+    audio, _ = _call()
+    write_wav(calls / "mono_call.wav", audio)
+    half = len(audio) // 2
+    write_wav(calls / "stereo_call.wav", np.stack([audio[:half], audio[half : 2 * half]]))
+    out = root / "out"
+    transcribe(str(calls), str(out), device="cpu", diarize=True, split_channels=True)
+    return out
+
+
+def test_a_mono_call_in_a_job_that_splits_channels_is_diarized_and_a_stereo_one_split(
+    mixed_queue,
+):
+    # A mixed queue: --split-channels for its stereo calls, --diarize for its mono ones. The
+    # mono call came out as one speaker, "ch0", with no diarization.
+    out = mixed_queue
+    found = {Path(r["source_uri"]).name: r for r in rows(out)}
+    mono, stereo = found["mono_call.wav"], found["stereo_call.wav"]
+    assert mono["status"] == stereo["status"] == "ok"
+    assert {s["speaker"] for s in mono["segments"]} == {"SPEAKER_00", "SPEAKER_01"}
+    assert mono["diarize_s"] > 0 and len(mono["analytics"]["speakers"]) == 2
+    assert {s["speaker"] for s in stereo["segments"]} == {"ch0", "ch1"}
+    assert stereo["diarize_s"] is None  # a channel is a speaker: nothing to find
 
 
 def test_a_missing_speaker_model_stops_the_job_before_work_with_exit_5(
