@@ -497,6 +497,84 @@ def _restore(sets, kept: dict) -> None:
             call.words.update(words)
 
 
+def long_recordings(
+    calls: list[Call], minutes: list[float], turns: int, options, encoder
+) -> list[dict]:
+    """The calls' telephone copies joined and repeated to each length: the diarizer's time
+    by part (speech regions, mel frames, embeddings, clustering), with the clustering's graph
+    decompositions shared between its passes (``cluster.Eigs``, as the job runs) and, taking
+    turns with it, each pass decomposing its own (the code before). Such a recording holds
+    the calls' voices many times over: it times the path, not its accuracy."""
+    from overnight.workers.diarize import cluster
+    from overnight.workers.diarize.diarize import Diarizer, region_mels
+    from overnight.workers.diarize.regions import voice_regions
+
+    joined = np.concatenate([telephone_copy(c.audio) for c in calls])
+    real_eigs = cluster._laplacian_eigs
+
+    def unshared(affinity, p, cache=None):
+        return real_eigs(affinity, p)
+
+    out = []
+    for length in minutes:
+        n = int(length * 60 * SR)
+        audio = np.resize(joined, n)
+        times: dict[str, list[float]] = {}
+        for turn in range(turns):
+            for variant in ("shared", "unshared"):
+                cluster._laplacian_eigs = real_eigs if variant == "shared" else unshared
+                diarizer = Diarizer(options, encoder)
+                parts: dict[str, float] = {}
+                for name in ("_embed", "_cluster"):
+                    method = getattr(diarizer, name)
+
+                    def timed(*a, _m=method, _name=name, _parts=parts):
+                        t0 = time.perf_counter()
+                        result = _m(*a)
+                        _parts[_name] = time.perf_counter() - t0
+                        return result
+
+                    setattr(diarizer, name, timed)
+                t0 = time.perf_counter()
+                regions = voice_regions(audio)
+                t1 = time.perf_counter()
+                mels = region_mels(audio, regions)
+                t2 = time.perf_counter()
+                found = diarizer.from_mels(mels, regions)
+                t3 = time.perf_counter()
+                cluster._laplacian_eigs = real_eigs
+                r = {
+                    "minutes": length,
+                    "variant": variant,
+                    "turn": turn,
+                    "windows": found.windows,
+                    "speakers": found.num_speakers,
+                    "regions_s": round(t1 - t0, 2),
+                    "mels_s": round(t2 - t1, 2),
+                    "embed_s": round(parts["_embed"], 2),
+                    "cluster_s": round(parts["_cluster"], 2),
+                    "total_s": round(t3 - t0, 2),
+                }
+                times.setdefault(variant, []).append(r["cluster_s"])
+                print(json.dumps(r), flush=True)
+                out.append(r)
+        ratio = [
+            u / max(s_, 1e-9) for s_, u in zip(times["shared"], times["unshared"], strict=True)
+        ]
+        print(
+            json.dumps(
+                {
+                    "minutes": length,
+                    "cluster_s shared": times["shared"],
+                    "cluster_s unshared": times["unshared"],
+                    "unshared/shared per turn": [round(x, 2) for x in ratio],
+                }
+            ),
+            flush=True,
+        )
+    return out
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     from overnight.workers.diarize import DiarizeOptions
     from overnight.workers.diarize.encoder import SpeakerEncoder
@@ -538,6 +616,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
         help="short recordings: each call cut to its first LOW-HIGH seconds (drawn per call); "
         "a 2-speaker call whose second party has not spoken 1 s by then is left out",
     )
+    p.add_argument(
+        "--long",
+        metavar="MINUTES",
+        help="time long recordings instead of scoring: the first set's telephone copies "
+        "joined and repeated to each length (comma list), clustering with and without shared "
+        "graph decompositions, taking --turns turns",
+    )
+    p.add_argument("--turns", type=int, default=2, help="with --long: turns per variant")
     p.add_argument("--speakers-exact", type=int, default=None)
     p.add_argument("--hint", type=int, default=None, help="hint_speakers (0: none)")
     args = p.parse_args(argv)
@@ -573,6 +659,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         sets = [(k, n, crop_set(calls, low, high, args.seed)) for k, n, calls in sets]
     elif args.data.is_dir():
         sets.append(("stereo", 2, [stereo_call(args.data)]))
+    if args.long:
+        calls = sets[0][2]  # the first set's (--sets, --speakers)
+        minutes = [float(x) for x in args.long.split(",")]
+        return long_recordings(calls, minutes, args.turns, base, encoders[engines[0]])
     cache = Path(args.words_cache.format(seed=args.seed)) if args.words_cache else None
     kept: dict = {}
     if cache is not None and cache.exists():

@@ -50,3 +50,20 @@ def test_a_cropped_set_draws_each_length_from_the_range_and_repeats_with_its_see
     assert all(8.0 <= x <= 20.0 for x in lengths)
     assert len(set(lengths)) > 10
     assert lengths == [len(c.audio) / SR for c in again]
+
+
+def test_long_recordings_time_each_part_and_cluster_the_same_with_shared_decompositions():
+    from tests.jobs.test_diarize_job import _model_prepared
+
+    _model_prepared()
+    bench = _bench()
+    sets = "real" if bench.DATA.is_dir() else "espeak"
+    rows = bench.main(
+        ["--long", "0.75", "--turns", "1", "--calls", "2", "--sets", sets, "--speakers", "2"]
+    )
+    shared, unshared = (r for r in rows if r["minutes"] == 0.75)
+    assert (shared["variant"], unshared["variant"]) == ("shared", "unshared")
+    assert shared["windows"] == unshared["windows"] > 50
+    assert shared["speakers"] == unshared["speakers"]
+    for r in rows:
+        assert r["embed_s"] > 0 and r["cluster_s"] > 0 and r["total_s"] >= r["embed_s"]

@@ -151,6 +151,41 @@ def test_a_calls_mel_frames_and_speakers_are_the_same_bits_whatever_blas_threads
         assert other_turns == turns
 
 
+def test_clustering_decomposes_each_pruned_graph_once_and_finds_the_same_speakers(
+    monkeypatch,
+):
+    # The estimate, its silhouette and the split into ``overcluster`` clusters ask for the
+    # same graphs of the same windows: 17 eigen decompositions where 8 differ, most of the
+    # clustering time of a long call (the cost grows as the cube of its windows).
+    from overnight.workers.diarize import cluster
+
+    rng = np.random.default_rng(7)
+    centres = rng.standard_normal((2, 256))
+    emb = np.concatenate([c + 0.9 * rng.standard_normal((150, 256)) for c in centres])
+    emb = (emb / np.linalg.norm(emb, axis=1, keepdims=True)).astype(np.float32)
+    diarizer = Diarizer(DiarizeOptions(), encoder=object())  # type: ignore[arg-type]
+    real_eigh, calls = np.linalg.eigh, []
+
+    def counted(a):
+        calls.append(a.shape)
+        return real_eigh(a)
+
+    monkeypatch.setattr(np.linalg, "eigh", counted)
+    labels = diarizer._cluster(emb)
+    assert len(calls) == 8  # one per pruning value of NME-SC
+    assert len(np.unique(labels)) == 2 and np.array_equal(labels[:150], labels[:1].repeat(150))
+    # Without the shared decompositions (each call its own), the same labels.
+    opts, hint = diarizer.options, diarizer.options.hint_speakers
+    alone = cluster.spectral(emb, opts, hint)
+    alone = cluster.spectral(emb, opts, hint, k=max(len(np.unique(alone)), opts.overcluster))
+    shared: cluster.Eigs = {}
+    first = cluster.spectral(emb, opts, hint, eigs=shared)
+    again = cluster.spectral(
+        emb, opts, hint, k=max(len(np.unique(first)), opts.overcluster), eigs=shared
+    )
+    assert np.array_equal(alone, again) and len(calls) > 8
+
+
 def test_exact_speaker_count_is_obeyed(encoder):
     audio, _ = _call()
     result = Diarizer(DiarizeOptions(speakers=3), encoder)(audio)

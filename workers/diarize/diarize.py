@@ -208,21 +208,27 @@ class Diarizer:
         hint = opts.hint_speakers
         if hint is not None and not opts.min_speakers <= hint <= opts.max_speakers:
             hint = None
+        eigs: cluster.Eigs = {}  # the graphs of ``x``, decomposed once for both passes
         if opts.method == "spectral":
-            labels = cluster.spectral(x, opts, hint)
+            labels = cluster.spectral(x, opts, hint, eigs=eigs)
         else:
             labels = cluster.agglomerative(
                 x, threshold=opts.threshold, k=opts.speakers, min_k=opts.min_speakers
             )
         if opts.speakers is None:
-            labels = self._merged(x, labels, hint, narrow)
+            labels = self._merged(x, labels, hint, narrow, eigs)
         if len(sample) == n:
             return labels
         cent = np.stack([x[labels == i].mean(0) for i in np.unique(labels)])
         return np.argmax(emb @ cent.T, axis=1)
 
     def _merged(
-        self, x: np.ndarray, labels: np.ndarray, hint: int | None, narrow: bool
+        self,
+        x: np.ndarray,
+        labels: np.ndarray,
+        hint: int | None,
+        narrow: bool,
+        eigs: cluster.Eigs | None = None,
     ) -> np.ndarray:
         """The estimate's clusters, split into at least ``overcluster`` first, then merged:
         small clusters into the nearest, similar ones together (less readily below the hint)."""
@@ -230,7 +236,7 @@ class Diarizer:
         k = len(np.unique(labels))
         more = min(opts.overcluster, opts.max_speakers)
         if opts.method == "spectral" and k < more <= len(x) // 3:
-            labels = cluster.spectral(x, opts, hint, k=more)
+            labels = cluster.spectral(x, opts, hint, k=more, eigs=eigs)
         labels = cluster.absorb_small(x, labels, opts.min_speaker_share, opts.min_speakers)
         merge, below_hint = opts.merge_similarity, opts.hint_merge_similarity
         if narrow:
