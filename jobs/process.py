@@ -290,6 +290,22 @@ class ProcessJob(Job[ProcessPrepared]):
     slim = _SLIM
     manifest_schema = DOC_INPUT
     load_errors = (EngineUnavailable,)
+    pacing_options = frozenset(
+        {
+            "device",
+            "max_batch_size",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "gpu_memory_utilization",
+            "extract_cpus",
+            "extract_timeout_s",
+            "extract_memory_mb",
+            "items_per_call",
+            "calls_per_actor",
+            "accelerator_type",
+            "resource",
+        }
+    )
 
     def __init__(
         self,

@@ -346,6 +346,19 @@ class TranscribeJob(Job[TranscribePrepared]):
     schema = TRANSCRIPTS
     slim = _SLIM
     load_errors = (ModelLoadError,)
+    pacing_options = frozenset(
+        {
+            "device",
+            "batch_size",
+            "encoder_batch_size",
+            "items_per_call",
+            "calls_per_actor",
+            "fetch_timeout_s",
+            "decode_timeout_s",
+            "accelerator_type",
+            "resource",
+        }
+    )
 
     def __init__(self, spec: JobSpec):
         super().__init__(spec)

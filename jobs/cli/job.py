@@ -440,6 +440,11 @@ def print_probe_summary(summary: dict[str, Any], out=None) -> None:
     print("\n".join(printable(line) for line in lines), file=out)
 
 
+def _short(value: Any, width: int = 40) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 def print_summary(summary: dict[str, Any], out=None) -> None:
     from overnight.jobs.run.console import printable
 
@@ -463,6 +468,15 @@ def print_summary(summary: dict[str, Any], out=None) -> None:
         )
         + ")",
     ]
+    if summary.get("done_with_other_options"):
+        changed = "; ".join(
+            f"{name} {_short(then)} -> {_short(now)}"
+            for name, (then, now) in summary["done_with_other_options"].items()
+        )
+        lines.append(
+            f"  options      the {summary['items_already_done']} done item(s) keep the rows the "
+            f"last run wrote with other options ({changed}); a new output redoes them with these"
+        )
     if summary.get("errors_by_code"):
         lines.append(
             "  errors       " + ", ".join(f"{k}: {v}" for k, v in summary["errors_by_code"].items())

@@ -86,6 +86,9 @@ class Job(ABC, Generic[P]):
     rows_per_block: int = 8  # manifest rows per Ray Data block (per CPU task)
     # Other datasets the stages commit to (OUTPUT/<name>/, schema), repaired like the result.
     side_datasets: Sequence[tuple[str, pa.Schema]] = ()
+    # Options that pace or place the run but never change what a row holds (besides the
+    # pool's, which the runner knows): a rerun that changes only these changed nothing done.
+    pacing_options: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, spec: JobSpec, *, run_id: str | None = None):
         self.spec = spec

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
+import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -225,6 +227,10 @@ def run(job: Job[P], prepared: P | None = None) -> dict[str, Any]:
     column = model_cost.resource_column if model_cost is not None else None
     resource = next((r[column] for r in rows if column and r.get(column)), None)
     listed = len(prepared.records)
+    options = {**build.options, **sizing.record(pool)}
+    changed = (
+        options_changed(output, job, options, sizing.record(pool)) if listed > len(todo) else {}
+    )
     summary = ledger.summarize_run(
         run_id=run_id,
         kind=job.kind,
@@ -245,13 +251,68 @@ def run(job: Job[P], prepared: P | None = None) -> dict[str, Any]:
             "duplicates_removed": repaired,
             "errors_retried": claimed.retried,
             "startup": startup.report(outcome),
-            "options": {**build.options, **sizing.record(pool)},
+            "options": options,
+            **({"done_with_other_options": changed} if changed else {}),
             job.dataset: dataset.location.url(),
             "costs": output.join("costs").url(),
         },
     )
     summary["summary_path"] = ledger.write_summary(output, summary, run_date)
     return summary
+
+
+# How many of the newest run summaries (by name: a default run id starts with its UTC time)
+# are read for the options of the run before: one listing and this many small reads.
+RECENT_SUMMARIES = 50
+
+
+def options_changed(
+    output: storage.Location, job: Job[Any], options: dict[str, Any], pool: dict[str, Any]
+) -> dict[str, list[Any]]:
+    """The options that shape a row and differ between this run and the newest earlier run
+    of its kind that wrote rows to this output: ``{name: [then, now]}``. Done items keep
+    the rows that run wrote (a rerun never redoes them), so a rerun with ``--diarize`` after
+    a plain run changed nothing and said nothing; the summary now says which options the
+    done items' rows were not written with. The pool's fields and ``job.pacing_options``
+    never change a row and are left out. Best effort: an unreadable summary is skipped."""
+    files = storage.list_files(output.join("runs"), ".json")
+    stamp = re.compile(r"\d{8}T\d{6}Z")
+
+    def key(path: str) -> str:
+        found = stamp.search(path.rsplit("/", 1)[-1])
+        return found.group(0) if found else ""
+
+    newest = sorted(files, key=key)[-RECENT_SUMMARIES:]
+
+    def read(path: str) -> list[dict[str, Any]]:
+        try:
+            summary = json.loads(output.fs.cat_file(path))
+        except Exception:  # a notice: an unreadable summary is skipped
+            return []
+        if not isinstance(summary, dict):
+            return []
+        return [s for s in summary.get("stages") or [summary] if isinstance(s, dict)]
+
+    earlier = [
+        s
+        for runs in storage.map_threads(read, newest)
+        for s in runs
+        if s.get("kind") == job.kind and s.get("items") and s.get("run_id") != job.run_id
+    ]
+    if not earlier:
+        return {}
+    then = max(earlier, key=lambda s: str(s.get("finished_at") or "")).get("options") or {}
+    skip = {*pool, "auto", *job.pacing_options}
+    return {
+        name: [then.get(name), value]
+        for name, value in sorted(options.items())
+        if name not in skip and name in then and then[name] != _jsonable(value)
+    }
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` as a summary's JSON holds it (tuples as lists...)."""
+    return json.loads(json.dumps(value, default=str))
 
 
 def run_task_stages(

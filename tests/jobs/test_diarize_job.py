@@ -6,6 +6,7 @@ words, as dialogue in ``show``, with call analytics and its own ledger stage."""
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -87,6 +88,28 @@ def test_show_prints_a_diarized_call_as_dialogue(diarized, capsys):
     # One line a turn: its time, its speaker, what was said; the speakers take turns.
     spoken = re.findall(r"^\s+\d\d:\d\d\s+(agent|customer)\s+\S", printed, re.M)
     assert spoken[:4] == ["agent", "customer", "agent", "customer"], printed
+
+
+def test_a_rerun_with_other_options_says_the_done_calls_keep_their_rows(diarized, tmp_path, capsys):
+    # Done items are never redone: a rerun with other roles (or --diarize after a plain run)
+    # wrote nothing and said nothing of it.
+    out, _, _ = diarized
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    calls = str(out.parent / "calls")
+    flags = ["--diarize", "--quiet", "--speaker-roles"]
+    capsys.readouterr()
+    assert main(["transcribe", calls, str(copy), *flags, "customer,agent"]) == 0
+    printed = capsys.readouterr().out
+    assert "the 1 done item(s) keep the rows the last run wrote with other options" in printed
+    assert 'speaker_roles ["agent", "customer"] -> ["customer", "agent"]' in printed, printed
+    [row] = rows(copy)
+    assert row["text"].startswith("agent: ")  # the row as it was
+    # The options the rows were written with (the pool's and the device aside): no notice.
+    assert (
+        main(["transcribe", calls, str(copy), *flags, "agent,customer", "--batch-size", "4"]) == 0
+    )
+    assert "other options" not in capsys.readouterr().out
 
 
 @pytest.fixture(scope="module")
