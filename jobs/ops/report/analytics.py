@@ -1,10 +1,14 @@
 """Call analytics in the report: the transcripts rows' ``analytics`` structs (split-channel
-calls, ``workers.analytics``) summed per day or tenant, one row for the calls of a group
-(speaker ``(all)``) and one per speaker label, with the group's audio cost beside them.
+and diarized mono calls, ``workers.analytics``) summed per day or tenant, one row for the calls
+of a group (speaker ``(all)``) and one per speaker label, with the group's audio cost beside
+them.
 
 Sums are over calls, ratios are of sums (a group's talk ratio is its speakers' talk seconds
 over its calls' seconds, not a mean of per-call ratios), so a group of one long call and many
-short ones weighs each second once.
+short ones weighs each second once. Overtalk is over the calls that measured it: a diarized
+mono call has one speaker per instant, so its ``overtalk_s`` is null, and counting it as none
+made a group's overtalk ratio smaller the more mono calls it held (a group of one stereo call
+with 41% overtalk and four mono calls showed 6%). None when no call of the group measured it.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ class _Cell:
     talk_s: list[float] = field(default_factory=list)
     non_talk_s: list[float] = field(default_factory=list)
     overtalk_s: list[float] = field(default_factory=list)
+    overtalk_call_s: list[float] = field(default_factory=list)  # calls that measured it
     longest_silence_s: float = 0.0
     longest_monologue_s: float = 0.0
     interruptions: int = 0
@@ -87,7 +92,9 @@ def analytics_table(
         c.call_s.append(duration)
         c.talk_s.append(a.get("talk_s") or 0.0)
         c.non_talk_s.append(a.get("non_talk_s") or 0.0)
-        c.overtalk_s.append(a.get("overtalk_s") or 0.0)
+        if a.get("overtalk_s") is not None:
+            c.overtalk_s.append(a["overtalk_s"])
+            c.overtalk_call_s.append(duration)
         c.longest_silence_s = max(c.longest_silence_s, a.get("longest_silence_s") or 0.0)
         c.interruptions += sum(i.get("count") or 0 for i in a.get("interruptions") or [])
         for sp in a.get("speakers") or []:
@@ -107,7 +114,7 @@ def analytics_table(
     for group in sorted(calls):
         c = calls[group]
         call_s, talk_s = math.fsum(c.call_s), math.fsum(c.talk_s)
-        overtalk_s = math.fsum(c.overtalk_s)
+        overtalk_s, measured_s = math.fsum(c.overtalk_s), math.fsum(c.overtalk_call_s)
         cost = audio_cost.get(group)
         rows.append(
             {
@@ -119,8 +126,8 @@ def analytics_table(
                 "talk_ratio": _ratio(talk_s, call_s),
                 "non_talk_ratio": _ratio(math.fsum(c.non_talk_s), call_s),
                 "longest_silence_s": c.longest_silence_s,
-                "overtalk_minutes": overtalk_s / 60.0,
-                "overtalk_ratio": _ratio(overtalk_s, call_s),
+                "overtalk_minutes": overtalk_s / 60.0 if c.overtalk_call_s else None,
+                "overtalk_ratio": _ratio(overtalk_s, measured_s) if c.overtalk_call_s else None,
                 "interruptions": c.interruptions,
                 "interruptions_per_call": _ratio(c.interruptions, c.calls),
                 "turns": c.turns,

@@ -95,8 +95,8 @@ _CALLS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
 
 
 def _call_analytics(report: Report) -> list[str]:
-    """The split-channel calls' analytics, by the report's grouping when it is day or
-    tenant, else by day; nothing when no call has analytics."""
+    """The split-channel and diarized calls' analytics, by the report's grouping when it is
+    day or tenant, else by day; nothing when no call has analytics."""
     key = report.by if report.by in ("day", "tenant") else "day"
     table = report.tables.get(f"call_analytics_by_{key}")
     if table is None:
@@ -106,7 +106,8 @@ def _call_analytics(report: Report) -> list[str]:
     ]
     return [
         "",
-        f"call analytics by {key} (split-channel calls):",
+        f"call analytics by {key} (split-channel and diarized calls; overtalk over the "
+        "split-channel ones):",
         _text_grid([key, "speaker"] + [h for _, h, _ in _CALLS], rows),
     ]
 

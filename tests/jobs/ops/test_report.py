@@ -518,6 +518,36 @@ def test_call_analytics_are_summed_per_day_and_tenant_beside_the_audio_cost(tmp_
     assert "call analytics by tenant" in printed and "customer" in printed
 
 
+def test_overtalk_is_over_the_calls_that_measured_it_never_the_diarized_mono_ones(tmp_path):
+    # A diarized mono call has one speaker per instant: its overtalk_s is null. Counted as
+    # none, a group of one stereo call and four mono ones showed 6% overtalk, not 41%.
+    out = tmp_path / "calls"
+    mono = dict(_analytics(60.0, (30.0, 20.0), 0.0, 0), overtalk_s=None)
+    calls = [  # tenant, analytics
+        ("acme", _analytics(60.0, (30.0, 20.0), 6.0, 1)),
+        ("acme", mono),
+        ("acme", mono),
+        ("globex", mono),
+    ]
+    ok = [r for r in _speech_rows("run-x", 6, 0, DAY1, "h100") if r["status"] == "ok"]
+    rows = [
+        dict(r, analytics=a, tenant=t, duration_s=a["duration_s"])
+        for r, (t, a) in zip(ok, calls, strict=False)
+    ]
+    _write_run(out, "run-x", "transcribe", rows, DAY1, 100.0)
+    report = build_report(load([str(out)]), by="tenant")
+    table = {
+        (r["tenant"], r["speaker"]): r
+        for r in report.tables["call_analytics_by_tenant"].to_pylist()
+    }
+    acme, globex = table["acme", "(all)"], table["globex", "(all)"]
+    assert acme["calls"] == 3 and acme["call_minutes"] == pytest.approx(3.0)
+    assert acme["overtalk_ratio"] == pytest.approx(6.0 / 60.0)
+    assert acme["overtalk_minutes"] == pytest.approx(0.1)
+    assert globex["overtalk_ratio"] is None and globex["overtalk_minutes"] is None
+    assert globex["talk_ratio"] is not None
+
+
 def test_a_tenant_report_is_that_tenants_row_of_the_report_by_tenant(outputs, capsys):
     nightly, _ = outputs
     whole = {
