@@ -33,6 +33,10 @@ from overnight.workers.blas import one_blas_thread
 SAMPLE_RATE = 16_000
 # Recordings up to this long (10 min, 38 MB a channel) are decoded once; longer ones twice.
 KEEP_DECODED_SAMPLES = 10 * 60 * SAMPLE_RATE
+# Channels whose difference from the first holds at most this share of its energy (-30 dB)
+# carry the same recording: bit-identical copies give 0, a joint-stereo codec's a little;
+# two parties, even with one's echo on the other's line, give about 1.
+DUAL_MONO_APART = 1e-3
 # Frames per second of Whisper features (hop length 160 at 16 kHz).
 FRAMES_PER_SECOND = 100
 
@@ -624,14 +628,28 @@ class AudioChunker:
         # from memory instead of decoding and resampling it again (a third of the decode
         # stage's time on 5-30 s clips); a long one is decoded twice, in bounded memory.
         kept: list[np.ndarray] | None = []
+        # How far the other channels are from the first (squared differences) against the
+        # first's energy: a "stereo" export with the whole call on both channels.
+        apart = np.zeros(channels)
+        energy = 0.0
         for block in source.blocks():
             length += block.shape[1]
             for channel, vad in enumerate(vads):
                 vad.feed(block[channel])
+            if channels > 1:
+                first = block[0].astype(np.float64)
+                energy += float(first @ first)
+                rest = block[1:] - block[0]
+                apart[1:] += np.einsum("ij,ij->i", rest, rest, dtype=np.float64)
             if kept is not None:
                 kept.append(block)
                 if length > KEEP_DECODED_SAMPLES:
                     kept = None
+        if channels > 1 and energy > 0 and np.all(apart[1:] <= DUAL_MONO_APART * energy):
+            # Dual mono: one recording of the whole call on every channel (softphone and
+            # some PBX exports). Split, it gave every channel the same transcript and
+            # 100% overtalk; it is one channel, a mono call (which ``--diarize`` diarizes).
+            channels, vads = 1, vads[:1]
         result = DecodedAudio(duration_s=length / SAMPLE_RATE, num_channels=channels)
         chunk_samples = opts.chunk_length_s * SAMPLE_RATE
         max_gap = int(opts.turn_gap_s * SAMPLE_RATE) if channels > 1 else None

@@ -49,6 +49,31 @@ def test_stereo_is_mixed_down_unless_split():
     assert mixed.duration_s == split.duration_s == 2.0
 
 
+def test_a_dual_mono_export_split_is_one_channel_and_a_call_with_echo_stays_two():
+    # Softphone and some PBX exports put the whole call on both channels. Split, each channel
+    # gave the same transcript and the analytics 100% overtalk; as one channel it is a mono
+    # call, which --diarize diarizes (its samples kept for the speaker encoder).
+    from overnight.jobs.ops.demo import stereo_dialogue
+
+    dialogue, _ = stereo_dialogue()
+    call = dialogue.sum(axis=0)
+    rng = np.random.default_rng(0)
+    lossy = call + rng.normal(0, 0.002, call.size).astype(np.float32)  # -40 dB or so
+    split = AudioOptions(split_channels=True, keep_speech=True)
+    for same in (np.stack([call, call]), np.stack([call, lossy])):
+        decoded = AudioChunker(split)(wav(same))
+        assert decoded.error_code is None and decoded.num_channels == 1
+        assert {c.channel for c in decoded.chunks} == {0} and decoded.voice is not None
+    # Two parties, each line carrying the other's echo 20 dB down: two channels.
+    echo = np.stack([dialogue[0] + 0.1 * dialogue[1], dialogue[1] + 0.1 * dialogue[0]])
+    for stereo in (dialogue, echo):
+        decoded = AudioChunker(split)(wav(stereo))
+        assert decoded.num_channels == 2 and {c.channel for c in decoded.chunks} == {0, 1}
+        assert decoded.voice is None
+    # Unsplit, any stereo file is mixed down as before.
+    assert AudioChunker(AudioOptions())(wav(np.stack([call, call]))).num_channels == 1
+
+
 def test_without_vad_long_audio_is_cut_into_chunks_of_at_most_the_chunk_length():
     d = AudioChunker(AudioOptions(vad=False, chunk_length_s=10))(wav(noise(25.0)))
     assert [round(c.duration_s, 3) for c in d.chunks] == [10.0, 10.0, 5.0]
