@@ -28,14 +28,20 @@ def _model_prepared() -> None:
         pytest.skip("the speaker encoder is not prepared (scripts/install.sh prepares it)")
 
 
-@pytest.fixture(scope="module")
-def diarized(tmp_path_factory):
+def _mono_call_folder(tmp_path_factory, name: str):
+    """ROOT/calls/mono_call.wav, the two-voice mono mix; (root, calls, audio, reference)."""
     _model_prepared()
-    root = tmp_path_factory.mktemp("diarize")
+    root = tmp_path_factory.mktemp(name)
     calls = root / "calls"
     calls.mkdir()
     audio, reference = _call()
     write_wav(calls / "mono_call.wav", audio)
+    return root, calls, audio, reference
+
+
+@pytest.fixture(scope="module")
+def diarized(tmp_path_factory):
+    root, calls, _, reference = _mono_call_folder(tmp_path_factory, "diarize")
     out = root / "out"
     summary = transcribe(
         str(calls), str(out), device="cpu", diarize=True, speaker_roles=["agent", "customer"]
@@ -116,12 +122,7 @@ def test_a_rerun_with_other_options_says_the_done_calls_keep_their_rows(diarized
 def mixed_queue(tmp_path_factory):
     """A job that splits channels (a queue of stereo calls) and diarizes, over the mono mix
     and a stereo call (each channel one half of the mix)."""
-    _model_prepared()
-    root = tmp_path_factory.mktemp("mixed")
-    calls = root / "calls"
-    calls.mkdir()
-    audio, _ = _call()
-    write_wav(calls / "mono_call.wav", audio)
+    root, calls, audio, _ = _mono_call_folder(tmp_path_factory, "mixed")
     half = len(audio) // 2
     write_wav(calls / "stereo_call.wav", np.stack([audio[:half], audio[half : 2 * half]]))
     out = root / "out"
