@@ -344,7 +344,7 @@ class Source:
                 for frame in container.decode(stream):
                     frame.pts = None  # let the resampler re-time frames; some carry bad pts
                     for out in resampler.resample(frame):
-                        arr = out.to_ndarray().reshape(-1, self.width)
+                        arr = _finite(out.to_ndarray().reshape(-1, self.width))
                         samples += arr.shape[0]
                         yield arr
                     _check_deadline(self.deadline)
@@ -355,11 +355,21 @@ class Source:
                             f"{self.max_duration_s:.0f} s",
                         )
                 for out in resampler.resample(None):
-                    yield out.to_ndarray().reshape(-1, self.width)
+                    yield _finite(out.to_ndarray().reshape(-1, self.width))
             except av.error.FFmpegError as exc:
                 raise AudioError(
                     ErrorCode.CORRUPT_AUDIO, f"decoding failed: {exc.strerror or exc}"
                 ) from None
+
+
+def _finite(samples: np.ndarray) -> np.ndarray:
+    """Samples that are not numbers (NaN or infinite, which a float WAV can hold and the
+    resampler spreads to its neighbours) as silence. Left in, one of them made its whole
+    chunk's features NaN (the log-mel's floor is taken from its maximum), and 10 such samples
+    of a 6 s float WAV came out as an ok row reading "))))))))"."""
+    if np.isfinite(samples).all():
+        return samples
+    return np.nan_to_num(samples, nan=0.0, posinf=0.0, neginf=0.0)
 
 
 # Silero VAD as faster-whisper runs it (faster_whisper.vad.SileroVADModel): 512-sample

@@ -74,6 +74,36 @@ def test_a_dual_mono_export_split_is_one_channel_and_a_call_with_echo_stays_two(
     assert AudioChunker(AudioOptions())(wav(np.stack([call, call]))).num_channels == 1
 
 
+def _float_wav(audio: np.ndarray) -> bytes:
+    """A 32-bit IEEE float WAV (format 3), which can hold NaN and infinite samples."""
+    import struct
+
+    data = audio.astype("<f4").tobytes()
+    fmt = struct.pack("<IHHIIHH", 16, 3, 1, SAMPLE_RATE, 4 * SAMPLE_RATE, 4, 32)
+    riff = struct.pack("<I", 36 + len(data))
+    return b"RIFF" + riff + b"WAVE" + b"fmt " + fmt + b"data" + struct.pack("<I", len(data)) + data
+
+
+def test_samples_that_are_not_numbers_are_silence_not_a_chunk_of_nan_features():
+    # 10 NaN samples of a float WAV made its whole chunk's features NaN (the log-mel's floor
+    # comes from its maximum), and the job wrote an ok row reading "))))))))".
+    from overnight.jobs.ops.demo import speak
+
+    speech = speak("Thank you for calling, how can I help you today?")
+    chunker = AudioChunker(AudioOptions())
+    zeroed = speech.copy()
+    zeroed[20_000:20_030] = 0.0
+    expected = chunker(_float_wav(zeroed))
+    for bad in (np.nan, np.inf, -np.inf):
+        broken = speech.copy()
+        broken[20_000:20_030] = bad
+        decoded = chunker(_float_wav(broken))
+        assert decoded.error_code is None and len(decoded.chunks) == len(expected.chunks) > 0
+        for got, want in zip(decoded.chunks, expected.chunks, strict=True):
+            assert np.isfinite(got.features).all()
+            assert np.array_equal(got.features, want.features)
+
+
 def test_without_vad_long_audio_is_cut_into_chunks_of_at_most_the_chunk_length():
     d = AudioChunker(AudioOptions(vad=False, chunk_length_s=10))(wav(noise(25.0)))
     assert [round(c.duration_s, 3) for c in d.chunks] == [10.0, 10.0, 5.0]
