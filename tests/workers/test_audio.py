@@ -15,6 +15,7 @@ from overnight.workers.audio import (
     AudioOptions,
     features_of,
     pack_clips,
+    quiet_gain,
     to_original_time,
 )
 
@@ -102,6 +103,33 @@ def test_samples_that_are_not_numbers_are_silence_not_a_chunk_of_nan_features():
         for got, want in zip(decoded.chunks, expected.chunks, strict=True):
             assert np.isfinite(got.features).all()
             assert np.array_equal(got.features, want.features)
+
+
+def test_a_quiet_call_is_heard_and_quiet_noise_stays_silence():
+    # The VAD's -60 dBFS noise floor masked speech peaking below about -45 dBFS: such a call
+    # was an ok row of "no speech", where Whisper reads even a -60 dBFS copy word for word.
+    # The VAD hears a quiet channel raised to a -20 dBFS peak; the chunks keep its samples.
+    from overnight.jobs.ops.demo import speak
+
+    speech = speak("Thank you for calling, how can I help you today?")
+    speech = speech / np.abs(speech).max()
+    chunker = AudioChunker(AudioOptions(keep_speech=True))
+    loud = chunker(wav(speech * 10 ** (-20 / 20)))
+    for db in (-50.0, -60.0):
+        quiet = speech * 10 ** (db / 20)
+        decoded = chunker(wav(quiet))
+        assert decoded.speech_s >= 0.9 * loud.speech_s > 0, db
+        assert decoded.voice is not None and decoded.voice[1], db  # the diarizer's regions
+        assert np.abs(decoded.voice[0]).max() < 2 * 10 ** (db / 20)  # never raised itself
+    rng = np.random.default_rng(1)
+    for db in (-45.0, -55.0, -70.0):
+        hiss = rng.standard_normal(8 * SAMPLE_RATE)
+        hum = np.sin(2 * np.pi * 50 * np.arange(8 * SAMPLE_RATE) / SAMPLE_RATE)
+        for quiet_noise in (hiss, hum):
+            level = 10 ** (db / 20) / np.abs(quiet_noise).max()
+            assert chunker(wav((quiet_noise * level).astype(np.float32))).chunks == [], db
+    assert quiet_gain(0.5) == quiet_gain(0.0) == quiet_gain(1e-5) == 1.0
+    assert quiet_gain(10 ** (-50 / 20)) == pytest.approx(10 ** (30 / 20))
 
 
 def test_without_vad_long_audio_is_cut_into_chunks_of_at_most_the_chunk_length():
