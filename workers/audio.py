@@ -33,9 +33,10 @@ from overnight.workers.blas import one_blas_thread
 SAMPLE_RATE = 16_000
 # Recordings up to this long (10 min, 38 MB a channel) are decoded once; longer ones twice.
 KEEP_DECODED_SAMPLES = 10 * 60 * SAMPLE_RATE
-# Channels whose difference from the first holds at most this share of its energy (-30 dB)
-# carry the same recording: bit-identical copies give 0, a joint-stereo codec's a little;
-# two parties, even with one's echo on the other's line, give about 1.
+# Channels that the first, scaled, matches but for this share of their energy (-30 dB; a
+# squared correlation of 0.999) carry the same recording: copies give 0, at any gain or
+# inverted, a joint-stereo codec's a little; two parties give about 1, and with each one's
+# echo 20 dB down on the other's line 0.96.
 DUAL_MONO_APART = 1e-3
 # Frames per second of Whisper features (hop length 160 at 16 kHz).
 FRAMES_PER_SECOND = 100
@@ -656,10 +657,9 @@ class AudioChunker:
         # from memory instead of decoding and resampling it again (a third of the decode
         # stage's time on 5-30 s clips); a long one is decoded twice, in bounded memory.
         kept: list[np.ndarray] | None = []
-        # How far the other channels are from the first (squared differences) against the
-        # first's energy: a "stereo" export with the whole call on both channels.
-        apart = np.zeros(channels)
-        energy = 0.0
+        # How alike the other channels are to the first (their correlation, so a copy at
+        # another gain or inverted counts): a "stereo" export with the call on both channels.
+        energy, own, cross = 0.0, np.zeros(channels), np.zeros(channels)
         peaks = np.zeros(channels, np.float32)
         for block in source.blocks():
             length += block.shape[1]
@@ -668,15 +668,20 @@ class AudioChunker:
             if block.shape[1]:
                 peaks = np.maximum(peaks, np.abs(block).max(axis=1))
             if channels > 1:
-                first = block[0].astype(np.float64)
+                first, others = block[0].astype(np.float64), block[1:].astype(np.float64)
                 energy += float(first @ first)
-                rest = block[1:] - block[0]
-                apart[1:] += np.einsum("ij,ij->i", rest, rest, dtype=np.float64)
+                own[1:] += np.einsum("ij,ij->i", others, others)
+                cross[1:] += others @ first
             if kept is not None:
                 kept.append(block)
                 if length > KEEP_DECODED_SAMPLES:
                     kept = None
-        if channels > 1 and energy > 0 and np.all(apart[1:] <= DUAL_MONO_APART * energy):
+        if (
+            channels > 1
+            and energy > 0
+            and np.all(own[1:] > 0)
+            and np.all(cross[1:] ** 2 >= (1 - DUAL_MONO_APART) * energy * own[1:])
+        ):
             # Dual mono: one recording of the whole call on every channel (softphone and
             # some PBX exports). Split, it gave every channel the same transcript and
             # 100% overtalk; it is one channel, a mono call (which ``--diarize`` diarizes).

@@ -61,7 +61,7 @@ def test_a_dual_mono_export_split_is_one_channel_and_a_call_with_echo_stays_two(
     rng = np.random.default_rng(0)
     lossy = call + rng.normal(0, 0.002, call.size).astype(np.float32)  # -40 dB or so
     split = AudioOptions(split_channels=True, keep_speech=True)
-    for same in (np.stack([call, call]), np.stack([call, lossy])):
+    for same in (np.stack([call, call]), np.stack([call, lossy]), np.stack([call, -0.5 * call])):
         decoded = AudioChunker(split)(wav(same))
         assert decoded.error_code is None and decoded.num_channels == 1
         assert {c.channel for c in decoded.chunks} == {0} and decoded.voice is not None
