@@ -710,8 +710,7 @@ class AudioChunker:
             groups.append(pack_clips(clips, chunk_samples, max_gap))
             if opts.keep_speech and channels == 1 and kept is not None and length:
                 samples = np.concatenate(kept, axis=1)[0]
-                heard = samples * np.float32(gains[0]) if gains[0] != 1.0 else samples
-                result.voice = (samples, self._voice(heard, probs is not None))
+                result.voice = (samples, self._voice(samples, probs is not None))
         if any(groups):
             _check_deadline(deadline)
             # Diarization takes the chunks' samples only where it has no whole recording.

@@ -326,6 +326,20 @@ def test_a_speaker_past_the_roles_never_takes_a_name_a_role_took():
     assert len(set(roles.values())) == 3
 
 
+def test_speech_regions_of_a_quiet_call_are_those_of_the_call_at_normal_level():
+    # WebRTC's detector weighs energy: the same call peaking at -40 dBFS had 10.8 s of speech
+    # regions against 14.3 s at -20 dBFS, and at -60 dBFS none.
+    audio, _ = _call()
+    audio = (audio / np.abs(audio).max()).astype(np.float32)
+    normal = voice_regions(audio * np.float32(0.1))
+    assert sum(b - a for a, b in normal) > 5.0
+    for db in (-30.0, -40.0, -60.0):
+        quiet = voice_regions(audio * np.float32(10 ** (db / 20)))
+        assert len(quiet) == len(normal), db
+        assert np.allclose(quiet, normal, atol=0.02), db
+    assert voice_regions(np.zeros(SR, np.float32)) == []
+
+
 def test_speech_regions_join_short_pauses_drop_clicks_and_pad():
     from overnight.workers.diarize.regions import join_runs
 
