@@ -149,6 +149,34 @@ def test_profiles_from_past_runs_pool_throughput_and_measure_utilization():
     )
 
 
+def test_runs_with_diarization_or_word_timestamps_are_profiles_of_their_own():
+    # Word timestamps add an alignment pass and diarization CPU tasks: pooled with plain
+    # runs, a plan for a diarizing backlog learned a throughput it would not run at.
+    def run(run_id, audio_s, busy_s, **options):
+        return {
+            "kind": "transcribe",
+            "run_id": run_id,
+            "model": "bundled:tiny.en",
+            "accelerator": "cpu",
+            "device": "cpu",
+            "options": {"cpus_per_actor": 1.5, "word_timestamps": False, **options},
+            "audio_seconds": audio_s,
+            "accelerator_seconds": busy_s,
+            "accelerator_reserved_seconds": busy_s * 1.2,
+        }
+
+    runs = [
+        run("plain", 1000.0, 50.0),
+        run("plain-old", 1000.0, 50.0, word_timestamps=None),  # before the option existed
+        run("diarized", 1000.0, 64.0, word_timestamps=True, diarize=True),
+        run("redacted", 1000.0, 58.0, word_timestamps=True, redact=["pci"]),
+    ]
+    profiles = {p.name.split(" on cpu")[-1]: p for p in profiles_from_runs(runs)}
+    assert set(profiles) == {"", " +word_timestamps +diarize", " +word_timestamps +redact"}
+    assert profiles[""].throughput == pytest.approx(20.0)  # the two plain runs pooled
+    assert profiles[" +word_timestamps +diarize"].throughput == pytest.approx(1000 / 64)
+
+
 def test_a_plan_from_a_short_run_says_its_measured_utilization_is_a_short_runs():
     run = {
         "kind": "transcribe",
