@@ -275,7 +275,10 @@ def options_changed(
     a plain run changed nothing and said nothing; the summary now says which options the
     done items' rows were not written with. The pool's fields and ``job.pacing_options``
     never change a row and are left out. Best effort: an unreadable summary is skipped."""
-    files = storage.list_files(output.join("runs"), ".json")
+    try:
+        files = storage.list_files(output.join("runs"), ".json")
+    except Exception:  # a notice must not fail a run whose work is done
+        return {}
     stamp = re.compile(r"\d{8}T\d{6}Z")
 
     def key(path: str) -> str:
