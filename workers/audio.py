@@ -648,7 +648,8 @@ class AudioChunker:
         """Two passes over the decoded stream, so that memory does not grow with the
         recording: the first finds speech (VAD in one model batch's memory), the second cuts
         exactly those samples out, one chunk at a time. A recording without speech is
-        decoded once."""
+        decoded once; a quiet one that is not kept in memory three times (its VAD again,
+        raised: ``quiet_gain``)."""
         opts = self.options
         channels = source.channels
         vads = [StreamingVad() for _ in range(channels)] if opts.vad else []
