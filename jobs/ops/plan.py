@@ -429,7 +429,8 @@ def read_summaries(output: storage.Location) -> list[dict[str, Any]]:
 # Options that add work to each audio second, so that runs with and without them are two
 # profiles: word timestamps (an alignment pass, about 15% of Whisper's time on CPU),
 # diarization (CPU tasks beside the model, priced as other cost) and redaction. Pooled, a
-# plan for a diarizing backlog learned a throughput 20-30% above what it would run at.
+# plan for a diarizing backlog took in plain runs' throughput, which it does not run at (on
+# 2 cores a job with --diarize took 8-36% longer, docs/how-to/diarization.md).
 _ADDED_WORK = ("word_timestamps", "diarize", "redact")
 
 
