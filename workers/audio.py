@@ -419,13 +419,13 @@ SILENT_PEAK = 10 ** (-80 / 20)
 HEARD_PEAK = 10 ** (-20 / 20)
 
 
-def quiet_gain(peak: float) -> float:
-    """The gain the VAD hears a channel with: 1 unless its peak is below ``QUIET_PEAK`` (and
-    not below ``SILENT_PEAK``), then what raises the peak to ``HEARD_PEAK``. Speech peaking at
+def quiet_gain(peak: float, quiet: float = QUIET_PEAK) -> float:
+    """The gain the VAD hears a channel with: 1 unless its peak is below ``quiet`` (and not
+    below ``SILENT_PEAK``), then what raises the peak to ``HEARD_PEAK``. Speech peaking at
     -45 dBFS passed 32% of its windows through the floored VAD and at -50 dBFS none; raised,
     82%, as at normal level. The transcript's samples are never changed (Whisper read the
     -50 and -60 dBFS copies right)."""
-    if not SILENT_PEAK <= peak < QUIET_PEAK:
+    if not SILENT_PEAK <= peak < quiet:
         return 1.0
     return HEARD_PEAK / peak
 

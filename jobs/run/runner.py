@@ -227,10 +227,9 @@ def run(job: Job[P], prepared: P | None = None) -> dict[str, Any]:
     column = model_cost.resource_column if model_cost is not None else None
     resource = next((r[column] for r in rows if column and r.get(column)), None)
     listed = len(prepared.records)
-    options = {**build.options, **sizing.record(pool)}
-    changed = (
-        options_changed(output, job, options, sizing.record(pool)) if listed > len(todo) else {}
-    )
+    pooled = sizing.record(pool)
+    options = {**build.options, **pooled}
+    changed = options_changed(output, job, options, pooled) if listed > len(todo) else {}
     summary = ledger.summarize_run(
         run_id=run_id,
         kind=job.kind,

@@ -19,13 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from overnight.workers.audio import HEARD_PEAK, quiet_gain
+
 SAMPLE_RATE = 16_000
-# WebRTC's detector weighs frame energy: a call's speech regions shrank as its level fell
-# (the same call peaking at -20, -30, -35 and -40 dBFS: 14.3, 14.1, 13.5 and 10.8 s of
-# speech regions). A recording peaking below ``HEARD_PEAK`` (-20 dBFS) is heard raised to
-# it; louder ones as they are, and digital silence (below -80 dBFS) stays silence.
-HEARD_PEAK = 10 ** (-20 / 20)
-SILENT_PEAK = 10 ** (-80 / 20)
 
 
 def voice_regions(
@@ -42,9 +38,13 @@ def voice_regions(
 
     vad = webrtcvad.Vad(mode)
     audio = np.asarray(audio, np.float32)
-    peak = float(np.abs(audio).max()) if audio.size else 0.0
-    if SILENT_PEAK <= peak < HEARD_PEAK:
-        audio = audio * np.float32(HEARD_PEAK / peak)
+    # WebRTC's detector weighs frame energy: a call's speech regions shrank as its level fell
+    # (the same call peaking at -20, -30, -35 and -40 dBFS: 14.3, 14.1, 13.5 and 10.8 s of
+    # them). Audio peaking below -20 dBFS is heard raised to it; louder audio as it is, and
+    # digital silence stays silence.
+    gain = quiet_gain(float(np.abs(audio).max()) if audio.size else 0.0, quiet=HEARD_PEAK)
+    if gain != 1.0:
+        audio = audio * np.float32(gain)
     pcm = (np.clip(audio, -1.0, 1.0) * 32767).astype(np.int16)
     n = SAMPLE_RATE * frame_ms // 1000
     frames = len(pcm) // n
