@@ -36,6 +36,10 @@ COLUMNS = [
     "run_id",
     "processed_at",
     "entities",  # null on rows of a job that did not redact (and in files before version 4)
+    # JSON only; files of older schema versions lack them and read as null.
+    "analytics",
+    "degenerate",
+    "speech_s",
 ]
 RAY_THRESHOLD = 5000
 # Subtitle convention: lines of at most 42 characters.
@@ -50,8 +54,9 @@ class Cue:
     text: str
 
 
-def cues(row: Mapping[str, Any]) -> list[Cue]:
-    """A transcript's segments in time order (the two channels of a split call interleaved)."""
+def _spoken(row: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], str | None, str]]:
+    """Each segment with words, its speaker (the segment's, else its channel's label) and its
+    stripped text, in time order (the two channels of a split call interleaved)."""
     labels = row.get("channel_labels") or []
     out = []
     for seg in row.get("segments") or []:
@@ -62,8 +67,15 @@ def cues(row: Mapping[str, Any]) -> list[Cue]:
         if not speaker and labels and seg.get("channel") is not None:
             channel = int(seg["channel"])
             speaker = labels[channel] if channel < len(labels) else f"ch{channel}"
-        out.append(Cue(float(seg["start"]), float(seg["end"]), speaker, text))
-    return sorted(out, key=lambda c: (c.start, c.end))
+        out.append((seg, speaker, text))
+    return sorted(out, key=lambda t: (float(t[0]["start"]), float(t[0]["end"])))
+
+
+def cues(row: Mapping[str, Any]) -> list[Cue]:
+    """A transcript's segments as cues, in time order."""
+    return [
+        Cue(float(seg["start"]), float(seg["end"]), who, text) for seg, who, text in _spoken(row)
+    ]
 
 
 def _clock(seconds: float, sep: str) -> str:
@@ -127,16 +139,55 @@ def to_txt(row: Mapping[str, Any]) -> str:
     )
 
 
+def _json_words(words: list[Mapping[str, Any]] | None) -> list[dict[str, Any]] | None:
+    if words is None:
+        return None
+    return [
+        {
+            "word": w.get("word"),
+            "start": w.get("start"),
+            "end": w.get("end"),
+            # float32 in the Parquet file: its binary tail is noise, not precision.
+            "probability": None if w.get("probability") is None else round(w["probability"], 4),
+        }
+        for w in words
+    ]
+
+
 def to_json(row: Mapping[str, Any]) -> str:
+    """The transcript as one JSON document: what the dialogue formats show, and what they cannot
+    (word timings, the call's analytics, redacted entities' places, degenerate segments), so a
+    consumer needs no Parquet reader. Keys whose column the job did not fill are null."""
+    segments = [
+        {
+            "start": float(seg["start"]),
+            "end": float(seg["end"]),
+            "speaker": speaker,
+            "channel": seg.get("channel"),
+            "text": text,
+            "degenerate": seg.get("degenerate"),
+            "words": _json_words(seg.get("words")),
+        }
+        for seg, speaker, text in _spoken(row)
+    ]
+    entities = row.get("entities")
     doc = {
         "item_id": row["item_id"],
         "source_uri": storage.scrub_secrets(row["source_uri"]),
         "language": row.get("language"),
         "duration_s": row.get("duration_s"),
+        "speech_s": row.get("speech_s"),
+        "channel_labels": row.get("channel_labels"),
         "text": row.get("text"),
-        "segments": [
-            {"start": c.start, "end": c.end, "speaker": c.speaker, "text": c.text}
-            for c in cues(row)
+        "degenerate": row.get("degenerate"),
+        "segments": segments,
+        "analytics": row.get("analytics"),
+        # Places only (the text carries the tags); null when the job did not redact.
+        "entities": None
+        if entities is None
+        else [
+            {**e, "score": None if e.get("score") is None else round(e["score"], 4)}
+            for e in entities
         ],
         "run_id": row.get("run_id"),
     }

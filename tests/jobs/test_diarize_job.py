@@ -5,6 +5,7 @@ words, as dialogue in ``show``, with call analytics and its own ledger stage."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -94,6 +95,22 @@ def test_show_prints_a_diarized_call_as_dialogue(diarized, capsys):
     # One line a turn: its time, its speaker, what was said; the speakers take turns.
     spoken = re.findall(r"^\s+\d\d:\d\d\s+(agent|customer)\s+\S", printed, re.M)
     assert spoken[:4] == ["agent", "customer", "agent", "customer"], printed
+
+
+def test_a_json_export_carries_the_words_their_speakers_and_the_analytics(
+    diarized, tmp_path, capsys
+):
+    # The JSON export gave segments' text and speaker only: a consumer wanting who said which
+    # word when, or the talk times, had to read the Parquet file.
+    out, _, _ = diarized
+    [row] = rows(out)
+    assert main(["export", str(out), str(tmp_path / "json"), "--format", "json"]) == 0
+    doc = json.loads((tmp_path / "json" / "mono_call.json").read_text())
+    assert doc["analytics"] == row["analytics"]
+    exported = [(w["word"], w["start"], s["speaker"]) for s in doc["segments"] for w in s["words"]]
+    stored = [(w["word"], w["start"], s["speaker"]) for s in row["segments"] for w in s["words"]]
+    assert exported == stored and len(exported) >= 20
+    assert doc["entities"] is None  # the job did not redact
 
 
 def test_a_rerun_with_other_options_says_the_done_calls_keep_their_rows(diarized, tmp_path, capsys):

@@ -107,6 +107,39 @@ def test_txt_and_json_carry_the_dialogue(output: Path, tmp_path: Path):
     assert doc["run_id"] == "r5"  # the newest ok row
 
 
+def test_json_carries_word_timings_entities_and_nulls_for_what_the_job_did_not_fill(
+    tmp_path: Path,
+):
+    out = tmp_path / "out"
+    (out / "transcripts").mkdir(parents=True)
+    words = [
+        {"word": " Card", "start": 0.1, "end": 0.4, "probability": 0.9},
+        {"word": " [CARD_NUMBER]", "start": 0.5, "end": 2.0, "probability": 0.75},
+    ]
+    redacted = [{**SEGMENTS[0], "text": " Card [CARD_NUMBER]", "words": words}]
+    entity = {"type": "CARD_NUMBER", "start_char": 6, "end_char": 25, "start_s": 0.5}
+    rows = [
+        _row(
+            "a1", "s3://calls/redacted.wav", segments=redacted, entities=[entity | {"end_s": 2.0}]
+        ),
+        _row("b2", "s3://calls/plain.wav"),
+    ]
+    pq.write_table(
+        pa.Table.from_pylist(rows, schema=TRANSCRIPTS), out / "transcripts" / "p.parquet"
+    )
+    export(str(out), str(tmp_path / "json"), "json")
+    doc = json.loads((tmp_path / "json" / "redacted.json").read_text())
+    [seg] = doc["segments"]
+    assert seg["words"] == [w | {"probability": round(w["probability"], 4)} for w in words]
+    assert seg["channel"] == 0 and seg["speaker"] == "agent"
+    assert doc["entities"] == [entity | {"end_s": 2.0, "score": None}]
+    plain = json.loads((tmp_path / "json" / "plain.json").read_text())
+    # No word timestamps, no redaction, no analytics: null, not an empty list that reads as
+    # "none found".
+    assert plain["entities"] is None and plain["analytics"] is None
+    assert {s["words"] for s in plain["segments"]} == {None}
+
+
 def test_a_rerun_overwrites_instead_of_adding_files(output: Path, tmp_path: Path):
     export(str(output), str(tmp_path / "e"), "srt")
     export(str(output), str(tmp_path / "e"), "srt")
