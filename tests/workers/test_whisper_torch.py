@@ -155,6 +155,24 @@ def test_log_mel_in_torch_matches_faster_whisper_features(shared_audio):
     assert np.abs(got - expected).max() < 1e-4
 
 
+def test_the_torch_front_ends_features_are_the_same_bits_whatever_threads_torch_has():
+    # numpy's mel product rounded differently per BLAS thread count (workers.blas), and tiny.en
+    # then wrote other words; the torch front end runs in the Whisper actor, whose thread count
+    # is the node's. Checked on this CPU (AVX2): 1, 2 and 4 threads give the same bits.
+    rng = np.random.default_rng(0)
+    samples = [(0.1 * rng.standard_normal(16_000 * n)).astype(np.float32) for n in (30, 7)]
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for n in (1, 2, 4):
+            torch.set_num_threads(n)
+            results.append(chunk_features(samples, 80, "cpu"))
+    finally:
+        torch.set_num_threads(threads)
+    for other in results[1:]:
+        assert all(np.array_equal(a, b) for a, b in zip(results[0], other, strict=True))
+
+
 def test_greedy_beam_and_timestamp_decodes_give_ctranslate2_tokens_scores_and_alignment(
     engine, shared_audio
 ):
