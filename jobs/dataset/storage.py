@@ -311,11 +311,38 @@ def list_objects(url: str) -> list[ObjectInfo]:
         rel = path[len(loc.path) :].lstrip("/") if path.startswith(loc.path) else path
         if any(part.startswith((".", "_")) for part in rel.split("/") if part):
             continue
+        uri = loc.url(printable_name(path) if loc.scheme == "file" else path)
         if kind == "other":
-            objects.append(_local_object(loc.url(path), path))
+            objects.append(_local_object(uri, path))
         else:
-            objects.append(ObjectInfo(loc.url(path), int(info.get("size") or 0), _etag(info)))
+            objects.append(ObjectInfo(uri, int(info.get("size") or 0), _etag(info)))
     return objects
+
+
+# A local name that is not UTF-8 (a Latin-1 or Shift-JIS name copied from an old PBX export)
+# comes from the OS with its bad bytes as lone surrogates, which no UTF-8 text column (Parquet,
+# Arrow, JSON) can hold: the whole job stopped at its item id with a UnicodeEncodeError.
+# Its URI writes each such byte as ``\xNN``, and reading maps that back (``_on_disk``).
+_ESCAPED_BYTE = re.compile(rb"\\x([0-9a-f]{2})")
+
+
+def printable_name(path: str) -> str:
+    """``path`` as UTF-8 text: bytes that are not UTF-8 written as ``\\xNN``."""
+    try:
+        path.encode("utf-8")
+        return path
+    except UnicodeEncodeError:
+        return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def _on_disk(path: str) -> str:
+    """The local name ``printable_name`` gave ``path``: itself when it exists, else the name
+    with its ``\\xNN`` escapes as bytes when that exists (a name holding a literal ``\\x``
+    and one holding the byte are told apart only by which exists)."""
+    if "\\x" not in path or os.path.lexists(path):
+        return path
+    raw = os.fsdecode(_ESCAPED_BYTE.sub(lambda m: bytes([int(m[1], 16)]), os.fsencode(path)))
+    return raw if os.path.lexists(raw) else path
 
 
 def _local_object(uri: str, path: str) -> ObjectInfo:
@@ -425,6 +452,7 @@ def _open_local(path: str, within: Sequence[str] | None = None) -> int:
     # O_NONBLOCK: opening a FIFO with no writer returns at once instead of waiting forever;
     # what was opened is then checked before a single byte is read.
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    path = _on_disk(path)
     try:
         fd = os.open(path, flags)
     except OSError as exc:
