@@ -229,6 +229,9 @@ def summarize_run(
         "pipeline_seconds": round(pipeline_wall_s, 3),
         "accelerator": model_resource,
         "accelerator_seconds": round(busy_model_s, 3),
+        # What one actor holds (GPUs or CPU cores): the ledger's model rows carry each batch's
+        # share of it, which ``report`` turns back into actor-seconds.
+        "accelerator_units": model_units,
         "accelerator_reserved_seconds": round(reserved_model_s, 3),
         "utilization": round(busy_model_s / reserved_model_s, 4) if reserved_model_s else None,
         "cost_usd": round(cost, 8),

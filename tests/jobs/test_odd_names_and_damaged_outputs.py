@@ -59,3 +59,63 @@ def test_a_recording_whose_name_is_not_utf8_is_transcribed_beside_the_others(tmp
         "r\\xe9union_\\xff.srt",
     ]
     shutil.rmtree(tmp_path / "srt")
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """Two real runs into one output (CPU defaults: one actor running two model batches at
+    once), the second over two recordings added after the first."""
+    if not espeak_available():
+        pytest.skip("espeak-ng is not installed")
+    root = tmp_path_factory.mktemp("two_runs")
+    calls, out = root / "calls", root / "out"
+    calls.mkdir()
+    lines = [
+        "Thank you for calling, how can I help you today?",
+        "I would like to check the balance of my account please.",
+        "Your payment of forty dollars was received on Monday.",
+        "Is there anything else I can help you with today?",
+    ]
+    summaries = []
+    for batch in (lines[:2], lines[2:]):
+        for text in batch:
+            write_wav(calls / f"call_{lines.index(text)}.wav", speak(text))
+        summaries.append(transcribe(str(calls), str(out), device="cpu"))
+    return out, summaries
+
+
+def _totals(out: Path) -> dict:
+    from overnight.jobs.ops.report import build_report, load
+
+    return build_report(load([str(out)]), by="run").tables["totals"].to_pylist()[0]
+
+
+def test_report_utilization_and_busy_hours_are_the_run_summaries(two_runs):
+    # With two model batches at once on an actor (model_workers, 2 on CPU), each batch's
+    # ledger row holds its seconds at half the actor's units; summed whole, the report gave
+    # twice the summaries' busy time: 71% utilization for a run at 36%, a resumed one 140%.
+    out, summaries = two_runs
+    assert all(s["options"]["model_workers"] == 2 for s in summaries)
+    busy = sum(s["accelerator_seconds"] for s in summaries)
+    reserved = sum(s["accelerator_reserved_seconds"] for s in summaries)
+    totals = _totals(out)
+    assert totals["accelerator_busy_hours"] * 3600 == pytest.approx(busy, abs=0.01)
+    assert totals["utilization"] == pytest.approx(busy / reserved, abs=0.005)
+    assert totals["utilization"] < 1
+
+
+def test_reserved_cost_a_minute_is_over_the_audio_of_the_runs_that_have_a_summary(
+    two_runs, tmp_path
+):
+    # A killed run leaves rows and ledger but no summary, so its reserved time is unknown:
+    # its audio over the other runs' reserved cost gave less per minute than busy cost.
+    out, summaries = two_runs
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    (copy / "runs" / f"{summaries[1]['run_id']}.json").unlink()
+    totals = _totals(copy)
+    first = summaries[0]
+    assert totals["reserved_cost_per_audio_minute_usd"] == pytest.approx(
+        first["reserved_cost_usd"] / (first["audio_seconds"] / 60), rel=1e-3
+    )
+    assert totals["reserved_cost_per_audio_minute_usd"] > totals["cost_per_audio_minute_usd"]

@@ -60,7 +60,7 @@ _RESULT_COLUMNS = [
     "analytics",  # transcripts of split-channel calls (schema 3); absent elsewhere
     PARTITION,  # the run's date, from the path; null in flat files
 ]
-# The ledger columns the report reads (``resource``, ``units`` and prices are not needed).
+# The ledger columns the report reads (``resource`` and prices are not needed).
 _LEDGER_COLUMNS = [
     "item_id",
     "run_id",
@@ -68,6 +68,7 @@ _LEDGER_COLUMNS = [
     "submission_id",
     "stage",
     "seconds",
+    "units",
     "cost_usd",
     "audio_s",
     "input_tokens",
@@ -333,7 +334,8 @@ class _Engine:
         con = self.con = duckdb.connect()
         con.execute("SET TimeZone = 'UTC'").fetchall()
         ledger = sources.ledger
-        for name in ("cost_usd", "seconds", "audio_s"):
+        ledger = ledger.append_column("busy_s", _actor_seconds(ledger, sources.summaries))
+        for name in ("cost_usd", "audio_s", "busy_s"):
             mantissa, exponent = _split(ledger[name])
             ledger = ledger.append_column(f"{name}_m", mantissa).append_column(
                 f"{name}_e", exponent
@@ -413,7 +415,7 @@ class _Engine:
         self._run(f"""
             CREATE TEMP TABLE L AS
             SELECT _ord, run_id, item_id, recorded_at, input_tokens, output_tokens,
-                   cost_usd_m, cost_usd_e, seconds_m, seconds_e, audio_s_m, audio_s_e,
+                   cost_usd_m, cost_usd_e, busy_s_m, busy_s_e, audio_s_m, audio_s_e,
                    {is_model} AS model_stage, {work} AS work,
                    coalesce(strftime({PARTITION}, '%Y-%m-%d'), strftime(recorded_at, '%Y-%m-%d'),
                             '{NONE_LABEL}') AS g_day,
@@ -458,7 +460,7 @@ class _Engine:
                    sum(cost_usd_m)::VARCHAR AS m
             FROM L WHERE in_scope GROUP BY ALL
             UNION ALL
-            SELECT {keys}, 'busy', work = 'audio', seconds_e, sum(seconds_m)::VARCHAR
+            SELECT {keys}, 'busy', work = 'audio', busy_s_e, sum(busy_s_m)::VARCHAR
             FROM L WHERE in_scope AND model_stage GROUP BY ALL
             UNION ALL
             SELECT {keys}, 'audio', true, audio_s_e, sum(audio_s_m)::VARCHAR
@@ -568,7 +570,7 @@ class _Engine:
         """Each run's busy seconds and items, over all its rows (not only those in scope)."""
         busy: dict[str, _Exact] = defaultdict(_Exact)
         for row in self.sql("""
-            SELECT run_id, seconds_e AS e, sum(seconds_m)::VARCHAR AS m
+            SELECT run_id, busy_s_e AS e, sum(busy_s_m)::VARCHAR AS m
             FROM L WHERE model_stage GROUP BY ALL
         """).to_pylist():
             busy[row["run_id"]].add(int(row["e"]), int(row["m"]))
@@ -585,6 +587,32 @@ class _Engine:
         return self.sql(
             "SELECT * FROM R WHERE in_scope AND analytics IS NOT NULL ORDER BY _ord"
         ).to_pylist()
+
+
+def actor_units(summary: dict[str, Any]) -> float | None:
+    """What one model actor of the run held (GPUs or CPU cores): the summary's
+    ``accelerator_units``, or for summaries before it, its options' per-actor share."""
+    units = summary.get("accelerator_units")
+    if units is None:
+        options = summary.get("options") or {}
+        on_cpu = summary.get("accelerator") == "cpu" or summary.get("device") == "cpu"
+        units = options.get("cpus_per_actor" if on_cpu else "gpus_per_actor")
+    return float(units) if isinstance(units, int | float) and units > 0 else None
+
+
+def _actor_seconds(ledger: pa.Table, summaries: dict[str, dict[str, Any]]) -> pa.Array:
+    """Each ledger row's seconds in actor-seconds, as the run summary counts busy time: an
+    actor running two model batches at once (``model_workers``) records each batch's seconds
+    at its share of the actor's units, and summed whole they counted the actor twice (the
+    report showed a run at 71% that its summary gave 36%, and a resumed one at 140%). A row
+    without units, or of a run without a summary, keeps its seconds."""
+    runs = ledger["run_id"].to_pylist()
+    whole = {run: actor_units(s) for run, s in summaries.items()}
+    seconds = pc.fill_null(ledger["seconds"], 0.0).to_numpy(zero_copy_only=False).astype(np.float64)
+    units = np.array([u if u else np.nan for u in ledger["units"].to_pylist()], dtype=np.float64)
+    actor = np.array([whole.get(run) or np.nan for run in runs], dtype=np.float64)
+    share = units / actor
+    return pa.array(np.where(np.isfinite(share), seconds * share, seconds), pa.float64())
 
 
 def _ratio(num: float, den: float, scale: float = 1.0) -> float | None:
@@ -655,7 +683,11 @@ def _row(
         "cost_per_document_usd": _ratio(document_cost, documents),
         "cost_per_million_tokens_usd": _ratio(document_cost, tokens_in + tokens_out, 1e6),
         "reserved_cost_usd": math.fsum(reserved_cost) if reserved_cost else None,
-        "reserved_cost_per_audio_minute_usd": _ratio(math.fsum(reserved_audio_cost), audio_s / 60.0)
+        # Over the audio of the runs whose reserved cost is known (a summary): a killed run's
+        # audio over the others' reserved cost gave less per minute than busy cost.
+        "reserved_cost_per_audio_minute_usd": _ratio(
+            math.fsum(reserved_audio_cost), audio_summarized.value() / 60.0
+        )
         if reserved_audio_cost
         else None,
         "accelerator_busy_hours": total["busy"].value() / 3600.0,
