@@ -107,6 +107,17 @@ def records_from_manifest(url: str) -> list[dict[str, Any]]:
         raise InputNotFound(f"manifest {url!r} has no rows")
     if "uri" not in rows[0]:
         raise ConfigError(f"manifest {url!r} needs a 'uri' column; it has {sorted(rows[0])}")
+    for i, row in enumerate(rows):
+        uri = str(row["uri"]).strip()
+        if storage.looks_like_credentials(uri):
+            # A presigned query string or a key in the URL would be written into
+            # source_uri and the run's manifest, where no credential may go.
+            raise ConfigError(
+                f"manifest {url!r} row {i + 1}: its uri carries credentials "
+                f"({storage.scrub_secrets(uri)!r}), which overnight would write into its "
+                "outputs and does not read: give the plain s3:// or gs:// URI and the "
+                "credentials in the environment (AWS_*, an instance profile or IRSA)"
+            )
     uris = [_resolve_uri(str(r["uri"]).strip(), url) for r in rows]
     for i, row in enumerate(rows):
         try:

@@ -23,7 +23,12 @@ from typing import IO, Any, TypeVar
 
 import fsspec
 
-from overnight.jobs.errors import InputNotFound, OutputNotWritable, StorageUnavailable
+from overnight.jobs.errors import (
+    ConfigError,
+    InputNotFound,
+    OutputNotWritable,
+    StorageUnavailable,
+)
 from overnight.schemas import ErrorCode
 
 T = TypeVar("T")
@@ -38,6 +43,9 @@ _SECRET_ENV = (
     "RAY_AUTH_TOKEN",
     "HF_TOKEN",
 )
+# A URL's user-info after its ``scheme://``: ``user:secret@`` (the secret may hold ``/``) or
+# ``user@`` (no ``/`` before the ``@``, so that a path's ``agent@example.com.wav`` is not one).
+_USER_INFO = r"(?:[^\s/@:\"']+:[^\s@\"']*|[^\s/@\"']+)@"
 # Looks like a key even when we did not get it from the environment.
 # (pattern, replacement): whole access-key ids go; for key=value pairs the name stays.
 _SECRET_PATTERNS = (
@@ -49,7 +57,19 @@ _SECRET_PATTERNS = (
         r"\1***",
     ),
     (re.compile(r"(?i)(X-Amz-[A-Za-z-]+=)[^&\s]+"), r"\1***"),
+    # An Azure SAS token's signature (``?sv=...&sig=...``).
+    (re.compile(r"(?i)([?&]sig=)[^&\s\"']+"), r"\1***"),
+    # A URL's user-info (``s3://KEY:SECRET@bucket``), whole: a secret access key holds ``/``
+    # and ``+``, so it ends at the ``@`` only; a user name alone goes too.
+    (re.compile(r"(?<=://)" + _USER_INFO), "***@"),
 )
+
+
+def looks_like_credentials(text: str) -> bool:
+    """``text`` holds something shaped like a credential (a key id, a signature, a URL's
+    user-info): the patterns ``scrub_secrets`` removes, not the environment's values, which
+    can be short words that a path holds too."""
+    return any(pattern.search(text) for pattern, _ in _SECRET_PATTERNS)
 
 
 def scrub_secrets(text: str) -> str:
@@ -127,6 +147,13 @@ def resolve(url: str, config: StorageConfig | None = None) -> Location:
     scheme, rest = url.split("://", 1)
     if scheme == "file":
         return Location(fsspec.filesystem("file"), os.path.abspath(rest), "file")
+    if scheme in ("s3", "s3a", "gs", "gcs") and re.match(_USER_INFO, rest):
+        # botocore refused it as a bucket name in a traceback that printed the secret.
+        raise ConfigError(
+            f"{scrub_secrets(url)!r} carries credentials in the URL, which overnight does not "
+            "read: remove them and set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or "
+            "AWS_PROFILE, an instance profile or IRSA; GOOGLE_APPLICATION_CREDENTIALS for gs://)"
+        )
     if scheme in ("s3", "s3a"):
         # Fresh instance: fsspec caches instances by arguments, and tests change endpoints.
         options = dict(config.s3) if config is not None else _s3_options()

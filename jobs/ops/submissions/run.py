@@ -17,6 +17,7 @@ from overnight.jobs.errors import (
     ConfigError,
     InputNotFound,
     ModelNotFound,
+    OutputNotWritable,
     OvernightError,
     StorageUnavailable,
 )
@@ -50,10 +51,21 @@ def output_for(tenant: Tenant, sid: str) -> storage.Location:
     return storage.resolve(tenant.output).join("submissions", sid)
 
 
-def _inbox(tenant: Tenant) -> list[storage.ObjectInfo]:
+def _bucket_exists(url: str, what: str) -> None:
+    """``OutputNotWritable`` when an object store location's bucket is missing or refused
+    (a local folder is made when first written)."""
+    from overnight.jobs import preflight
+
+    if storage.resolve(url).scheme != "file":
+        preflight.check_output(url, what)
+
+
+def _inbox(name: str, tenant: Tenant) -> list[storage.ObjectInfo]:
+    # A missing inbox bucket read as an empty inbox, and the step said all was done.
+    _bucket_exists(tenant.inbox, f"tenant {name}'s inbox")
     try:
         objects = storage.list_objects(tenant.inbox)
-    except InputNotFound:
+    except InputNotFound:  # nothing submitted yet
         return []
     return [o for o in objects if o.uri.lower().endswith(MANIFEST_SUFFIXES)]
 
@@ -140,9 +152,30 @@ def process_one(
 
     tenant = config.tenants[name]
     try:
-        data = storage.read_bytes(obj.uri)
+        # Confined to the inbox: a link there to /etc/passwd or to another tenant's
+        # manifest was read, and what it held went into this tenant's record.
+        data = storage.read_bytes(obj.uri, within=[tenant.inbox])
     except FileNotFoundError:  # removed since the listing
         return None
+    except (storage.Unreadable, PermissionError, IsADirectoryError) as exc:
+        # One unreadable object (a dangling link, a FIFO) stopped every tenant's step in a
+        # traceback; it is this object's rejection, recorded so that the next run skips it.
+        key = _manifest_key(obj)
+        sid = submission_id(key.encode())
+        say(f"{name}/{sid}: rejected: the inbox object cannot be read: {exc}")
+        return store.put(
+            {
+                "tenant": name,
+                "submission_id": sid,
+                "manifest": shown(obj.uri, 500),
+                "received_at": _now(),
+                "attempts": 0,
+                "manifest_key": key,
+                "status": REJECTED,
+                "reason": storage.scrub_secrets(f"the inbox object cannot be read: {exc}"),
+                "recordings": 0,
+            }
+        )
     sid = submission_id(data)
     record = store.get(name, sid)
     if record is not None:
@@ -191,6 +224,7 @@ def process_one(
     )
     say(f"{name}/{sid}: {len(rows)} recordings, attempt {attempt} -> {shown(out.url(), 300)}")
     try:
+        _bucket_exists(out.url(), f"tenant {name}'s output")
         manifest_url = _write_trusted_manifest(out, rows)
         summary = _run(
             config, tenant, manifest_url, out, f"{sid}-{attempt}", ray_address, progress, verbose
@@ -218,6 +252,19 @@ def process_one(
             "next `overnight submissions process`, with the submissions not reached yet; "
             "this stop did not count against their attempts."
         ) from None
+    except OutputNotWritable as exc:
+        # The tenant's output (a missing bucket, refused credentials) is not this submission's
+        # fault: counted, it spent every attempt before the bucket was made, and then the
+        # submission was never run again.
+        say(f"{name}/{sid}: not run: {exc} (not counted as an attempt)")
+        return store.put(
+            {
+                **record,
+                "status": FAILED,
+                "attempts": attempt - 1,
+                "reason": storage.scrub_secrets(f"not run: {exc}")[:2000],
+            }
+        )
     except Exception as exc:
         # Whatever one submission raises is its own failure, recorded with its cause; the
         # other tenants' submissions still run. Only storage that is down stops them all.
@@ -254,7 +301,7 @@ def process(
     address = ray_address or config.submissions.ray_address
     pending: list[tuple[str, storage.ObjectInfo]] = []
     for name in sorted(tenants or config.tenants):
-        inbox = _inbox(config.tenants[name])
+        inbox = _inbox(name, config.tenants[name])
         if not inbox:
             continue
         finished = {
@@ -308,7 +355,18 @@ def add(config: TenantsConfig, tenant: str, manifest: str) -> dict:
     if suffix is None:
         raise ConfigError(f"{shown(manifest)!r} is not a manifest: use .csv, .jsonl or .parquet")
     t = config.tenants[tenant]
-    data = storage.read_bytes(manifest)
+    try:
+        data = storage.read_bytes(manifest)
+    except FileNotFoundError:
+        raise InputNotFound(f"manifest {shown(manifest)!r} does not exist") from None
+    except (storage.Unreadable, IsADirectoryError) as exc:
+        raise InputNotFound(f"manifest {shown(manifest)!r} cannot be read: {exc}") from None
+    except PermissionError:
+        raise StorageUnavailable(
+            f"reading the manifest {shown(manifest)!r} is denied to these credentials (AWS_* / "
+            "GOOGLE_* environment)"
+        ) from None
+    _bucket_exists(t.inbox, f"tenant {tenant}'s inbox")
     sid = submission_id(data)
     store = SubmissionStore(config.submissions.state)
     existing = store.get(tenant, sid)

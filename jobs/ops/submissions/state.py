@@ -17,9 +17,17 @@ def _now() -> str:
 
 
 class SubmissionStore:
-    """``<state>/<tenant>/<submission id>.json``, each file replaced atomically."""
+    """``<state>/<tenant>/<submission id>.json``, each file replaced atomically.
+
+    Opening it checks that the state can be written (its bucket exists and these credentials
+    may see it): a missing bucket read as an empty state, so ``list`` showed nothing and
+    ``add`` queued a submission whose record ``process`` then failed to write, in a
+    traceback; refused credentials were a traceback in ``list`` and ``add``."""
 
     def __init__(self, state: str):
+        from overnight.jobs import preflight
+
+        preflight.check_output(state, "the submissions state")
         self.root = storage.resolve(state)
 
     def _loc(self, tenant: str, sid: str) -> storage.Location:
