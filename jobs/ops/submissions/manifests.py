@@ -19,7 +19,8 @@ from overnight.workers.analytics import speaker_names_problem
 MAX_MANIFEST_BYTES = 64 * 2**20
 # Manifest columns that would carry a credential into results: rejected, never copied.
 _SECRET_COLUMN = re.compile(
-    r"(?i)(secret|password|passwd|token|credential|access.?key|authorization|signature|session)"
+    r"(?i)(secret|password|passwd|token|credential|access.?key|api.?key|private.?key|authoriz|auth(?!or)|"
+    r"bearer|signature|session|(^|[^a-z])(sas|sig)([^a-z]|$))"
 )
 _TRUSTED = {"tenant", "submission_id"}
 

@@ -151,3 +151,27 @@ def test_a_tenants_output_bucket_that_does_not_exist_spends_no_attempt(
         for key in s3.list_objects_v2(Bucket="ovn-no-such-out").get("Contents", []):
             s3.delete_object(Bucket="ovn-no-such-out", Key=key["Key"])
         s3.delete_bucket(Bucket="ovn-no-such-out")
+
+
+@pytest.mark.parametrize(
+    "column",
+    ["api_key", "apiKey", "x_api_key", "private_key", "bearer", "auth_header", "sas_sig"],
+)
+def test_manifest_columns_named_like_other_credentials_are_rejected(column):
+    # These were queued, and their values copied into the results' metadata.
+    from overnight.jobs.ops.submissions import Rejected, trusted_rows
+    from tests.jobs.ops.test_submissions import ACME
+
+    rows = [{"uri": "s3://acme-calls/rec/a.wav", column: "value-that-is-a-credential"}]
+    with pytest.raises(Rejected, match="look like credentials"):
+        trusted_rows(rows, "acme", ACME, "sub-" + "0" * 24, max_recordings=10)
+
+
+@pytest.mark.parametrize("column", ["author", "agent", "queue", "signup_date", "design"])
+def test_ordinary_metadata_columns_are_kept(column):
+    from overnight.jobs.ops.submissions import trusted_rows
+    from tests.jobs.ops.test_submissions import ACME
+
+    rows = [{"uri": "s3://acme-calls/rec/a.wav", column: "x"}]
+    [row] = trusted_rows(rows, "acme", ACME, "sub-" + "0" * 24, max_recordings=10)
+    assert row[column] == "x"
