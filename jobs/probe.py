@@ -145,8 +145,11 @@ class ProbeJob(Job[Prepared]):
                 "allowed_input_prefixes": self.spec.job.allowed_input_prefixes,
             },
             rows_per_call=16,
-            # Each header's own read: finer than the batch of 16 the runner times.
-            cost=Cost("probe", "probe", timed_by_worker=True),
+            # Each header's own read: finer than the batch of 16 the runner times. It reads
+            # headers, not audio (bought nothing): its ledger rows carrying the recordings'
+            # duration made ``report`` over an output that was also transcribed count each
+            # recording's audio twice and halve the cost per minute. Its cost is still audio work.
+            cost=Cost("probe", "probe", timed_by_worker=True, bought=None, work="audio"),
         )
         return Build(
             [prober],

@@ -119,3 +119,22 @@ def test_reserved_cost_a_minute_is_over_the_audio_of_the_runs_that_have_a_summar
         first["reserved_cost_usd"] / (first["audio_seconds"] / 60), rel=1e-3
     )
     assert totals["reserved_cost_per_audio_minute_usd"] > totals["cost_per_audio_minute_usd"]
+
+
+def test_a_probe_of_the_recordings_an_output_transcribed_adds_no_audio_to_its_report(
+    two_runs, tmp_path
+):
+    # The probe's ledger rows carried each recording's duration: a report over an output
+    # both probed and transcribed counted the audio twice, and halved the cost per minute.
+    out, summaries = two_runs
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    before = _totals(copy)
+    assert main(["probe", str(out.parent / "calls"), str(copy), "--quiet"]) == 0
+    after = _totals(copy)
+    assert after["audio_seconds"] == pytest.approx(before["audio_seconds"])
+    assert after["audio_seconds"] == pytest.approx(
+        sum(s["audio_seconds"] for s in summaries), abs=0.01
+    )
+    assert after["cost_usd"] > before["cost_usd"]  # probing is paid for, as audio work
+    assert after["cost_per_audio_minute_usd"] > before["cost_per_audio_minute_usd"]
