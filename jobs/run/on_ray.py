@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 import re
+import socket
 import subprocess
 import threading
 import time
@@ -20,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 
 from overnight.jobs.dataset import storage
-from overnight.jobs.errors import EngineFailed, ModelNotFound, OvernightError
+from overnight.jobs.errors import ClusterUnreachable, EngineFailed, ModelNotFound, OvernightError
 from overnight.jobs.run import console
 from overnight.jobs.run.committing import ACTOR_STARTED, MODEL_READY
 from overnight.jobs.run.stage import StageContractError
@@ -57,6 +58,28 @@ LOCAL_RAY_SYSTEM_CONFIG = {
 }
 
 
+def check_reachable(address: str | None, timeout_s: float = 5.0) -> None:
+    """``ClusterUnreachable`` when nothing answers at a Ray address's host and port (``HOST:PORT``
+    or ``ray://HOST:PORT``; ``auto`` and other forms are Ray's to resolve). ``ray.init``
+    retries such an address for minutes, printing its core's reconnect lines, and a
+    submission's record stayed ``running`` with an attempt spent."""
+    if not address or address in ("auto", "local"):
+        return
+    target = address.removeprefix("ray://")
+    host, sep, port = target.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ClusterUnreachable(
+            f"cannot reach the Ray cluster at {address!r} ({exc.strerror or exc}): check that "
+            f"its head node is up and that this machine can reach port {port} (the GCS port, "
+            "6379 by default; ray:// addresses use the client port, 10001), then rerun. "
+            "Nothing was started."
+        ) from None
+
+
 def ensure_ray(address: str | None, verbose: bool = False) -> None:
     """Join ``address`` (or RAY_ADDRESS, as Ray Jobs sets it), else start Ray locally.
 
@@ -72,6 +95,7 @@ def ensure_ray(address: str | None, verbose: bool = False) -> None:
     global _STARTED_HERE
     if not ray.is_initialized():
         if address:
+            check_reachable(address)
             ray.init(address=address, log_to_driver=verbose)
         else:
             # Under Ray Jobs, RAY_ADDRESS names the cluster and ray.init joins it: Ray refuses

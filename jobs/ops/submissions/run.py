@@ -309,6 +309,9 @@ def process(
         }
         pending += [(name, obj) for obj in inbox if _manifest_key(obj) not in finished]
     if pending:
+        from overnight.jobs.run.on_ray import check_reachable
+
+        check_reachable(address)  # before any record says "running"
         _check_model(config, address, progress)
     touched = []
     for name, obj in pending:

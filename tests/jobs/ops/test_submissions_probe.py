@@ -175,3 +175,19 @@ def test_ordinary_metadata_columns_are_kept(column):
     rows = [{"uri": "s3://acme-calls/rec/a.wav", column: "x"}]
     [row] = trusted_rows(rows, "acme", ACME, "sub-" + "0" * 24, max_recordings=10)
     assert row[column] == "x"
+
+
+def test_a_ray_address_nothing_answers_at_is_exit_10_before_any_record_is_written(tmp_path, capsys):
+    # ray.init retried it for minutes, printing its core's reconnect lines, and the
+    # submission's record stayed "running" with an attempt spent.
+    from tests.conftest import _free_port
+
+    config = _two_tenants(tmp_path, "bundled:tiny.en")
+    address = f"127.0.0.1:{_free_port()}"
+    argv = ["submissions", "process", "--config", str(config), "--quiet", "--address", address]
+    assert main(argv) == 10
+    err = capsys.readouterr().err
+    assert f"cannot reach the Ray cluster at '{address}'" in err and "Traceback" not in err
+    assert ledger(config, capsys) == []
+    calls = str(tmp_path / "calls" / "acme")
+    assert main(["transcribe", calls, str(tmp_path / "out"), "--address", address]) == 10
