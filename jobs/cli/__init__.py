@@ -172,6 +172,12 @@ def _stop_local_ray() -> None:
 
 def _main(argv: list[str] | None) -> int:
     args = parse_args(argv)
+    # Operator events take their form (text or JSON lines on stderr) before the command runs:
+    # jobs.dataset logs its warnings (a foreign file skipped) to that logger by name, as it may
+    # not import the console, a layer above it.
+    from overnight.jobs.run import console
+
+    console._logger()
     try:
         return int(args.handler(args))
     except OvernightError as exc:

@@ -21,6 +21,7 @@ import bisect
 import hashlib
 import io
 import json
+import logging
 import os
 import posixpath
 import secrets
@@ -36,7 +37,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from overnight.jobs.dataset import storage
-from overnight.jobs.errors import Superseded
+from overnight.jobs.errors import InputNotFound, Superseded
 
 
 @dataclass(frozen=True)
@@ -100,9 +101,13 @@ _MAX_SEGMENTS = 8  # index segments before they are merged
 
 
 def partition_date(path: str) -> date | None:
+    """The run date of a ``run_date=YYYY-MM-DD`` folder in ``path``; None where there is
+    none, or where its value is not a date (``run_date=garbage``, not a folder overnight
+    writes: readers and vacuum leave it alone, as ``staged_files`` does)."""
     for part in path.split("/"):
         if part.startswith(f"{PARTITION}="):
-            return date.fromisoformat(part.split("=", 1)[1])
+            value = part.split("=", 1)[1]
+            return date.fromisoformat(value) if _is_date(value) else None
     return None
 
 
@@ -115,6 +120,55 @@ def _is_date(text: str) -> bool:
 
 
 RETRY_INTENT_SUFFIX = ".retry.json"
+
+# The ``overnight.table`` a dataset's files carry in their schema metadata (schemas.tables).
+_TABLE_OF = {
+    "transcripts": b"transcripts",
+    "results": b"document_results",
+    "probes": b"probes",
+    "costs": b"costs",
+}
+# What a dataset's reader tells its operator (a foreign file skipped): the stdlib logger that
+# jobs.run.console configures (a text or JSON line on stderr), not imported from this layer.
+_events = logging.getLogger("overnight.events")
+# Errors that mean the file could not be fetched, not that its bytes are not Parquet.
+_NOT_DAMAGE = (FileNotFoundError, PermissionError, ConnectionError, TimeoutError)
+
+
+def damaged(path: str, exc: BaseException) -> InputNotFound:
+    """The error for a file of a dataset that is not readable Parquet (cut short by a copy,
+    zero bytes, overwritten): it names the file and what to do, and nothing is changed."""
+    reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+    return InputNotFound(
+        f"{storage.one_line(storage.scrub_secrets(path))} is not a readable Parquet file ({reason}): it "
+        "was damaged (cut short, zero bytes) or not written by overnight. Nothing was read or "
+        "changed; restore the file from a backup or move it out of the output, then run again."
+    )
+
+
+def _skipped(path: str, why: str) -> None:
+    shown = storage.one_line(storage.scrub_secrets(path))
+    _events.warning(
+        f"warning: skipped {shown}: {why}, so it is not a file overnight wrote; its rows are "
+        "not read (move it out of the output to silence this)",
+        extra={"event": "skipped_file", "fields": {"path": shown, "reason": why}},
+    )
+
+
+def _foreign(pf: pq.ParquetFile, dataset: str) -> str | None:
+    """Why a readable Parquet file is not one of ``dataset``'s (None: it is): it lacks the
+    string ``item_id`` and ``run_id`` every overnight row has, or its schema metadata names
+    another of overnight's tables."""
+    schema = pf.schema_arrow
+    for name in ("item_id", "run_id"):
+        kind = schema.field(name).type if name in schema.names else None
+        if kind is None or not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            return f"it has no text column {name!r}"
+    table = (schema.metadata or {}).get(b"overnight.table")
+    expected = _TABLE_OF.get(dataset)
+    if table is not None and expected is not None and table != expected:
+        return f"it holds overnight's {table.decode(errors='replace')!r} rows, not {dataset!r}"
+    return None
 
 
 def _groups_holding(meta: pq.FileMetaData, probe: list[str]) -> list[int]:
@@ -203,19 +257,35 @@ class CommittedDataset:
         ``dates`` (first, last; either open) opens only the partitions of those run dates (flat
         files have no date and are always read). ``run_date`` is a partition column, not a file
         column: ask for it in ``columns`` to get it (null for flat files).
+
+        A file that is not readable Parquet (cut short, zero bytes) stops the read with
+        ``InputNotFound`` naming it; a readable one that is not the dataset's (no text
+        ``item_id`` and ``run_id``, or another overnight table's) is skipped with a warning on
+        the ``overnight.events`` logger. None when no file of the dataset is left to read.
         """
         files = self.flat_files() if flat_only else self.published_files(dates)
         if not files:
             return None
         want_date = columns is not None and PARTITION in columns
 
-        def read(path: str) -> pa.Table:
-            with self.location.fs.open(path, "rb") as f:
-                pf = pq.ParquetFile(f)
-                cols = (
-                    None if columns is None else [c for c in columns if c in pf.schema_arrow.names]
-                )
-                table = pf.read(columns=cols)
+        def read(path: str) -> pa.Table | None:
+            try:
+                with self.location.fs.open(path, "rb") as f:
+                    pf = pq.ParquetFile(f)
+                    why = _foreign(pf, self.name)
+                    if why is not None:
+                        _skipped(path, why)
+                        return None
+                    cols = (
+                        None
+                        if columns is None
+                        else [c for c in columns if c in pf.schema_arrow.names]
+                    )
+                    table = pf.read(columns=cols)
+            except _NOT_DAMAGE:
+                raise
+            except (pa.ArrowException, OSError) as exc:
+                raise damaged(path, exc) from None
             if want_date:
                 day = partition_date(path)
                 table = table.append_column(
@@ -223,7 +293,17 @@ class CommittedDataset:
                 )
             return table
 
-        table = pa.concat_tables(storage.map_threads(read, files), promote_options="default")
+        tables = [t for t in storage.map_threads(read, files) if t is not None]
+        if not tables:
+            return None
+        try:
+            table = pa.concat_tables(tables, promote_options="default")
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise InputNotFound(
+                f"the files of {storage.one_line(storage.scrub_secrets(self.location.url()))} do not "
+                f"read as one table ({str(exc).splitlines()[0][:200]}): a file there was not "
+                "written by overnight. Move it out of the output and run again."
+            ) from None
         if run_id is not None:
             table = table.filter(pc.equal(table["run_id"], run_id))
         return table
@@ -233,17 +313,30 @@ class CommittedDataset:
         (``flat_only``: only the unpartitioned files an older overnight wrote at its top).
 
         Files appear atomically (see ``storage.write_bytes_atomic``), so every file listed is a
-        commit; an unreadable one would be a bug and is reported, not skipped.
+        commit; an unreadable one (damaged since) is reported, not skipped: ``InputNotFound``
+        naming it. A readable file that is not overnight's (no ``item_id``/``run_id``, or another
+        table's) is skipped with a warning, as ``read_results`` does.
         """
         files = self.flat_files() if flat_only else self.published_files()
         return self._ids_of(files)
 
     def _ids_of(self, files: list[str]) -> dict[str, list[str]]:
-        def read(path: str) -> list[str]:
-            with self.location.fs.open(path, "rb") as f:
-                return pq.read_table(f, columns=["item_id"]).column("item_id").to_pylist()
+        def read(path: str) -> list[str] | None:
+            try:
+                with self.location.fs.open(path, "rb") as f:
+                    pf = pq.ParquetFile(f)
+                    why = _foreign(pf, self.name)
+                    if why is not None:
+                        _skipped(path, why)
+                        return None
+                    return pf.read(columns=["item_id"]).column("item_id").to_pylist()
+            except _NOT_DAMAGE:
+                raise
+            except (pa.ArrowException, OSError) as exc:
+                raise damaged(path, exc) from None
 
-        return dict(zip(files, storage.map_threads(read, files), strict=True)) if files else {}
+        found = dict(zip(files, storage.map_threads(read, files), strict=True)) if files else {}
+        return {path: ids for path, ids in found.items() if ids is not None}
 
     def committed_ids(self, among: Iterable[str] | None = None) -> set[str]:
         """Item ids committed to a result self.location: published (looked up in its done-index),
@@ -612,6 +705,8 @@ class CommittedDataset:
         done = Published()
         root = self.staging_root()
         for day_dir in storage.list_dirs(root):
+            if not _is_date(posixpath.basename(day_dir)):
+                continue  # not a folder overnight stages into (as ``staged_files`` counts)
             day = date.fromisoformat(posixpath.basename(day_dir))
             day_loc = storage.Location(root.fs, day_dir, root.scheme)
             runs = {posixpath.basename(d) for d in storage.list_dirs(day_loc)}

@@ -65,6 +65,11 @@ _SECRET_PATTERNS = (
 )
 
 
+def one_line(text: str) -> str:
+    """``text`` on one line: control characters (a newline in a name) as their escapes."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def looks_like_credentials(text: str) -> bool:
     """``text`` holds something shaped like a credential (a key id, a signature, a URL's
     user-info): the patterns ``scrub_secrets`` removes, not the environment's values, which

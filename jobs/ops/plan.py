@@ -417,13 +417,35 @@ def _read_text(loc: storage.Location) -> str:
 
 
 def read_summaries(output: storage.Location) -> list[dict[str, Any]]:
-    """Every run summary under OUTPUT/runs/ (``*.json``)."""
+    """Every run summary under OUTPUT/runs/ (``*.json``). A file there that is not one (not
+    JSON, or not an object with a text ``run_id`` and ``kind``: a note or a stray copy) is
+    skipped with a warning line, not read as a run."""
+    from overnight.jobs.run import console
+
     files = storage.list_files(output.join("runs"), ".json")
 
-    def read(path: str) -> dict[str, Any]:
-        return json.loads(_read_text(storage.Location(output.fs, path, output.scheme)))
+    def read(path: str) -> dict[str, Any] | None:
+        try:
+            doc = json.loads(_read_text(storage.Location(output.fs, path, output.scheme)))
+        except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+            why = f"it is not JSON ({exc})"
+        else:
+            if isinstance(doc, dict) and all(
+                isinstance(doc.get(k), str) and doc.get(k) for k in ("run_id", "kind")
+            ):
+                return doc
+            why = "it is not a run summary (a JSON object with run_id and kind)"
+        shown = storage.scrub_secrets(path)
+        console.event(
+            "skipped_file",
+            f"warning: skipped {shown}: {why}; it is not read as a run (move it out of runs/ "
+            "to silence this)",
+            level="warning",
+            path=shown,
+        )
+        return None
 
-    return list(storage.map_threads(read, files))
+    return [s for s in storage.map_threads(read, files) if s is not None]
 
 
 # Options that add work to each audio second, so that runs with and without them are two

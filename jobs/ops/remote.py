@@ -63,12 +63,28 @@ def submission_id_for(
 
 
 def check_submission_id(value: str) -> str:
-    if not _ID.match(value):
+    if not _ID.fullmatch(value):  # not match: its $ also matches before a final newline
         raise ConfigError(
             f"submission id {value!r} is not valid: use 1-128 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
         )
     return value
+
+
+# Any id a submission of ours has (a ``--retry-failed`` candidate, ``<id>-retryN``, may pass
+# the 128 characters of a base id) or Ray makes (``raysubmit_...``).
+_LOOKUP_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,255}")
+
+
+def _check_lookup(submission_id: str) -> None:
+    """``status``, ``logs`` and ``wait`` ask the Jobs API for ``/api/jobs/<id>``: an id that
+    is empty or holds '/', '?' or '#' would ask for another of its paths (``../version``
+    answers with the cluster's version), so it is refused before any request (exit 2)."""
+    if not _LOOKUP_ID.fullmatch(submission_id):
+        raise ConfigError(
+            f"submission id {submission_id!r} is not valid: an id `overnight submit` printed is "
+            "letters, digits, '.', '_' and '-', starting with a letter or digit"
+        )
 
 
 def _absolute(url: str) -> str:
@@ -247,6 +263,7 @@ def wait(
     address: str | None, submission_id: str, *, timeout_s: float | None = None, poll_s: float = 2.0
 ) -> str:
     """Block until the job ends; returns its final status."""
+    _check_lookup(submission_id)
     cl = client(address)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
@@ -262,6 +279,7 @@ def wait(
 
 
 def status(address: str | None, submission_id: str) -> dict[str, Any]:
+    _check_lookup(submission_id)
     cl = client(address)
     info = _job_info(cl, submission_id)
     if info is None:
@@ -287,6 +305,7 @@ def status(address: str | None, submission_id: str) -> dict[str, Any]:
 
 
 def logs(address: str | None, submission_id: str) -> str:
+    _check_lookup(submission_id)
     cl = client(address)
     if _job_info(cl, submission_id) is None:
         raise ConfigError(f"no job with submission id {submission_id!r} on this cluster")
@@ -299,6 +318,7 @@ def logs(address: str | None, submission_id: str) -> str:
 
 
 def follow_logs(address: str | None, submission_id: str, out=None) -> None:
+    _check_lookup(submission_id)
     out = out or sys.stdout
     cl = client(address)
     if _job_info(cl, submission_id) is None:

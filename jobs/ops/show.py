@@ -207,13 +207,26 @@ def _source_matches(row: dict[str, Any], name: str, glob: bool = True) -> bool:
     )
 
 
+def _distinct(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` without the copies of a row: the same item, task, run and commit time can only
+    be one row read twice (a part file copied beside itself), so it is shown and counted once."""
+    seen: set[tuple[Any, ...]] = set()
+    out = []
+    for row in rows:
+        key = (row["item_id"], row.get("task"), row["run_id"], row["processed_at"])
+        if key not in seen:
+            seen.add(key)
+            out.append(row)
+    return out
+
+
 def read(output: str, selection: Selection) -> dict[str, tuple[list[dict[str, Any]], int]]:
     """Matching rows per dataset, in source order, and how many rows each dataset holds."""
     out: dict[str, tuple[list[dict[str, Any]], int]] = {}
     every: dict[str, list[dict[str, Any]]] = {}
     for name, loc in locate(output):
         table = CommittedDataset(loc).read_results(COLUMNS[name])
-        every[name] = table.to_pylist() if table is not None else []
+        every[name] = _distinct(table.to_pylist()) if table is not None else []
     source = selection.source
     if source and _is_glob(source):
         # A source's own name selects it, glob characters and all (`glob[*]?.wav`), and

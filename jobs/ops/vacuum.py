@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from overnight.jobs.dataset import commits, storage
+from overnight.jobs.errors import InputNotFound
 from overnight.jobs.redaction import AUDIO_FOLDER, UNREDACTED_DATASET, audio_name
 
 RESULTS = ("transcripts", "results", "probes", "costs")
@@ -87,6 +88,11 @@ class _Marked:
 def vacuum(output_url: str, before: date, dry_run: bool = False) -> Vacuumed:
     """Remove everything dated before ``before`` from OUTPUT (see the module docstring)."""
     output = storage.resolve(output_url)
+    if not storage.exists(output):  # a typo must not leave a new, empty OUTPUT behind
+        raise InputNotFound(
+            f"{storage.scrub_secrets(output_url)!r} does not exist: nothing to vacuum (give the "
+            "OUTPUT folder or prefix of a transcribe or process run)"
+        )
     intent = output.join(INTENT)
     # A killed vacuum's intent is finished with this one: what it marked, up to its cutoff.
     left = _Marked.from_json(storage.read_location(intent)) if storage.exists(intent) else None
@@ -187,7 +193,9 @@ def _staged(dataset: storage.Location, before: date) -> list[storage.Location]:
     return [
         storage.Location(root.fs, folder, root.scheme)
         for folder in storage.list_dirs(root)
-        if date.fromisoformat(posixpath.basename(folder)) < before
+        # A folder that is not a run date (a stray backup/) is not overnight's: left alone.
+        if commits._is_date(name := posixpath.basename(folder))
+        and date.fromisoformat(name) < before
     ]
 
 

@@ -81,11 +81,14 @@ def ddl(
         raise ConfigError(
             f"views: --first-night {first_night!r} is not a date (2025-01-01)"
         ) from None
+    from overnight.jobs.dataset.storage import one_line
+
+    # A line break in the location would end the header comment and start a statement.
     where = _location(output, engine)
     if not datasets:
         datasets = partitioned(output) if engine == "duckdb" else VIEW_DATASETS
     parts = [
-        f"-- {_TITLES[engine]} over {where}, schema version {schemas.SCHEMA_VERSION}.\n"
+        f"-- {_TITLES[engine]} over {one_line(where)}, schema version {schemas.SCHEMA_VERSION}.\n"
         "-- Printed by `overnight views` from overnight.schemas; files of older versions read\n"
         "-- with their missing columns null (docs/reading-outputs.md).\n"
         + "".join(f"-- {line}\n" for line in _NOTES[engine].splitlines())
