@@ -191,3 +191,16 @@ def test_a_ray_address_nothing_answers_at_is_exit_10_before_any_record_is_writte
     assert ledger(config, capsys) == []
     calls = str(tmp_path / "calls" / "acme")
     assert main(["transcribe", calls, str(tmp_path / "out"), "--address", address]) == 10
+
+
+def test_file_localhost_is_the_path_the_tenant_checks_compare(tmp_path, monkeypatch):
+    # The checks (submissions.urls) read file://localhost/x as /x; storage read it as
+    # ./localhost/x, so an inbox or state given so was written under the working directory.
+    from overnight.jobs.ops.submissions import normalize
+
+    monkeypatch.chdir(tmp_path)
+    url = f"file://localhost{tmp_path}/inbox/acme"
+    assert storage.resolve(url).path == f"{tmp_path}/inbox/acme" == normalize(url).url()
+    storage.write_bytes_atomic(storage.resolve(url + "/m.csv"), b"uri\n")
+    assert (tmp_path / "inbox" / "acme" / "m.csv").exists()
+    assert not (tmp_path / "localhost").exists()
