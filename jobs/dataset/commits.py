@@ -269,23 +269,9 @@ class CommittedDataset:
         want_date = columns is not None and PARTITION in columns
 
         def read(path: str) -> pa.Table | None:
-            try:
-                with self.location.fs.open(path, "rb") as f:
-                    pf = pq.ParquetFile(f)
-                    why = _foreign(pf, self.name)
-                    if why is not None:
-                        _skipped(path, why)
-                        return None
-                    cols = (
-                        None
-                        if columns is None
-                        else [c for c in columns if c in pf.schema_arrow.names]
-                    )
-                    table = pf.read(columns=cols)
-            except _NOT_DAMAGE:
-                raise
-            except (pa.ArrowException, OSError) as exc:
-                raise damaged(path, exc) from None
+            table = self._read_own(path, columns)
+            if table is None:
+                return None
             if want_date:
                 day = partition_date(path)
                 table = table.append_column(
@@ -308,6 +294,26 @@ class CommittedDataset:
             table = table.filter(pc.equal(table["run_id"], run_id))
         return table
 
+    def _read_own(self, path: str, columns: list[str] | None) -> pa.Table | None:
+        """``columns`` of one of the dataset's files (those it has; None: all); None for a
+        foreign file (skipped with a warning); ``InputNotFound`` for one that is not
+        readable Parquet."""
+        try:
+            with self.location.fs.open(path, "rb") as f:
+                pf = pq.ParquetFile(f)
+                why = _foreign(pf, self.name)
+                if why is not None:
+                    _skipped(path, why)
+                    return None
+                names = pf.schema_arrow.names
+                return pf.read(
+                    columns=None if columns is None else [c for c in columns if c in names]
+                )
+        except _NOT_DAMAGE:
+            raise
+        except (pa.ArrowException, OSError) as exc:
+            raise damaged(path, exc) from None
+
     def committed_files(self, flat_only: bool = False) -> dict[str, list[str]]:
         """The complete Parquet files of a result self.location and the item ids each holds
         (``flat_only``: only the unpartitioned files an older overnight wrote at its top).
@@ -322,18 +328,8 @@ class CommittedDataset:
 
     def _ids_of(self, files: list[str]) -> dict[str, list[str]]:
         def read(path: str) -> list[str] | None:
-            try:
-                with self.location.fs.open(path, "rb") as f:
-                    pf = pq.ParquetFile(f)
-                    why = _foreign(pf, self.name)
-                    if why is not None:
-                        _skipped(path, why)
-                        return None
-                    return pf.read(columns=["item_id"]).column("item_id").to_pylist()
-            except _NOT_DAMAGE:
-                raise
-            except (pa.ArrowException, OSError) as exc:
-                raise damaged(path, exc) from None
+            table = self._read_own(path, ["item_id"])
+            return None if table is None else table.column("item_id").to_pylist()
 
         found = dict(zip(files, storage.map_threads(read, files), strict=True)) if files else {}
         return {path: ids for path, ids in found.items() if ids is not None}
