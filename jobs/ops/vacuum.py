@@ -110,22 +110,32 @@ def vacuum(output_url: str, before: date, dry_run: bool = False) -> Vacuumed:
     return done
 
 
+def _table(where: storage.Location, path: str, columns: list[str] | None = None) -> pa.Table:
+    """A Parquet file vacuum reads; one that is damaged stops it naming the file (exit 4),
+    before anything is removed, where it was a traceback."""
+    try:
+        with where.fs.open(path, "rb") as f:
+            return pq.read_table(f, columns=columns)
+    except (FileNotFoundError, PermissionError, ConnectionError, TimeoutError):
+        raise
+    except (pa.ArrowException, OSError) as exc:
+        raise commits.damaged(path, exc) from None
+
+
 def _mark(output: storage.Location, before: date) -> _Marked:
     """Read (only) what the intent must hold: the runs ``run_table/`` dates before the
     cutoff, and the recordings of the ``transcripts/`` rows that go (published or staged)
     where their originals or redacted audio were kept."""
     marked = _Marked(before)
     for path in _files(_partitions(output.join(RUN_TABLE), before)):
-        with output.fs.open(path, "rb") as f:
-            marked.runs.update(pq.read_table(f, columns=["run_id"])["run_id"].to_pylist())
+        marked.runs.update(_table(output, path, ["run_id"])["run_id"].to_pylist())
     unredacted = storage.list_files(output.join(UNREDACTED_DATASET), ".parquet")
     flacs = {posixpath.basename(p) for p in storage.list_top_files(output.join(AUDIO_FOLDER))}
     if not unredacted and not flacs:
         return marked
     transcripts = output.join("transcripts")
     for path in _files([*_partitions(transcripts, before), *_staged(transcripts, before)]):
-        with output.fs.open(path, "rb") as f:
-            rows = pq.read_table(f, columns=["item_id", "source_uri"]).to_pylist()
+        rows = _table(output, path, ["item_id", "source_uri"]).to_pylist()
         if unredacted:
             marked.items.update(r["item_id"] for r in rows)
         marked.audio.update(name for name in map(audio_name, rows) if name in flacs)
@@ -218,8 +228,7 @@ def _prune_items(dataset: storage.Location, items: set[str], dry_run: bool) -> l
     removed = []
     for path in storage.list_files(dataset, ".parquet") if items else []:
         loc = storage.Location(dataset.fs, path, dataset.scheme)
-        with dataset.fs.open(path, "rb") as f:
-            table = pq.read_table(f)
+        table = _table(dataset, path)
         old = pc.is_in(table["item_id"], pa.array(sorted(items), pa.string()))
         if not pc.any(old).as_py():
             continue
@@ -254,8 +263,7 @@ def _prune_index(dataset: storage.Location, before: date, dry_run: bool) -> int:
     """Drop the index entries of run dates before ``before``; returns how many."""
     removed = 0
     for path in commits.CommittedDataset(dataset).index_segments():
-        with dataset.fs.open(path, "rb") as f:
-            table = pq.read_table(f)
+        table = _table(dataset, path)
         old = pc.less(table[commits.PARTITION], before)
         n = pc.sum(old).as_py() or 0
         if not n:

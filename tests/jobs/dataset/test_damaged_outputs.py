@@ -264,3 +264,15 @@ def test_show_prints_the_rows_of_a_part_file_copied_beside_itself_once(output: P
     assert out.count("0.wav  ok") == 1
     assert main(["show", str(output), "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)) == 6
+
+
+def test_vacuum_stops_before_removing_anything_at_a_damaged_file_it_reads(output: Path, capsys):
+    # Its own readers (the run table, the index, rows of recordings whose audio was kept)
+    # met a damaged file with a traceback.
+    damaged = output / "run_table" / PARTITION / "part-night-1.parquet"
+    damaged.parent.mkdir(parents=True)
+    damaged.write_bytes(b"PAR1")
+    assert main(["vacuum", str(output), "--older-than", "1d"]) == 4
+    err = capsys.readouterr().err
+    assert damaged.name in err and "Traceback" not in err
+    assert _part(output).exists()  # nothing removed
