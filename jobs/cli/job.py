@@ -29,6 +29,16 @@ if TYPE_CHECKING:
     from overnight.jobs.spec import JobSpec
 
 
+class _TaskList(argparse.Action):
+    """``--task`` given more than once: a job of several tasks (the spec's list), as the docs
+    show (``--task summarize --task classify``); the last one alone ran, silently."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+        before = getattr(namespace, self.dest, None)
+        tasks = ([before] if isinstance(before, str) else list(before or [])) + [values]
+        setattr(namespace, self.dest, tasks[0] if len(tasks) == 1 else tasks)
+
+
 def _names(text: str) -> list[str]:
     """A comma-separated flag value as its names, blanks dropped."""
     return [name.strip() for name in text.split(",") if name.strip()]
@@ -259,7 +269,8 @@ def add_parser(sub) -> None:
     pr.add_argument("output", help="folder or URL prefix")
     pr.add_argument(
         "--task",
-        help="|".join(LLM_TASKS),
+        action=_TaskList,
+        help="|".join(LLM_TASKS) + "; repeat it for a job of several tasks over the same documents",
     )
     pr.add_argument("--schema", help="extract: the fields as a JSON schema file")
     pr.add_argument("--labels", type=_names, help="classify: comma-separated labels")

@@ -224,3 +224,16 @@ def test_every_flag_and_argument_of_every_command_has_help():
 
     walk(parser(), ["overnight"])
     assert not bare, bare
+
+
+def test_task_given_twice_is_a_job_of_both_tasks_as_the_docs_show():
+    # --task summarize --task classify ran classify alone, without a word.
+    from overnight.jobs.spec import build_spec
+
+    args = parse_args(
+        ["process", "docs/", "out/", "--task", "summarize", "--task", "classify", "--labels", "a,b"]
+    )
+    assert args.task == ["summarize", "classify"]
+    spec = build_spec(overrides=_overrides(args, "process"))
+    assert spec.process.tasks == ["summarize", "classify"]
+    assert parse_args(["process", "docs/", "out/", "--task", "summarize"]).task == "summarize"

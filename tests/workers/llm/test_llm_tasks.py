@@ -570,3 +570,57 @@ def _field_notes() -> str:
     if not path.is_file():
         pytest.skip("../shared/FIELD_NOTES.md is absent (shared data)")
     return path.read_text()
+
+
+@pytest.mark.parametrize(
+    "ref",
+    ["http://127.0.0.1:9/remote.json", "file:///etc/passwd", "other.json", "/abs/schema.json"],
+)
+def test_a_schema_referring_outside_itself_is_refused_before_the_job(ref):
+    # jsonschema fetched a $ref URL from inside the workers during the run, once per reply.
+    schema = {
+        "type": "object",
+        "properties": {"a": {"$ref": ref, "description": "the name"}},
+        "required": ["a"],
+    }
+    with pytest.raises(TaskSpecError, match=r"json_schema\.properties\.a\.\$ref: .*refers outside"):
+        TaskSpec(kind="extract", json_schema=schema)
+    local = {
+        "type": "object",
+        "$defs": {"name": {"type": "string"}},
+        "properties": {"a": {"$ref": "#/$defs/name"}},
+        "required": ["a"],
+    }
+    TaskSpec(kind="extract", json_schema=local)
+    assert validate({"a": 5}, local) == ["$.a: 5 is not of type 'string'"]
+
+
+def test_validation_never_retrieves_a_reference(tmp_path):
+    import http.server
+    import threading
+
+    hits: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            hits.append(self.path)
+            body = b'{"type": "string"}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/remote.json"
+        schema = {"type": "object", "properties": {"a": {"$ref": url}}}
+        with pytest.raises(Exception, match=r"remote\.json"):
+            validate({"a": 5}, schema)
+    finally:
+        server.shutdown()
+    assert hits == []

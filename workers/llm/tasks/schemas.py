@@ -16,9 +16,13 @@ def validate(value: Any, schema: Mapping[str, Any], path: str = "$") -> list[str
     """Validation errors of ``value`` against ``schema`` (empty: valid), by ``jsonschema``,
     formats (``date``, ``email``, ...) checked too."""
     from jsonschema import validators
+    from referencing import Registry
 
     cls = validators.validator_for(schema)
-    checker = cls(schema, format_checker=cls.FORMAT_CHECKER)
+    # An empty registry: a reference outside the schema is never retrieved. Without one,
+    # jsonschema fetched a ``$ref`` URL from inside the worker, once per reply
+    # (``spec.check_schema`` refuses such schemas before the job; this is the second wall).
+    checker = cls(schema, format_checker=cls.FORMAT_CHECKER, registry=Registry())
     errors = sorted(checker.iter_errors(value), key=lambda e: list(map(str, e.absolute_path)))
     out = []
     for error in errors:

@@ -38,6 +38,14 @@ def check_schema(schema: Any, path: str = "json_schema") -> None:
     except exceptions.SchemaError as exc:
         where = "".join(f"[{p!r}]" for p in exc.absolute_path)
         raise TaskSpecError(f"{path}{where}: not a valid JSON schema: {exc.message}") from None
+    for where, ref in _references(schema, path):
+        if not ref.startswith("#"):
+            # Resolved, it is fetched (a URL: from inside the workers, during the run) or
+            # read from a file: what the job reads is the schema it was given.
+            raise TaskSpecError(
+                f"{where}: {ref!r} refers outside the schema; only references within it "
+                "(#/$defs/...) are allowed: put the definition under $defs"
+            )
     if schema.get("type") != "object":
         raise TaskSpecError(f"{path}.type={schema.get('type')!r}: an extraction is an object")
     if schema.get("additionalProperties", False) is not False:
@@ -45,6 +53,22 @@ def check_schema(schema: Any, path: str = "json_schema") -> None:
             f"{path}.additionalProperties: keys outside the schema are always dropped; "
             "remove it or set it to false"
         )
+
+
+def _references(node: Any, path: str) -> list[tuple[str, str]]:
+    """Every ``$ref``-like keyword in ``node`` and where it is, as (path, value)."""
+    found: list[tuple[str, str]] = []
+    if isinstance(node, Mapping):
+        for key, value in node.items():
+            here = f"{path}.{key}"
+            if key in ("$ref", "$dynamicRef", "$recursiveRef") and isinstance(value, str):
+                found.append((here, value))
+            else:
+                found += _references(value, here)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            found += _references(value, f"{path}[{i}]")
+    return found
 
 
 def template_fields(template: str) -> list[str]:
