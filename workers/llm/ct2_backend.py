@@ -235,6 +235,8 @@ class CTranslate2Backend:
     def generate(
         self, conversations: list[list[dict[str, str]]], params: contract.GenerationParams
     ) -> list[contract.Generation]:
+        if params.choices is not None:
+            return [g for _, _, g in self.choose_scored(conversations, params.choices)]
         prompts = [self._tokens(self.render_chat(c)) for c in conversations]
         results: list[contract.Generation | None] = [None] * len(prompts)
         runnable = []
@@ -245,16 +247,6 @@ class CTranslate2Backend:
                 )
             else:
                 runnable.append(i)
-        if params.choices is not None:
-            labels = self._best_choices([prompts[i] for i in runnable], params.choices)
-            for i, label in zip(runnable, labels, strict=True):
-                results[i] = contract.Generation(
-                    text=label,
-                    input_tokens=len(prompts[i]),
-                    output_tokens=self.count_tokens(label) + 1,
-                    finish_reason=contract.FINISH_STOP,
-                )
-            return self._complete(results)
         lengths = [len(p) for p in prompts]
         for batch in self._batches(runnable, lengths, params.max_new_tokens):
             # One max_length per batch: an item close to the context limit only shortens
@@ -391,20 +383,53 @@ class CTranslate2Backend:
     def choose(
         self, conversations: list[list[dict[str, str]]], choices: Sequence[str]
     ) -> list[str]:
-        params = contract.GenerationParams(choices=tuple(choices))
-        return [g.text for g in self.generate(conversations, params)]
+        return [label for label, _, _ in self.choose_scored(conversations, choices)]
 
-    def _best_choices(self, prompts: list[list[str]], choices: tuple[str, ...]) -> list[str]:
+    def choose_scored(
+        self, conversations: list[list[dict[str, str]]], choices: Sequence[str]
+    ) -> list[tuple[str, float | None, contract.Generation]]:
+        """The label of each conversation with the model's probability of it as the whole
+        reply (its tokens and the end-of-turn token), as vLLM's ``choose_scored`` gives it:
+        the classify task's ``label_score``, which was null on this backend. A prompt past
+        the context gets no label."""
+        prompts = [self._tokens(self.render_chat(c)) for c in conversations]
+        runnable = [i for i, p in enumerate(prompts) if len(p) < self.context_length]
+        best = dict(
+            zip(
+                runnable,
+                self._best_choices([prompts[i] for i in runnable], tuple(choices)),
+                strict=True,
+            )
+        )
+        out: list[tuple[str, float | None, contract.Generation]] = []
+        for i, prompt in enumerate(prompts):
+            if i not in best:
+                exceeded = contract.FINISH_CONTEXT_EXCEEDED
+                out.append(("", None, contract.Generation("", len(prompt), 0, exceeded)))
+                continue
+            label, log_prob = best[i]
+            reply = contract.Generation(
+                text=label,
+                input_tokens=len(prompt),
+                output_tokens=self.count_tokens(label) + 1,
+                finish_reason=contract.FINISH_STOP,
+            )
+            out.append((label, math.exp(log_prob), reply))
+        return out
+
+    def _best_choices(
+        self, prompts: list[list[str]], choices: tuple[str, ...]
+    ) -> list[tuple[str, float]]:
         """For each prompt, the choice with the highest log-probability as the whole reply:
         its tokens followed by the end-of-turn token (so a label that is a prefix of another
-        is not favoured)."""
+        is not favoured); with that log-probability."""
         end = self._end_tokens[0]
         continuations = [[*self._tokens(choice), end] for choice in choices]
         sequences = [prompt + cont for prompt in prompts for cont in continuations]
         scores = self._generator.score_batch(
             sequences, max_batch_size=MAX_BATCH_TOKENS, batch_type="tokens", max_input_length=0
         )
-        best: list[str] = []
+        best: list[tuple[str, float]] = []
         for p in range(len(prompts)):
             top_label, top_score = choices[0], -math.inf
             for c, cont in enumerate(continuations):
@@ -412,7 +437,7 @@ class CTranslate2Backend:
                 score = float(sum(log_probs[-len(cont) :]))
                 if score > top_score:
                     top_label, top_score = choices[c], score
-            best.append(top_label)
+            best.append((top_label, top_score))
         return best
 
 

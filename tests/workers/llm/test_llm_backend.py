@@ -132,6 +132,23 @@ def test_choose_returns_one_of_the_choices_for_every_conversation(backend: LLMBa
     assert len(labels) == 2 and set(labels) <= {"yes", "no"}
 
 
+def test_choose_scored_gives_each_label_its_probability_as_the_whole_reply(
+    backend: LLMBackend,
+) -> None:
+    # The classify task's label_score was null on this backend (the default install's):
+    # the label's log-probability was computed and dropped.
+    convs = [[{"role": "user", "content": "Is Paris in France? Answer yes or no."}]]
+    [(label, score, reply)] = backend.choose_scored(convs, ["yes", "no"])  # type: ignore[attr-defined]
+    assert label in {"yes", "no"} and reply.text == label
+    assert score is not None and 0.0 < score <= 1.0
+    assert backend.choose(convs, ["yes", "no"]) == [label]
+    # the label chosen is the likelier one: the other, scored alone, is no likelier
+    [(_, other_score, _)] = backend.choose_scored(  # type: ignore[attr-defined]
+        convs, ["no" if label == "yes" else "yes"]
+    )
+    assert other_score is not None and other_score <= score
+
+
 def test_render_chat_uses_the_models_own_template(backend: LLMBackend) -> None:
     rendered = backend.render_chat(_conv("Hello"))
     assert rendered == (
