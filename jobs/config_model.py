@@ -14,9 +14,13 @@ _SECRET_FIELDS = frozenset({"notify"})
 
 
 class ConfigModel(BaseModel):
-    """Unknown keys are errors (a typo must not be ignored); a validated config is frozen."""
+    """Unknown keys are errors (a typo must not be ignored); a validated config is frozen.
+    NaN and infinity are no number a setting takes: ``cpus_per_actor = inf`` overflowed in
+    sizing, after the run had claimed its output."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False
+    )
 
 
 def config_error(

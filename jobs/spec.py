@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import difflib
+import json
+import math
 import re
 import secrets
 import tomllib
@@ -50,7 +52,9 @@ class TranscribeOptions(DecodingOptions):
     ``workers.whisper_options.DecodingOptions`` (declared there once, passed to the worker as
     they are); the fields below shape decoding, the pool and the run."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False
+    )
 
     chunk_length_s: int = Field(
         30, ge=5, le=30, description="longest chunk of speech fed to the model"
@@ -220,6 +224,12 @@ class TranscribeOptions(DecodingOptions):
         if value is None:
             return []
         names = value.split(",") if isinstance(value, str) else list(value)
+        if names and not any(str(n).strip() for n in names):
+            # "" or [""], as an unset variable gives: redaction was silently off.
+            raise ValueError(
+                "names no entity type (an unset variable?): give types such as pci,ssn or "
+                "all, or leave redact out for none"
+            )
         return list(resolve_types(names))
 
     @model_validator(mode="before")
@@ -269,7 +279,9 @@ class ProcessOptions(EngineOptions):
     ``workers.llm.engine_options.EngineOptions`` (declared there once, passed to the worker as
     they are); the fields below choose the task, the pool and the run."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False
+    )
 
     task: str | list[str] = Field(
         "summarize",
@@ -440,6 +452,33 @@ class RunOptions(_Model):
         "scrubbed; the URL itself is never printed). A few tries within 20 s; never fails the "
         "run",
     )
+
+    @field_validator("ray_address")
+    @classmethod
+    def _ray_address_form(cls, value: str | None) -> str | None:
+        # ray.init raised "Unable to parse port number" in a traceback, after the claim.
+        if value is None or value in ("auto", "local"):
+            return value
+        host, sep, port = value.removeprefix("ray://").rpartition(":")
+        if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+            raise ValueError(
+                "is not HOST:PORT (the head node's GCS port, 6379 by default), ray://HOST:PORT "
+                "or auto"
+            )
+        return value
+
+    @field_validator("input", "output")
+    @classmethod
+    def _not_empty(cls, value: str) -> str:
+        # An unset template variable gives "", which read as the working directory: a run
+        # wrote its datasets into it, or transcribed every recording under it.
+        if not value.strip():
+            raise ValueError(
+                "is empty (an unset variable?): give a folder, file or URL prefix; '.' for "
+                "the working directory"
+            )
+        return value
+
     progress: bool = Field(True, description="print progress lines while running")
     verbose: bool = Field(
         False,
@@ -512,10 +551,29 @@ class JobSpec(_Model):
     @classmethod
     def _prices_complete(cls, prices: dict[str, float]) -> dict[str, float]:
         merged = {**DEFAULT_PRICES, **prices}
-        bad = {k: v for k, v in merged.items() if v < 0}
+        bad = {k: v for k, v in merged.items() if not math.isfinite(v) or v < 0}
         if bad:
-            raise ValueError(f"prices must be >= 0, got {bad}")
+            # NaN passed "< 0" and came out as NaN costs, and as JSON no parser reads.
+            raise ValueError(f"prices must be finite and >= 0, got {bad}")
         return merged
+
+    @model_validator(mode="after")
+    def _prices_known(self) -> JobSpec:
+        from overnight.workers.devices import GPU_KINDS
+
+        # A typo (cpuu) priced nothing and left the default in place, without a word.
+        named = {r for r in (self.transcribe.resource, self.process.resource) if r}
+        known: set[str] = {*DEFAULT_PRICES, *GPU_KINDS, *named}
+        unknown = sorted(set(self.prices) - known)
+        if unknown:
+            hint = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+            raise ValueError(
+                f"prices: no resource {unknown[0]!r}"
+                + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                + ": a price names cpu, gpu, a GPU kind (h100, l40s, ...) or the resource a "
+                "job's `resource` option names"
+            )
+        return self
 
     @model_validator(mode="after")
     def _run_id(self) -> JobSpec:
@@ -598,17 +656,20 @@ def read_job_file(path: str | Path) -> dict[str, Any]:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"cannot read job file {str(path)!r}: {exc.strerror}") from None
+    # By suffix, any case: a .json or .YAML file was parsed as TOML, and the message named
+    # the format it was not read as.
+    kind = {".yaml": "YAML", ".yml": "YAML", ".json": "JSON"}.get(path.suffix.lower(), "TOML")
     try:
-        if path.suffix in (".yaml", ".yml"):
+        if kind == "YAML":
             import yaml
 
             data = yaml.safe_load(text) or {}
+        elif kind == "JSON":
+            data = json.loads(text)
         else:
             data = tomllib.loads(text)
     except Exception as exc:
-        raise ConfigError(
-            f"job file {str(path)!r} is not valid {path.suffix[1:].upper() or 'TOML'}: {exc}"
-        ) from None
+        raise ConfigError(f"job file {str(path)!r} is not valid {kind}: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(
             f"job file {str(path)!r} must hold a table of sections ([job], [transcribe], ...)"

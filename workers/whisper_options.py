@@ -29,6 +29,20 @@ __all__ = [
 
 
 _TORCH_TYPES = ("auto", "float32", "float16", "bfloat16")
+# CTranslate2's compute types (``ctranslate2.get_supported_compute_types`` names those a
+# device runs; it falls back where one is not supported, so any of these is a valid request).
+_CT2_TYPES = (
+    "auto",
+    "default",
+    "int8",
+    "int8_float32",
+    "int8_float16",
+    "int8_bfloat16",
+    "int16",
+    "float16",
+    "bfloat16",
+    "float32",
+)
 
 
 def resolve_engine(engine: str) -> str:
@@ -67,7 +81,7 @@ def is_english(language: str | None) -> bool:
 class DecodingOptions(BaseModel):
     """Model and decoding options. Recorded on every row (``options`` column)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     model: str = Field(
         BUNDLED_MODEL,
@@ -163,6 +177,17 @@ class DecodingOptions(BaseModel):
         description="words or phrases to favour (product names, people); a manifest `hotwords` "
         "column overrides it per item. Items with different prompts batch apart",
     )
+
+    @model_validator(mode="after")
+    def _known_compute_type(self) -> DecodingOptions:
+        # A misspelt type passed the spec and the dry run, and failed in the model actor's
+        # load after Ray had started, with the output claimed.
+        if self.compute_type not in _CT2_TYPES:
+            raise ValueError(
+                f"compute_type {self.compute_type!r} is not a compute type: use "
+                f"{', '.join(_CT2_TYPES)}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _torch_takes_float_types(self) -> DecodingOptions:

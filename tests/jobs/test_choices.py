@@ -52,7 +52,7 @@ def test_the_engines_the_backend_flag_offers_are_the_ones_load_backend_loads():
 def test_the_process_task_help_lists_every_task_of_the_registry_in_order():
     from overnight.workers.llm.tasks.registry import TASKS
 
-    assert _flag("process", "--task").help == "|".join(TASKS)
+    assert (_flag("process", "--task").help or "").split(";")[0] == "|".join(TASKS)
 
 
 def test_the_redact_help_lists_every_redaction_type_and_preset_redaction_takes():

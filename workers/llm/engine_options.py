@@ -26,7 +26,7 @@ def default_llm_backend() -> Backend:
 class EngineOptions(BaseModel):
     """Which engine runs which model, and how. Recorded on every row (``options`` column)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     backend: Literal["auto", Backend] = Field(
         "auto",
