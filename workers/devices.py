@@ -15,7 +15,7 @@ Device = Literal["auto", "cpu", "cuda"]
 DEVICES: tuple[str, ...] = get_args(Device)
 
 # GPU product names as they appear in nvidia-smi, longest first ("a100" before "a10").
-_GPU_KINDS = (
+GPU_KINDS = (
     "gh200",
     "h200",
     "h100",
@@ -37,7 +37,7 @@ _GPU_KINDS = (
 def gpu_kind(product_name: str) -> str:
     """``h100`` for "NVIDIA H100 80GB HBM3" and so on; ``gpu`` for names we do not know."""
     compact = product_name.lower().replace(" ", "").replace("-", "")
-    for kind in _GPU_KINDS:
+    for kind in GPU_KINDS:
         if kind in compact:
             return kind
     return "gpu"

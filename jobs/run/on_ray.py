@@ -21,7 +21,13 @@ from typing import Any
 import pyarrow as pa
 
 from overnight.jobs.dataset import storage
-from overnight.jobs.errors import ClusterUnreachable, EngineFailed, ModelNotFound, OvernightError
+from overnight.jobs.errors import (
+    ClusterUnreachable,
+    ConfigError,
+    EngineFailed,
+    ModelNotFound,
+    OvernightError,
+)
 from overnight.jobs.run import console
 from overnight.jobs.run.committing import ACTOR_STARTED, MODEL_READY
 from overnight.jobs.run.stage import StageContractError
@@ -68,7 +74,11 @@ def check_reachable(address: str | None, timeout_s: float = 5.0) -> None:
     target = address.removeprefix("ray://")
     host, sep, port = target.rpartition(":")
     if not sep or not host or not port.isdigit():
-        return
+        # ray.init raised "Unable to parse port number" in a traceback.
+        raise ConfigError(
+            f"Ray address {address!r} is not HOST:PORT (the head node's GCS port, 6379 by "
+            "default), ray://HOST:PORT or auto"
+        )
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
     except OSError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 
 import pytest
 
@@ -383,3 +384,61 @@ def test_translate_with_an_english_only_model_is_a_config_error_naming_the_fix()
         )
     spec = build_spec(overrides={"job": job, "transcribe": {"task": "translate", "model": "small"}})
     assert spec.transcribe.task == "translate"
+
+
+JOB = {"input": "calls/", "output": "out/"}
+
+
+@pytest.mark.parametrize(
+    ("section", "values", "named"),
+    [
+        # "" (an unset variable) read as the working directory: datasets written into it
+        ("job", {"output": ""}, "job.output"),
+        ("job", {"input": "  "}, "job.input"),
+        # redaction silently off
+        ("transcribe", {"redact": ""}, "transcribe.redact"),
+        ("transcribe", {"redact": [""]}, "transcribe.redact"),
+        # an overflow in sizing or in the decode stage, after the claim
+        ("transcribe", {"cpus_per_actor": float("inf")}, "transcribe.cpus_per_actor"),
+        ("transcribe", {"max_file_mb": float("inf")}, "transcribe.max_file_mb"),
+        # NaN costs, and JSON no parser reads
+        ("prices", {"cpu": float("nan")}, "prices.cpu"),
+        # a typo priced nothing
+        ("prices", {"cpuu": 0.5}, "did you mean 'cpu'"),
+        # failed in the actor's load after Ray started
+        ("transcribe", {"compute_type": "bogus"}, "compute_type 'bogus'"),
+        # ray.init's traceback, after the claim
+        ("job", {"ray_address": "notahost:xx"}, "job.ray_address"),
+    ],
+)
+def test_a_setting_that_cannot_mean_what_it_says_is_refused_naming_it(section, values, named):
+    job = {**JOB, **values} if section == "job" else JOB
+    overrides = {"job": job} if section == "job" else {"job": job, section: values}
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        build_spec(overrides=overrides)
+
+
+def test_redact_left_out_or_empty_list_is_no_redaction_and_named_types_are_kept():
+    assert build_spec(overrides={"job": JOB}).transcribe.redact == []
+    spec = build_spec(overrides={"job": JOB, "transcribe": {"redact": "pci, ssn"}})
+    assert "ssn" in spec.transcribe.redact and "card_number" in spec.transcribe.redact
+    spec = build_spec(overrides={"job": JOB, "prices": {"l40s": 1.2}})  # a GPU kind we know
+    assert spec.prices["l40s"] == 1.2
+
+
+def test_redact_given_empty_on_the_command_line_is_exit_2(tmp_path, capsys):
+    assert cli_main(["transcribe", str(tmp_path), str(tmp_path / "o"), "--redact", ""]) == 2
+    assert "names no entity type" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["job.json", "job.YAML", "job.Toml"])
+def test_a_job_file_is_read_by_its_suffix_whatever_its_case(tmp_path, name):
+    # a .json file was parsed as TOML, and the error said "not valid JSON"
+    path = tmp_path / name
+    if name.endswith("json"):
+        path.write_text(json.dumps({"job": JOB}))
+    elif name.lower().endswith("yaml"):
+        path.write_text("job:\n  input: calls/\n  output: out/\n")
+    else:
+        path.write_text('[job]\ninput = "calls/"\noutput = "out/"\n')
+    assert read_job_file(path) == {"job": JOB}
