@@ -177,9 +177,10 @@ def _check_bucket(loc: storage.Location, what: str, shown: str) -> None:
 
 
 def local_run(address: str | None) -> bool:
-    """Whether Ray starts here (its actors see this machine's files) rather than joining a
-    cluster (``--address``, or ``RAY_ADDRESS`` as Ray Jobs sets it)."""
-    return not (address or os.environ.get("RAY_ADDRESS"))
+    """Whether Ray starts here rather than joining a cluster (``on_ray.local_run``)."""
+    from overnight.jobs.run.on_ray import local_run as starts_here
+
+    return starts_here(address)
 
 
 @dataclass(frozen=True)

@@ -129,7 +129,9 @@ def _transcribe_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--redact",
         metavar="TYPES",
-        type=_names,
+        # Kept as written: the spec refuses "" (an unset $TYPES), which blanks dropped here
+        # turned into no redaction at all.
+        type=str,
         help="entity types to replace by [TYPE] tags, comma-separated: "
         f"{', '.join(REDACTION_TYPES)}, or a preset: {', '.join(REDACTION_PRESETS)} (turns word "
         "timestamps on)",
@@ -370,9 +372,26 @@ def _run_or_dry(spec: JobSpec, dry: bool, as_json: bool = False) -> int:
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
+    import os
+
+    from overnight.jobs.errors import OutputNotWritable
     from overnight.jobs.spec import reference
 
-    print(reference())
+    try:
+        print(reference())
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise  # `overnight config | head`: the command's quiet exit 141 (jobs.cli.main)
+    except OSError as exc:  # a full disk (> /dev/full), a stdout closed or gone
+        # What could not be written is dropped, not written again by the next flush (the
+        # command's own, then Python's at exit) into the same error and a traceback.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        reason = exc.strerror or type(exc).__name__
+        raise OutputNotWritable(
+            f"cannot write the configuration reference to standard output ({reason}); "
+            "free space where it goes or send it elsewhere"
+        ) from None
     return 0
 
 
@@ -561,20 +580,34 @@ def _demo(args: argparse.Namespace) -> dict[str, Any]:
     # folder that outlives the run and that every row's source_uri would point into.
     output = Path(args.output).resolve()
     calls = output / "calls"
-    refs = make_demo_calls(calls)
-    manifest = calls / "manifest.jsonl"
-    with open(manifest, "w") as f:
-        for name in refs:
-            row = {"uri": name, "tenant": "demo", "external_id": name.removesuffix(".wav")}
-            if name == "call_stereo.wav":
-                row["channel_labels"] = "agent,customer"
-            f.write(json.dumps(row) + "\n")  # JSON Lines, a manifest: not print_json
+    # Before anything is synthesized or run, as transcribe checks them: the output takes
+    # files (not read-only, not a file in the way: exit 11), and the transcripts it already
+    # holds (a previous demo's) can be read (a damaged file there: exit 4, and then truly
+    # nothing was read or changed; after the run, its rows were committed first).
+    from overnight.jobs.dataset import storage
+    from overnight.jobs.dataset.commits import CommittedDataset
+    from overnight.jobs.errors import OutputNotWritable
+    from overnight.jobs.preflight import check_output
+
+    check_output(str(output))
+    CommittedDataset(storage.resolve(str(output)).join("transcripts")).read_results(["item_id"])
+    try:
+        refs = make_demo_calls(calls)
+        manifest = calls / "manifest.jsonl"
+        with open(manifest, "w") as f:
+            for name in refs:
+                row = {"uri": name, "tenant": "demo", "external_id": name.removesuffix(".wav")}
+                if name == "call_stereo.wav":
+                    row["channel_labels"] = "agent,customer"
+                f.write(json.dumps(row) + "\n")  # JSON Lines, a manifest: not print_json
+    except OSError as exc:  # OUTPUT/calls is a file, or a folder that takes no files
+        raise OutputNotWritable(
+            f"cannot write the demo's calls in {calls}: {exc.strerror or type(exc).__name__}; "
+            "choose another --output, or move what is in the way"
+        ) from None
     print(f"[overnight] synthesized {len(refs)} calls in {calls}", file=sys.stderr)
     spec = build_spec(overrides=_overrides(args, None, input=str(manifest), output=str(output)))
     summary = run_spec(spec)
-    from overnight.jobs.dataset import storage
-    from overnight.jobs.dataset.commits import CommittedDataset
-
     table = CommittedDataset(storage.resolve(summary["transcripts"])).read_results(
         COLUMNS["transcripts"]
     )

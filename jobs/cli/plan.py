@@ -65,6 +65,7 @@ def handle(args: argparse.Namespace) -> int:
     from overnight.jobs.ops.plan import (
         Sizing,
         adjust_profiles,
+        check_number,
         load_profiles,
         make_plan,
         parse_duration,
@@ -77,15 +78,28 @@ def handle(args: argparse.Namespace) -> int:
             "runs), or state a GPU's throughput without measuring it: --gpu h100 --throughput N "
             "(N: x real time for --audio-hours, documents per second for --documents)"
         )
+    # Every flag is checked before a profile is read: NaN, infinity, zero or a negative
+    # number is never a backlog, a throughput, a price or a share of time.
     unit = "audio_s" if args.audio_hours is not None else "documents"
-    backlog = args.audio_hours * 3600.0 if unit == "audio_s" else args.documents
+    if unit == "audio_s":
+        hours = check_number(args.audio_hours, "--audio-hours", low_open=True)
+        backlog = check_number(hours * 3600.0, "--audio-hours in seconds", low_open=True)
+    else:
+        backlog = check_number(args.documents, "--documents", low_open=True)
     sizing = Sizing(
         parse_duration(args.deadline, "--deadline"),
         headroom=args.headroom,
         utilization=args.utilization,
         startup_s=0.0 if args.startup in ("0", "0s") else parse_duration(args.startup, "--startup"),
         max_workers=args.max_workers,
-    )
+    ).check(lambda field: "--" + field.replace("_", "-"))
+    for flag, value, bounds in (
+        ("--price", args.price, {}),
+        ("--cpu-price", args.cpu_price, {}),
+        ("--throughput", args.throughput, {"low_open": True}),
+    ):
+        if value is not None:
+            check_number(value, flag, **bounds)
     profiles, notes = adjust_profiles(
         load_profiles(args.profile),
         unit,

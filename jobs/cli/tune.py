@@ -57,10 +57,16 @@ def handle(args: argparse.Namespace) -> int:
 
     from overnight.jobs.ops.plan import parse_duration
     from overnight.jobs.ops.tune import parse_sla, read_grid, render, tune
+    from overnight.jobs.ops.tune.orchestrate import check_max_items
     from overnight.jobs.run.console import quiet_native_stderr
     from overnight.jobs.spec import read_job_file
 
+    # Every flag and file is read and checked before Ray starts or anything is measured.
     sla = parse_sla(args.sla, args.kind)
+    check_max_items(args.max_items)
+    grid = read_grid(args.grid) if args.grid else None
+    budget_s = parse_duration(args.budget, "--budget")
+    base = read_job_file(args.config) if args.config else None
     out = args.out or f"tune-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
     # Each measurement is a job: the same terminal as `overnight transcribe` (Ray's C++
     # notices stay in its session logs).
@@ -69,10 +75,10 @@ def handle(args: argparse.Namespace) -> int:
             args.sample,
             sla,
             kind=args.kind,
-            grid=read_grid(args.grid) if args.grid else None,
-            budget_s=parse_duration(args.budget, "--budget"),
+            grid=grid,
+            budget_s=budget_s,
             out=out,
-            base=read_job_file(args.config) if args.config else None,
+            base=base,
             references=args.references,
             max_items=args.max_items,
             address=args.address,

@@ -45,6 +45,7 @@ import json
 import math
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -82,7 +83,38 @@ def parse_duration(text: str, what: str = "duration") -> float:
         )
     if total <= 0:
         raise ConfigError(f"{what} {text!r} must be longer than zero")
+    if not math.isfinite(total):  # hundreds of digits: a float holds no such number
+        raise ConfigError(f"{what} {text!r} is too long a duration to compute with")
     return total
+
+
+def check_number(
+    value: Any,
+    what: str,
+    *,
+    low: float = 0.0,
+    low_open: bool = False,
+    high: float | None = None,
+    high_open: bool = False,
+) -> float:
+    """``value`` as a float, unless it is not a finite number in the range (``low``, ``high``;
+    ``*_open``: the bound itself is outside): then a ConfigError naming ``what`` (a flag, an
+    SLA key, a profile's field). NaN and infinity are no throughput, price or share of time:
+    the plan's arithmetic would print them as results (``$nan``, ``finish 0 s``)."""
+    ok = (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and (value > low if low_open else value >= low)
+        and (high is None or (value < high if high_open else value <= high))
+    )
+    if not ok:
+        if high is None:
+            rule = f"larger than {low:g}" if low_open else f"at least {low:g}"
+        else:
+            rule = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        raise ConfigError(f"{what} must be a finite number {rule} (got {value!r})")
+    return float(value)
 
 
 def span_back(text: str, what: str, now: datetime | None = None) -> datetime:
@@ -143,6 +175,25 @@ class Sizing:
     utilization: float | None = None
     startup_s: float = 0.0
     max_workers: int | None = None
+
+    def check(self, name: Callable[[str], str] = str) -> Sizing:
+        """This sizing, unless a value is out of its range: then a ConfigError naming the
+        field as ``name`` spells it (``--headroom`` for plan, ``--sla headroom`` for tune).
+        Checked before any work: tune measures for minutes before it sizes anything."""
+        check_number(self.deadline_s, name("deadline"), low_open=True)
+        check_number(self.headroom, name("headroom"), high=1.0, high_open=True)
+        if self.utilization is not None:
+            check_number(self.utilization, name("utilization"), low_open=True, high=1.0)
+        check_number(self.startup_s, name("startup"))
+        if self.max_workers is not None and (
+            isinstance(self.max_workers, bool)
+            or not isinstance(self.max_workers, int)
+            or self.max_workers < 1
+        ):
+            raise ConfigError(
+                f"{name('max_workers')} must be a whole number at least 1 (got {self.max_workers!r})"
+            )
+        return self
 
 
 @dataclass(frozen=True)
@@ -234,18 +285,14 @@ def _short_measurement(p: WorkerProfile) -> bool:
 
 def size_option(profile: WorkerProfile, backlog: float, sizing: Sizing) -> Option:
     """Size one configuration for a backlog (see the module docstring for the formulas)."""
+    sizing.check()
     deadline_s, headroom, startup_s = sizing.deadline_s, sizing.headroom, sizing.startup_s
     utilization, max_workers = sizing.utilization, sizing.max_workers
-    if backlog <= 0:
-        raise ConfigError(f"the backlog must be larger than zero (got {backlog})")
-    if not 0 <= headroom < 1:
-        raise ConfigError(f"headroom must be in [0, 1) (got {headroom})")
-    if profile.throughput <= 0:
-        raise ConfigError(f"profile {profile.name!r} has no throughput (got {profile.throughput})")
+    check_number(backlog, "the backlog", low_open=True)
+    check_number(profile.throughput, f"profile {profile.name!r}: throughput", low_open=True)
     assumed = utilization is None and profile.utilization is None
     u = utilization if utilization is not None else (profile.utilization or DEFAULT_UTILIZATION)
-    if not 0 < u <= 1:
-        raise ConfigError(f"utilization must be in (0, 1] (got {u})")
+    check_number(u, f"profile {profile.name!r}: utilization", low_open=True, high=1.0)
     p = profile
     per = "audio s" if p.unit == "audio_s" else "documents"
     lines = [
@@ -304,6 +351,11 @@ def size_option(profile: WorkerProfile, backlog: float, sizing: Sizing) -> Optio
     finish = startup_s + backlog / (workers * p.throughput * u)
     compute = workers * p.units_per_worker * p.price_per_unit_hour_usd * finish / 3600.0
     total = compute + other
+    if not all(math.isfinite(x) for x in (finish, compute, total)):
+        raise ConfigError(
+            f"profile {p.name!r}: the backlog, throughput and prices give numbers too large to "
+            f"compute with (cost {total!r}); check their units"
+        )
     lines += [
         f"workers   ceil({_n(backlog)} / ({p.throughput * u:,.6g} x {window:,.0f})) = "
         f"ceil({backlog / per_worker:,.4f}) = {workers}",
@@ -389,22 +441,63 @@ def profile_document(
     }
 
 
-def _from_document(doc: dict[str, Any], where: str) -> list[WorkerProfile]:
-    if doc.get("profile_version") != PROFILE_VERSION or not isinstance(
-        doc.get("configurations"), list
+# A profile's numbers, each with its range (check_number's keywords); None allowed where the
+# field's default is None. A plan computes with every one of them: a string, a null or a
+# NaN there was a TypeError, or a result of NaN.
+_PROFILE_NUMBERS: dict[str, dict[str, Any]] = {
+    "throughput": {"low_open": True},
+    "units_per_worker": {"low_open": True},
+    "price_per_unit_hour_usd": {},
+    "utilization": {"high": 1.0},  # 0: not measured, as null
+    "measured_reserved_s": {},
+    "other_cost_per_unit_usd": {},
+}
+_PROFILE_TEXTS = ("name", "kind", "unit", "resource", "hardware", "source")
+
+
+def _from_document(doc: Any, where: str) -> list[WorkerProfile]:
+    if (
+        not isinstance(doc, dict)
+        or doc.get("profile_version") != PROFILE_VERSION
+        or not isinstance(doc.get("configurations"), list)
     ):
         raise ConfigError(
-            f"{where} is not an overnight profile (version {PROFILE_VERSION}, 'configurations' list)"
+            f"{where} is not an overnight profile (a JSON object: profile_version "
+            f"{PROFILE_VERSION}, a 'configurations' list)"
         )
-    known = set(WorkerProfile.__dataclass_fields__)
+    fields = WorkerProfile.__dataclass_fields__
     out = []
     for i, conf in enumerate(doc["configurations"]):
+        if not isinstance(conf, dict):
+            raise ConfigError(
+                f"{where}: configuration {i} is not a JSON object (got {type(conf).__name__})"
+            )
         data = {
             "kind": doc.get("kind", doc.get("task", "transcribe")),
             "unit": doc.get("unit", "audio_s"),
             **conf,
         }
-        data = {k: v for k, v in data.items() if k in known}
+        data = {k: v for k, v in data.items() if k in fields}
+        for key, bounds in _PROFILE_NUMBERS.items():
+            if key in data and not (data[key] is None and fields[key].default is None):
+                check_number(data[key], f"{where}: configuration {i}: {key}", **bounds)
+        for key in _PROFILE_TEXTS:
+            if key in data and not isinstance(data[key], str):
+                raise ConfigError(
+                    f"{where}: configuration {i}: {key} must be text (got {data[key]!r})"
+                )
+        if data.get("unit") not in UNITS:
+            raise ConfigError(
+                f"{where}: configuration {i}: unit must be one of {', '.join(UNITS)} "
+                f"(got {data.get('unit')!r})"
+            )
+        for key in ("options", "accuracy"):
+            if key in data and not isinstance(data[key], dict | None):
+                raise ConfigError(
+                    f"{where}: configuration {i}: {key} must be a JSON object (got {data[key]!r})"
+                )
+            if key in data and data[key] is None:
+                data[key] = {}
         try:
             out.append(WorkerProfile(**data))
         except TypeError as exc:
@@ -607,6 +700,14 @@ def adjust_profiles(
 ) -> tuple[list[WorkerProfile], list[str]]:
     """Apply stated prices, keep only the asked GPU kind, and add a GPU kind stated without
     a measurement; returns the profiles and notes for the plan."""
+    # Checked here as well as by the command, which names its flags the same: a price or a
+    # throughput of NaN or infinity printed "$nan" and "finish 0 s" as a plan.
+    if price is not None:
+        check_number(price, "--price")
+    if cpu_price is not None:
+        check_number(cpu_price, "--cpu-price")
+    if throughput is not None:
+        check_number(throughput, "--throughput", low_open=True)
     notes: list[str] = []
     out = []
     for p in profiles:

@@ -64,6 +64,13 @@ LOCAL_RAY_SYSTEM_CONFIG = {
 }
 
 
+def local_run(address: str | None) -> bool:
+    """Whether Ray starts here (its actors see this machine's files, its nodes are this
+    machine's) rather than joining a cluster (``--address``, or ``RAY_ADDRESS`` as Ray Jobs
+    sets it)."""
+    return not (address or os.environ.get("RAY_ADDRESS"))
+
+
 def check_reachable(address: str | None, timeout_s: float = 5.0) -> None:
     """``ClusterUnreachable`` when nothing answers at a Ray address's host and port (``HOST:PORT``
     or ``ray://HOST:PORT``; ``auto`` and other forms are Ray's to resolve). ``ray.init``

@@ -38,6 +38,7 @@ import pyarrow as pa
 
 from overnight.jobs.accounting import ledger
 from overnight.jobs.dataset import commits, storage
+from overnight.jobs.errors import ConfigError
 from overnight.jobs.run import committing, console, metrics, on_ray, sizing
 from overnight.jobs.run.job import Build, Job, P, Prepared, Resolved
 from overnight.jobs.run.stage import Stage, run_task
@@ -142,6 +143,28 @@ def failures_to_redo(
     return {p: sorted(rows) for p, rows in found.items() if rows}
 
 
+def _within_nodes(pool: sizing.Pool, nodes: list[sizing.Node], address: str | None) -> sizing.Pool:
+    """The pool as this machine's Ray can hold it. Given by hand, an actor larger than every
+    node never started and the run waited forever; more actors than fit were priced as
+    reserved in full (1,000 actors on 2 cores: 17,478 s reserved in a 26 s run). On a
+    cluster the autoscaler may add nodes, so there the pool stays as asked."""
+    fit = sizing.actors_that_fit(pool, nodes)
+    if not nodes or fit >= pool.actors or not on_ray.local_run(address):
+        return pool
+    if fit == 0:
+        largest = max(nodes, key=lambda n: (n.cpus, n.gpus))
+        raise ConfigError(
+            f"one model actor takes {pool.cpus_per_actor:g} CPU and {pool.gpus_per_actor:g} GPU, "
+            f"more than this machine's Ray can give the model beside the decode tasks "
+            f"({sizing.model_share(largest.cpus):g} of its {largest.cpus:g} CPUs, "
+            f"{largest.gpus:g} GPUs): lower cpus_per_actor / gpus_per_actor, or leave them out "
+            "to size the pool from the machine; nothing was run"
+        )
+    return dataclasses.replace(
+        pool, actors=fit, basis=f"{pool.basis}; {fit} of the {pool.actors} actors asked fit"
+    )
+
+
 def run(job: Job[P], prepared: P | None = None) -> dict[str, Any]:
     """Run the job; returns the run summary (also written to OUTPUT/runs/<run_id>.json).
     ``prepared``: what ``job.prepare`` returned, when the caller prepared it (``jobs.process``
@@ -171,6 +194,7 @@ def run(job: Job[P], prepared: P | None = None) -> dict[str, Any]:
         pool = dataclasses.replace(
             pool, actors=len(pending), basis=f"{pool.basis}, one per pending item"
         )
+    pool = _within_nodes(pool, nodes, settings.ray_address) if pending else pool
     described = job.describe(pool)
     if settings.progress and pending and described is not None:
         console.event("start", described, run_id=job.run_id, kind=job.kind, pending=len(pending))

@@ -54,6 +54,11 @@ def _quarter_down(x: float) -> float:
     return math.floor(x * 4 + 1e-9) / 4
 
 
+def model_share(cpus: float) -> float:
+    """What a node of ``cpus`` can give the model: its cores less the CPU stage's reserve."""
+    return max(0.0, _quarter_down(cpus - max(0.5, cpus / 8)))
+
+
 @dataclass(frozen=True)
 class Pool:
     """A resolved model pool: every field concrete; ``auto`` names the fields sizing chose."""
@@ -123,7 +128,7 @@ def size_pool(
     else:
         gpus_per_actor = gpus_per_actor or 0.0
         # What each node can give the model: its cores less the CPU stage's reserve.
-        shares = [_quarter_down(n.cpus - max(0.5, n.cpus / 8)) for n in cpu_nodes if n.cpus >= 1]
+        shares = [model_share(n.cpus) for n in cpu_nodes if n.cpus >= 1]
         shares = [s for s in shares if s > 0]
         if cpus_per_actor is None:
             if not shares:
@@ -158,6 +163,19 @@ def size_pool(
         basis=basis,
         names=names or {},
     )
+
+
+def actors_that_fit(pool: Pool, nodes: list[Node]) -> int:
+    """How many of ``pool``'s actors ``nodes`` can hold at once, each on one node, leaving
+    each node the CPU stage's reserve (as sizing does): actors that took every core left the
+    decode tasks none, and the run waited forever (2 actors of 1 CPU on 2 cores)."""
+    total = 0
+    for node in nodes:
+        cpus = model_share(node.cpus)
+        by_cpu = cpus / pool.cpus_per_actor if pool.cpus_per_actor > 0 else math.inf
+        by_gpu = node.gpus / pool.gpus_per_actor if pool.gpus_per_actor > 0 else math.inf
+        total += int(min(by_cpu, by_gpu, 1_000_000) + 1e-9)
+    return total
 
 
 class PoolOptions(Protocol):

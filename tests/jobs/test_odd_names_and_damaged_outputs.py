@@ -13,6 +13,7 @@ import pytest
 
 from overnight.jobs.cli import main
 from overnight.jobs.dataset import storage
+from overnight.jobs.errors import ConfigError
 from overnight.jobs.ops.demo import espeak_available, speak, write_wav
 from tests.jobs.test_transcribe import rows, transcribe
 
@@ -138,3 +139,29 @@ def test_a_probe_of_the_recordings_an_output_transcribed_adds_no_audio_to_its_re
     )
     assert after["cost_usd"] > before["cost_usd"]  # probing is paid for, as audio work
     assert after["cost_per_audio_minute_usd"] > before["cost_per_audio_minute_usd"]
+
+
+def test_an_actor_larger_than_this_machine_is_exit_2_not_a_wait_forever(tmp_path, capsys):
+    # It printed "1 Whisper actor of 64 CPU" and waited for a node that a local Ray never gets.
+    if not espeak_available():
+        pytest.skip("espeak-ng is not installed")
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    write_wav(calls / "a.wav", speak("Thank you for calling."))
+    out = tmp_path / "out"
+    with pytest.raises(
+        ConfigError, match=r"one model actor takes 64 CPU .* more than this machine"
+    ):
+        transcribe(str(calls), str(out), device="cpu", cpus_per_actor=64)
+
+
+def test_more_actors_than_fit_run_and_are_priced_as_many_as_fit(two_runs, tmp_path):
+    # 1,000 actors on 2 cores: 17,478 s reserved in a 26 s run, and plans sized from it; and
+    # 2 actors of 1 CPU there left the decode tasks no core: the run waited forever. One
+    # fits beside the decode tasks' reserve (1.5 of the 2 cores).
+    out, _ = two_runs
+    summary = transcribe(
+        str(out.parent / "calls"), str(tmp_path / "out"), device="cpu", actors=20, cpus_per_actor=1
+    )
+    assert summary["options"]["actors"] == 1 and summary["succeeded"] == 4
+    assert summary["accelerator_reserved_seconds"] <= summary["pipeline_seconds"] + 1e-6

@@ -106,14 +106,33 @@ def read_grid(path: str) -> list[Candidate]:
             raise ConfigError(f"grid file {path!r}: {exc}") from None
     else:
         data = read_job_file(path)
+    # The shapes are checked before anything is read out of them: a list where the file's
+    # top level belongs, or text where a table of options belongs, was a TypeError.
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"grid file {path!r}: the top level must be a table (JSON object) with the "
+            f"sections base, grid and configs (got a {type(data).__name__})"
+        )
     unknown = set(data) - {"base", "grid", "configs"}
-    if unknown or not isinstance(data, dict):
+    if unknown:
         raise ConfigError(
             f"grid file {path!r}: use the sections base, grid and configs (got {sorted(unknown)})"
         )
+    for section in ("base", "grid"):
+        if data.get(section) is not None and not isinstance(data[section], dict):
+            raise ConfigError(
+                f"grid file {path!r}: {section} must be a table of options (got {data[section]!r})"
+            )
+    listed = data.get("configs")
+    if listed is not None and not (
+        isinstance(listed, list) and all(isinstance(c, dict) for c in listed)
+    ):
+        raise ConfigError(
+            f"grid file {path!r}: configs must be a list of tables of options (got {listed!r})"
+        )
     base = data.get("base") or {}
     configs = _cross(data["grid"]) if data.get("grid") else []
-    configs += list(data.get("configs") or [])
+    configs += list(listed or [])
     if not configs:
         raise ConfigError(f"grid file {path!r} holds no configuration: add [grid] or [[configs]]")
     return _names([{**base, **c} for c in configs])

@@ -75,6 +75,15 @@ def _hardware(device: str, resource: str) -> str:
     return f"cpu: {model or 'unknown model'}, {os.cpu_count()} logical cores on this host"
 
 
+def check_max_items(max_items: int | None) -> None:
+    """A ConfigError unless ``max_items`` is None or a whole number >= 1: ``rows[:-1]``
+    silently measured all the sample's items but the last, ``rows[:0]`` none."""
+    if max_items is not None and (
+        isinstance(max_items, bool) or not isinstance(max_items, int) or max_items < 1
+    ):
+        raise ConfigError(f"--max-items must be a whole number at least 1 (got {max_items!r})")
+
+
 def _sample_input(
     sample: str, workdir: storage.Location, max_items: int | None, kind: str = "transcribe"
 ) -> tuple[str, int, dict[str, str]]:
@@ -117,6 +126,7 @@ def _sample_input(
             and (kind == "process" or not o.uri.lower().endswith(_NOT_MEDIA))
         ]
     if max_items is not None:
+        check_max_items(max_items)
         rows = rows[:max_items]
     refs = {_item_key(r["uri"]): str(r.pop("reference")) for r in rows if r.get("reference")}
     if not rows:
@@ -145,6 +155,7 @@ def tune(
     """Measure the grid on the sample within the budget, decide, write the outputs."""
     if kind not in KINDS:
         raise ConfigError(f"--kind {kind!r}: choose one of {', '.join(KINDS)}")
+    check_max_items(max_items)
     from overnight.jobs.preflight import require_extra
 
     require_extra("eval", "overnight tune (it scores each configuration's word error rate)")

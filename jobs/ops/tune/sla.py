@@ -10,6 +10,7 @@ from overnight.jobs.errors import ConfigError
 from overnight.jobs.ops.plan import (
     DEFAULT_HEADROOM,
     Sizing,
+    check_number,
     fmt_duration,
     parse_duration,
 )
@@ -105,14 +106,16 @@ def parse_sla(text: str, kind: str = "transcribe") -> SLA:
             raise ConfigError(
                 "--sla needs backlog_hours=N for --kind transcribe (hours of audio per run)"
             )
-        backlog, unit = number("backlog_hours") * 3600.0, "audio_s"
+        backlog_key = "backlog_hours"
+        backlog, unit = number(backlog_key) * 3600.0, "audio_s"
     else:
-        key = "backlog_documents" if "backlog_documents" in values else "documents"
-        if key not in values:
+        backlog_key = "backlog_documents" if "backlog_documents" in values else "documents"
+        if backlog_key not in values:
             raise ConfigError("--sla needs backlog_documents=N for --kind process")
-        backlog, unit = number(key), "documents"
-    if backlog <= 0:
-        raise ConfigError("--sla: the backlog must be larger than zero")
+        backlog, unit = number(backlog_key), "documents"
+    # Every value is checked here, before a configuration is measured: a bound out of range
+    # used to fail only when the measurements were sized, minutes later.
+    check_number(backlog, f"--sla {backlog_key}", low_open=True)
     workers_key = "max_workers" if "max_workers" in values else "workers"
     sla = SLA(
         deadline_s=parse_duration(values["deadline"], "--sla deadline"),
@@ -130,6 +133,10 @@ def parse_sla(text: str, kind: str = "transcribe") -> SLA:
         else 0.0,
         text=text,
     )
-    if sla.max_workers is not None and sla.max_workers < 1:
-        raise ConfigError("--sla: max_workers must be at least 1")
+    for bound in ("max_wer_increase", "max_wer"):
+        value = getattr(sla, bound)
+        if value is not None:
+            named = {"max_wer_increase": "max_error_increase", "max_wer": "max_error"}
+            check_number(value, f"--sla {bound if kind == 'transcribe' else named[bound]}")
+    sla.sizing.check(lambda field: f"--sla {workers_key if field == 'max_workers' else field}")
     return sla

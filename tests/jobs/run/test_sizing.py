@@ -86,3 +86,26 @@ def test_the_llm_pool_is_sized_by_the_same_rule_with_one_engine_per_actor():
     assert gpu.actors == 8 and gpu.threads == 0
     kept = llm_pool(ProcessOptions(actors=3, cpus_per_actor=0.5), "cpu", [sizing.Node(cpus=2)])
     assert (kept.actors, kept.cpus_per_actor) == (3, 0.5)
+
+
+def test_actors_that_fit_leave_each_node_the_decode_tasks_reserve():
+    from overnight.jobs.run.sizing import Node, Pool, actors_that_fit
+
+    def pool(cpus: float, gpus: float = 0.0) -> Pool:
+        return Pool(
+            actors=99,
+            cpus_per_actor=cpus,
+            gpus_per_actor=gpus,
+            task_cpus=0.25,
+            model_workers=1,
+            threads=1,
+            auto=(),
+            basis="",
+        )
+
+    # 2 cores give the model 1.5: one actor of 1 CPU (two left the decode tasks none)
+    assert actors_that_fit(pool(1.0), [Node(2)]) == 1
+    assert actors_that_fit(pool(0.75), [Node(2)]) == 2
+    assert actors_that_fit(pool(64.0), [Node(2)]) == 0
+    # a GPU actor needs its GPU too, on the same node
+    assert actors_that_fit(pool(1.0, 1.0), [Node(16, 2), Node(16, 0)]) == 2
