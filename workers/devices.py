@@ -15,6 +15,18 @@ Device = Literal["auto", "cpu", "cuda"]
 DEVICES: tuple[str, ...] = get_args(Device)
 
 # GPU product names as they appear in nvidia-smi, longest first ("a100" before "a10").
+# CTranslate2's compute types (``ctranslate2.get_supported_compute_types`` names those a
+# device runs; it falls back where one is not, so each is a valid request).
+CT2_COMPUTE_TYPES = (
+    "int8",
+    "int8_float32",
+    "int8_float16",
+    "int8_bfloat16",
+    "int16",
+    "float16",
+    "bfloat16",
+    "float32",
+)
 GPU_KINDS = (
     "gh200",
     "h200",

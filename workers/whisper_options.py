@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from overnight.workers.devices import Device
+from overnight.workers.devices import CT2_COMPUTE_TYPES, Device
 from overnight.workers.whisper_models import (
     BUNDLED_MODEL,
     WHISPER_ENGINES,
@@ -29,20 +29,8 @@ __all__ = [
 
 
 _TORCH_TYPES = ("auto", "float32", "float16", "bfloat16")
-# CTranslate2's compute types (``ctranslate2.get_supported_compute_types`` names those a
-# device runs; it falls back where one is not supported, so any of these is a valid request).
-_CT2_TYPES = (
-    "auto",
-    "default",
-    "int8",
-    "int8_float32",
-    "int8_float16",
-    "int8_bfloat16",
-    "int16",
-    "float16",
-    "bfloat16",
-    "float32",
-)
+# Any of CTranslate2's compute types, or its own defaults.
+_CT2_TYPES = ("auto", "default", *CT2_COMPUTE_TYPES)
 
 
 def resolve_engine(engine: str) -> str:

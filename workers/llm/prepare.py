@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from overnight.workers.devices import CT2_COMPUTE_TYPES
+
 # Bump when the conversion output changes, so stale cache entries are not reused.
 CONVERTER_VERSION = "1"
 # Written next to model.bin and tokenizer.json; read by the CTranslate2 backend.
@@ -39,16 +41,7 @@ _DIGIT_SPLIT_PRE = frozenset(
 )
 _GPT2_PRE = frozenset({"gpt2", "default"})
 _CONTROL_TOKEN_TYPES = frozenset({3, 4})  # llama.cpp CONTROL and USER_DEFINED
-_ACCEPTED_QUANTIZATIONS = (
-    "int8",
-    "int8_float32",
-    "int8_float16",
-    "int8_bfloat16",
-    "int16",
-    "float16",
-    "bfloat16",
-    "float32",
-)
+_ACCEPTED_QUANTIZATIONS = CT2_COMPUTE_TYPES
 
 
 class ModelPreparationError(RuntimeError):
