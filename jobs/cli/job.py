@@ -44,6 +44,18 @@ def _names(text: str) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
 
 
+def _redact_types(text: str) -> list[str]:
+    """``--redact``'s names; none at all (``--redact ""``, an unset ``$TYPES``) is an error:
+    with blanks dropped it was no redaction, without a word."""
+    names = _names(text)
+    if not names:
+        raise argparse.ArgumentTypeError(
+            "names no entity type (an unset variable?): give types such as pci,ssn or all, "
+            "or leave --redact out for none"
+        )
+    return names
+
+
 def _transcribe_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="faster-whisper model name or path (default: bundled tiny.en)")
     p.add_argument(
@@ -129,9 +141,7 @@ def _transcribe_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--redact",
         metavar="TYPES",
-        # Kept as written: the spec refuses "" (an unset $TYPES), which blanks dropped here
-        # turned into no redaction at all.
-        type=str,
+        type=_redact_types,
         help="entity types to replace by [TYPE] tags, comma-separated: "
         f"{', '.join(REDACTION_TYPES)}, or a preset: {', '.join(REDACTION_PRESETS)} (turns word "
         "timestamps on)",

@@ -189,8 +189,12 @@ def test_a_ray_address_nothing_answers_at_is_exit_10_before_any_record_is_writte
     err = capsys.readouterr().err
     assert f"cannot reach the Ray cluster at '{address}'" in err and "Traceback" not in err
     assert ledger(config, capsys) == []
-    calls = str(tmp_path / "calls" / "acme")
-    assert main(["transcribe", calls, str(tmp_path / "out"), "--address", address]) == 10
+    # a job joining it: the same check before ray.init (in a process whose Ray is not up yet)
+    from overnight.jobs.errors import ClusterUnreachable
+    from overnight.jobs.run.on_ray import check_reachable
+
+    with pytest.raises(ClusterUnreachable, match="cannot reach the Ray cluster"):
+        check_reachable(address)
 
 
 def test_file_localhost_is_the_path_the_tenant_checks_compare(tmp_path, monkeypatch):
