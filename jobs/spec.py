@@ -47,6 +47,20 @@ _Model = ConfigModel
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
+RAY_ADDRESS_FORMS = "HOST:PORT (the head node's GCS port, 6379 by default), ray://HOST:PORT or auto"
+
+
+def ray_host_port(address: str | None) -> tuple[str, int] | None:
+    """The host and port of a Ray address (``HOST:PORT`` or ``ray://HOST:PORT``); None for
+    none, ``auto`` or ``local`` (Ray's to resolve); ``ValueError`` for any other form."""
+    if not address or address in ("auto", "local"):
+        return None
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+        raise ValueError(f"is not {RAY_ADDRESS_FORMS}")
+    return host.strip("[]"), int(port)
+
+
 class TranscribeOptions(DecodingOptions):
     """``[transcribe]``: speech recognition. The model and decoding fields are
     ``workers.whisper_options.DecodingOptions`` (declared there once, passed to the worker as
@@ -457,14 +471,7 @@ class RunOptions(_Model):
     @classmethod
     def _ray_address_form(cls, value: str | None) -> str | None:
         # ray.init raised "Unable to parse port number" in a traceback, after the claim.
-        if value is None or value in ("auto", "local"):
-            return value
-        host, sep, port = value.removeprefix("ray://").rpartition(":")
-        if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
-            raise ValueError(
-                "is not HOST:PORT (the head node's GCS port, 6379 by default), ray://HOST:PORT "
-                "or auto"
-            )
+        ray_host_port(value)
         return value
 
     @field_validator("input", "output")

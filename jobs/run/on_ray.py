@@ -73,21 +73,21 @@ def local_run(address: str | None) -> bool:
 
 def check_reachable(address: str | None, timeout_s: float = 5.0) -> None:
     """``ClusterUnreachable`` when nothing answers at a Ray address's host and port (``HOST:PORT``
-    or ``ray://HOST:PORT``; ``auto`` and other forms are Ray's to resolve). ``ray.init``
+    or ``ray://HOST:PORT``; ``auto`` is Ray's to resolve; another form is a ``ConfigError``,
+    read by ``spec.ray_host_port`` as the spec reads it). ``ray.init``
     retries such an address for minutes, printing its core's reconnect lines, and a
     submission's record stayed ``running`` with an attempt spent."""
-    if not address or address in ("auto", "local"):
-        return
-    target = address.removeprefix("ray://")
-    host, sep, port = target.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        # ray.init raised "Unable to parse port number" in a traceback.
-        raise ConfigError(
-            f"Ray address {address!r} is not HOST:PORT (the head node's GCS port, 6379 by "
-            "default), ray://HOST:PORT or auto"
-        )
+    from overnight.jobs.spec import ray_host_port
+
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+        target = ray_host_port(address)
+    except ValueError as exc:  # ray.init raised "Unable to parse port number" in a traceback
+        raise ConfigError(f"Ray address {address!r} {exc}") from None
+    if target is None:
+        return
+    host, port = target
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
     except OSError as exc:
         raise ClusterUnreachable(
             f"cannot reach the Ray cluster at {address!r} ({exc.strerror or exc}): check that "
