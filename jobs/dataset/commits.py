@@ -18,6 +18,7 @@ at publish. Flat datasets of older versions are still read and repaired
 from __future__ import annotations
 
 import bisect
+import contextlib
 import hashlib
 import io
 import json
@@ -27,7 +28,7 @@ import posixpath
 import secrets
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any
@@ -133,6 +134,19 @@ _TABLE_OF = {
 _events = logging.getLogger("overnight.events")
 # Errors that mean the file could not be fetched, not that its bytes are not Parquet.
 _NOT_DAMAGE = (FileNotFoundError, PermissionError, ConnectionError, TimeoutError)
+
+
+@contextlib.contextmanager
+def read_or_name(path: str) -> Iterator[None]:
+    """Reading ``path`` as Parquet: bytes that are not (cut short, zero bytes) stop the reader
+    with ``damaged``'s error; a fetch that fails (missing, forbidden, storage down) raises
+    as it is."""
+    try:
+        yield
+    except _NOT_DAMAGE:
+        raise
+    except (pa.ArrowException, OSError) as exc:
+        raise damaged(path, exc) from None
 
 
 def damaged(path: str, exc: BaseException) -> InputNotFound:
@@ -298,21 +312,14 @@ class CommittedDataset:
         """``columns`` of one of the dataset's files (those it has; None: all); None for a
         foreign file (skipped with a warning); ``InputNotFound`` for one that is not
         readable Parquet."""
-        try:
-            with self.location.fs.open(path, "rb") as f:
-                pf = pq.ParquetFile(f)
-                why = _foreign(pf, self.name)
-                if why is not None:
-                    _skipped(path, why)
-                    return None
-                names = pf.schema_arrow.names
-                return pf.read(
-                    columns=None if columns is None else [c for c in columns if c in names]
-                )
-        except _NOT_DAMAGE:
-            raise
-        except (pa.ArrowException, OSError) as exc:
-            raise damaged(path, exc) from None
+        with read_or_name(path), self.location.fs.open(path, "rb") as f:
+            pf = pq.ParquetFile(f)
+            why = _foreign(pf, self.name)
+            if why is not None:
+                _skipped(path, why)
+                return None
+            names = pf.schema_arrow.names
+            return pf.read(columns=None if columns is None else [c for c in columns if c in names])
 
     def committed_files(self, flat_only: bool = False) -> dict[str, list[str]]:
         """The complete Parquet files of a result self.location and the item ids each holds

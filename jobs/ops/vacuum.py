@@ -113,13 +113,8 @@ def vacuum(output_url: str, before: date, dry_run: bool = False) -> Vacuumed:
 def _table(where: storage.Location, path: str, columns: list[str] | None = None) -> pa.Table:
     """A Parquet file vacuum reads; one that is damaged stops it naming the file (exit 4),
     before anything is removed, where it was a traceback."""
-    try:
-        with where.fs.open(path, "rb") as f:
-            return pq.read_table(f, columns=columns)
-    except (FileNotFoundError, PermissionError, ConnectionError, TimeoutError):
-        raise
-    except (pa.ArrowException, OSError) as exc:
-        raise commits.damaged(path, exc) from None
+    with commits.read_or_name(path), where.fs.open(path, "rb") as f:
+        return pq.read_table(f, columns=columns)
 
 
 def _mark(output: storage.Location, before: date) -> _Marked:
