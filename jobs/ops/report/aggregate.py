@@ -606,13 +606,19 @@ def _actor_seconds(ledger: pa.Table, summaries: dict[str, dict[str, Any]]) -> pa
     at its share of the actor's units, and summed whole they counted the actor twice (the
     report showed a run at 71% that its summary gave 36%, and a resumed one at 140%). A row
     without units, or of a run without a summary, keeps its seconds."""
-    runs = ledger["run_id"].to_pylist()
-    whole = {run: actor_units(s) for run, s in summaries.items()}
-    seconds = pc.fill_null(ledger["seconds"], 0.0).to_numpy(zero_copy_only=False).astype(np.float64)
-    units = np.array([u if u else np.nan for u in ledger["units"].to_pylist()], dtype=np.float64)
-    actor = np.array([whole.get(run) or np.nan for run in runs], dtype=np.float64)
-    share = units / actor
-    return pa.array(np.where(np.isfinite(share), seconds * share, seconds), pa.float64())
+    runs = sorted(summaries)
+    whole = pa.array([actor_units(summaries[r]) for r in runs], pa.float64())
+    # Column operations, not a Python loop: a ledger holds a row per item and stage.
+    actor = pc.take(whole, pc.index_in(ledger["run_id"], value_set=pa.array(runs, pa.string())))
+    seconds = _floats(pc.fill_null(ledger["seconds"], 0.0))
+    share = _floats(ledger["units"]) / _floats(actor)
+    ok = np.isfinite(share) & (share > 0)
+    return pa.array(np.where(ok, seconds * share, seconds), pa.float64())
+
+
+def _floats(column: Any) -> np.ndarray:
+    """A float column as numpy, null as NaN."""
+    return pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False).astype(np.float64)
 
 
 def _ratio(num: float, den: float, scale: float = 1.0) -> float | None:
