@@ -176,13 +176,6 @@ def _check_bucket(loc: storage.Location, what: str, shown: str) -> None:
 # -- models ---------------------------------------------------------------------------------
 
 
-def local_run(address: str | None) -> bool:
-    """Whether Ray starts here rather than joining a cluster (``on_ray.local_run``)."""
-    from overnight.jobs.run.on_ray import local_run as starts_here
-
-    return starts_here(address)
-
-
 @dataclass(frozen=True)
 class WhisperModelRef:
     """A checked Whisper model: ``path`` is a local copy for the actors (None: they resolve

@@ -34,7 +34,7 @@ from overnight.jobs.accounting.ledger import Cost
 from overnight.jobs.dataset import commits, storage
 from overnight.jobs.dataset.manifest import Selection, select_items
 from overnight.jobs.errors import ConfigError
-from overnight.jobs.run import console, runner, sizing
+from overnight.jobs.run import console, on_ray, runner, sizing
 from overnight.jobs.run.job import Build, Job, Prepared, Resolved, model_resource
 from overnight.jobs.run.stage import Stage
 from overnight.jobs.spec import JobSpec, ProcessOptions
@@ -163,7 +163,7 @@ def check_process(spec: JobSpec, *, dry: bool = False) -> str | None:
     return preflight.llm_model(
         spec.process.backend,
         spec.process.model,
-        download=not dry and preflight.local_run(spec.job.ray_address),
+        download=not dry and on_ray.local_run(spec.job.ray_address),
         progress=spec.job.progress,
         device=spec.process.device,
     )

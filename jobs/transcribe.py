@@ -383,7 +383,7 @@ class TranscribeJob(Job[TranscribePrepared]):
         if self.opts.diarize:
             preflight.speaker_encoder()
         preflight.check_output(job.output)
-        download = not dry and preflight.local_run(job.ray_address)
+        download = not dry and on_ray.local_run(job.ray_address)
         model = preflight.whisper_model(self.opts.model, download=download, progress=job.progress)
         selection = Selection.of(MEDIA_EXTENSIONS, "media", job.include, job.exclude)
         listing = select_items(job.input, selection)

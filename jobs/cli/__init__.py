@@ -177,7 +177,7 @@ def _main(argv: list[str] | None) -> int:
     # not import the console, a layer above it.
     from overnight.jobs.run import console
 
-    console._logger()
+    console.events_logger()
     try:
         return int(args.handler(args))
     except OvernightError as exc:

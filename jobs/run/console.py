@@ -197,7 +197,9 @@ def set_log_format(fmt: str) -> None:
     _events = None
 
 
-def _logger() -> logging.Logger:
+def events_logger() -> logging.Logger:
+    """``overnight.events``, set up for the log format on first use: ``event`` writes to it,
+    and so do layers below this one by the logger's name (``jobs.dataset``'s warnings)."""
     global _events
     if _events is None:
         _events = logging.getLogger("overnight.events")
@@ -212,7 +214,7 @@ def _logger() -> logging.Logger:
 def event(name: str, message: str, *, level: str = "info", **fields: object) -> None:
     """Tell the operator: ``name`` is the event's kind (start, progress, worker_died, ...),
     ``message`` the sentence a person reads, ``fields`` the figures a machine reads."""
-    _logger().log(
+    events_logger().log(
         getattr(logging, level.upper()),
         printable(message),
         extra={"event": name, "fields": fields},

@@ -309,9 +309,9 @@ def process(
         }
         pending += [(name, obj) for obj in inbox if _manifest_key(obj) not in finished]
     if pending:
-        from overnight.jobs.run.on_ray import check_reachable
+        from overnight.jobs.run import on_ray
 
-        check_reachable(address)  # before any record says "running"
+        on_ray.check_reachable(address)  # before any record says "running"
         _check_model(config, address, progress)
     touched = []
     for name, obj in pending:
@@ -334,10 +334,11 @@ def _check_model(config: TenantsConfig, address: str | None, progress: bool) -> 
     """The speech model, once, before any submission starts: a missing model is every
     submission's failure, and would otherwise spend an attempt of each."""
     from overnight.jobs import preflight
+    from overnight.jobs.run import on_ray
 
     try:
         preflight.whisper_model(
-            config.transcribe.model, download=preflight.local_run(address), progress=progress
+            config.transcribe.model, download=on_ray.local_run(address), progress=progress
         )
     except ModelNotFound as exc:
         raise ModelNotFound(
