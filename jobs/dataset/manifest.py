@@ -107,6 +107,7 @@ def records_from_manifest(url: str) -> list[dict[str, Any]]:
         raise InputNotFound(f"manifest {url!r} has no rows")
     if "uri" not in rows[0]:
         raise ConfigError(f"manifest {url!r} needs a 'uri' column; it has {sorted(rows[0])}")
+    uris = []
     for i, row in enumerate(rows):
         uri = str(row["uri"]).strip()
         if storage.looks_like_credentials(uri):
@@ -118,12 +119,11 @@ def records_from_manifest(url: str) -> list[dict[str, Any]]:
                 "outputs and does not read: give the plain s3:// or gs:// URI and the "
                 "credentials in the environment (AWS_*, an instance profile or IRSA)"
             )
-    uris = [_resolve_uri(str(r["uri"]).strip(), url) for r in rows]
-    for i, row in enumerate(rows):
         try:
             _labels(row.get("channel_labels"))
         except ValueError as exc:
             raise ConfigError(f"manifest {url!r} row {i + 1}: {exc}") from None
+        uris.append(_resolve_uri(uri, url))
     infos = storage.map_threads(storage.stat, uris)
     return [
         _record(row, uri, info.size, info.etag)
