@@ -128,6 +128,22 @@ def _run(
     return run_transcribe(build_spec(data))
 
 
+def _received(tenant: str, sid: str, manifest: str, **more: Any) -> dict[str, Any]:
+    """A new submission's record, before any attempt."""
+    return {
+        "tenant": tenant,
+        "submission_id": sid,
+        "manifest": shown(manifest, 500),
+        "received_at": _now(),
+        "attempts": 0,
+        **more,
+    }
+
+
+def _rejected(record: dict[str, Any], reason: str) -> dict[str, Any]:
+    return {**record, "status": REJECTED, "reason": storage.scrub_secrets(reason), "recordings": 0}
+
+
 def _manifest_key(obj: storage.ObjectInfo) -> str:
     """Which inbox object (and version) a record came from: lets a rerun skip it unread."""
     return hashlib.sha256(f"{obj.uri}\n{obj.etag}\n{obj.size}".encode()).hexdigest()[:32]
@@ -164,17 +180,10 @@ def process_one(
         sid = submission_id(key.encode())
         say(f"{name}/{sid}: rejected: the inbox object cannot be read: {exc}")
         return store.put(
-            {
-                "tenant": name,
-                "submission_id": sid,
-                "manifest": shown(obj.uri, 500),
-                "received_at": _now(),
-                "attempts": 0,
-                "manifest_key": key,
-                "status": REJECTED,
-                "reason": storage.scrub_secrets(f"the inbox object cannot be read: {exc}"),
-                "recordings": 0,
-            }
+            _rejected(
+                _received(name, sid, obj.uri, manifest_key=key),
+                f"the inbox object cannot be read: {exc}",
+            )
         )
     sid = submission_id(data)
     record = store.get(name, sid)
@@ -192,23 +201,14 @@ def process_one(
                     }
                 )
             return None
-    base = record or {
-        "tenant": name,
-        "submission_id": sid,
-        "manifest": shown(obj.uri, 500),
-        "received_at": _now(),
-        "attempts": 0,
-        "manifest_key": _manifest_key(obj),
-    }
+    base = record or _received(name, sid, obj.uri, manifest_key=_manifest_key(obj))
     try:
         rows = trusted_rows(
             parse_manifest(obj.uri, data), name, tenant, sid, config.submissions.max_recordings
         )
     except Rejected as exc:
         say(f"{name}/{sid}: rejected: {exc}")
-        return store.put(
-            {**base, "status": REJECTED, "reason": storage.scrub_secrets(str(exc)), "recordings": 0}
-        )
+        return store.put(_rejected(base, str(exc)))
 
     out = output_for(tenant, sid)
     attempt = int(base.get("attempts", 0)) + 1
@@ -383,18 +383,7 @@ def add(config: TenantsConfig, tenant: str, manifest: str) -> dict:
             parse_manifest(manifest, data), tenant, t, sid, config.submissions.max_recordings
         )
     except Rejected as exc:
-        store.put(
-            {
-                "tenant": tenant,
-                "submission_id": sid,
-                "manifest": shown(manifest, 500),
-                "received_at": _now(),
-                "attempts": 0,
-                "status": REJECTED,
-                "reason": storage.scrub_secrets(str(exc)),
-                "recordings": 0,
-            }
-        )
+        store.put(_rejected(_received(tenant, sid, manifest), str(exc)))
         raise AccessDenied(f"submission {sid} rejected (recorded): {exc}") from None
     storage.write_bytes_atomic(storage.resolve(t.inbox).join(f"{sid}{suffix}"), data)
     return {
