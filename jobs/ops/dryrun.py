@@ -73,12 +73,17 @@ def _audio_seconds(
 def _past_unit_cost(output: storage.Location, kind: str) -> tuple[float | None, int]:
     """Cost per audio second (transcribe) or per document (process) over OUTPUT's past runs
     of that kind; (None, 0) when there are none."""
-    from overnight.jobs.ops.plan import read_summaries
+    from overnight.jobs.ops.plan import read_summaries, run_problem
 
     runs: list[dict[str, Any]] = []
     for s in read_summaries(output):
         runs.extend(s.get("stages") or [s])
-    runs = [r for r in runs if r.get("kind") == kind and (r.get("cost_usd") or 0) > 0]
+    # A run whose figures are out of range (a NaN cost) would make the estimate "$nan".
+    runs = [
+        r
+        for r in runs
+        if r.get("kind") == kind and run_problem(r) is None and (r.get("cost_usd") or 0) > 0
+    ]
     if not runs:
         return None, 0
     cost = sum(r["cost_usd"] for r in runs)
@@ -114,6 +119,7 @@ def dry_run(spec: JobSpec) -> dict[str, Any]:
             stage["pending_audio_hours_estimate"] = (
                 None if seconds is None else round(seconds / 3600.0, 4)
             )
+            stage["pending_audio_seconds_estimate"] = None if seconds is None else round(seconds, 1)
             stage["audio_estimate_basis"] = f"headers of {sampled} sampled recording(s)"
             work = seconds
         else:
@@ -132,6 +138,8 @@ def dry_run(spec: JobSpec) -> dict[str, Any]:
 
 
 def render(report: dict[str, Any]) -> str:
+    from overnight.jobs.ops.plan import fmt_duration
+
     lines = [
         f"dry run of a {report['kind']} job into {report['output']}: nothing was started or written"
     ]
@@ -145,9 +153,10 @@ def render(report: dict[str, Any]) -> str:
                 else ""
             )
         )
-        if s.get("pending_audio_hours_estimate") is not None:
+        if s.get("pending_audio_seconds_estimate") is not None:
+            # In a unit that suits it: in hours alone, 16 s of audio read "about 0.00 h".
             lines.append(
-                f"             about {s['pending_audio_hours_estimate']:.2f} h of audio "
+                f"             about {fmt_duration(s['pending_audio_seconds_estimate'])} of audio "
                 f"({s['audio_estimate_basis']})"
             )
         if s["cost_estimate_usd"] is not None and s["items_pending"]:

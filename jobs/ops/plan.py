@@ -33,6 +33,10 @@ A profile file (JSON)::
                          "hardware": "...", "source": "...", "options": {...},
                          "accuracy": {...}}]}
 
+A past run's summary is checked as a profile file is (``run_problem``): a figure that is not a
+finite number in its range skips that run with a warning line naming it, and a plan with no
+profile left from such outputs exits 4 (``InputNotFound``).
+
 ``throughput`` is in units of work (``unit``: ``audio_s`` or ``documents``) per busy second
 of one worker; ``units_per_worker`` GPUs or CPU cores are priced at
 ``price_per_unit_hour_usd`` each. ``utilization`` is null when it was not measured on a
@@ -130,9 +134,11 @@ def span_back(text: str, what: str, now: datetime | None = None) -> datetime:
 
 
 def fmt_duration(seconds: float) -> str:
-    if seconds >= 3600:
+    """Seconds under a minute, minutes under an hour, else hours; the unit is picked after
+    rounding, so that 59.97 s reads "1.0 min", not "60.0 s"."""
+    if round(seconds / 60, 1) >= 60:
         return f"{seconds / 3600:.2f} h"
-    if seconds >= 60:
+    if round(seconds, 1) >= 60:
         return f"{seconds / 60:.1f} min"
     return f"{seconds:.1f} s"
 
@@ -572,6 +578,79 @@ def _units(summary: dict[str, Any]) -> float:
     return float(opts.get("cpus_per_actor") or 1.0)
 
 
+# A run summary's figures that a profile is computed from, each with its range (check_number's
+# keywords), as a profile file's are (``_PROFILE_NUMBERS``); a missing one is not measured.
+# Pooled unchecked, one run's NaN made every figure of its configuration NaN, and a negative
+# one a smaller throughput or a negative utilization: plans of nonsense, or exit 2 naming a
+# profile the user never wrote.
+_RUN_NUMBERS: dict[str, dict[str, Any]] = {
+    "accelerator_seconds": {},
+    "accelerator_reserved_seconds": {},
+    "audio_seconds": {},
+    "items": {},
+    "cost_usd": {},
+}
+
+
+def _unit_of_work(kind: str | None) -> str:
+    return "audio_s" if kind in ("transcribe", "chain", None) else "documents"
+
+
+def run_problem(summary: dict[str, Any]) -> str | None:
+    """Why a past run's figures cannot go into a profile (a number that is not a finite one
+    in its range, as ``check_number`` says it), or None when they can."""
+    try:
+        for key, bounds in _RUN_NUMBERS.items():
+            if summary.get(key) is not None:
+                check_number(summary[key], key, **bounds)
+        options, prices = summary.get("options"), summary.get("prices")
+        for key, value in (("options", options), ("prices", prices)):
+            if value is not None and not isinstance(value, dict):
+                raise ConfigError(f"{key} must be a JSON object (got {value!r})")
+        per_actor = "gpus_per_actor" if summary.get("device") == "cuda" else "cpus_per_actor"
+        units = (options or {}).get(per_actor)
+        if units:  # absent or 0: one unit, as _units reads it
+            check_number(units, f"options.{per_actor}", low_open=True)
+        resource = summary.get("accelerator")
+        if resource is not None and not isinstance(resource, str):
+            raise ConfigError(f"accelerator must be text (got {resource!r})")
+        if prices:
+            check_number(price_of(prices, resource), f"the price of {resource} in prices")
+        busy = summary.get("accelerator_seconds") or 0
+        if busy > 0:
+            work = "audio_seconds" if _unit_of_work(summary.get("kind")) == "audio_s" else "items"
+            check_number(
+                (summary.get(work) or 0) / busy,
+                f"its throughput ({work} / accelerator_seconds)",
+                low_open=True,
+            )
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+def usable_runs(summaries: list[dict[str, Any]], source: str = "runs") -> list[dict[str, Any]]:
+    """The summaries whose figures a profile can be computed from; each other one is skipped
+    with a warning line naming it and why, as ``read_summaries`` skips a file that is not one."""
+    from overnight.jobs.run import console
+
+    out = []
+    for s in summaries:
+        why = run_problem(s)
+        if why is None:
+            out.append(s)
+            continue
+        console.event(
+            "skipped_run",
+            f"warning: skipped run {s.get('run_id')} of {source}: {why}; no profile is "
+            "computed from it",
+            level="warning",
+            run_id=str(s.get("run_id")),
+            source=source,
+        )
+    return out
+
+
 def profiles_from_runs(
     summaries: list[dict[str, Any]], source: str = "runs"
 ) -> list[WorkerProfile]:
@@ -579,16 +658,17 @@ def profiles_from_runs(
 
     Runs of the same configuration pool: throughput = sum of work / sum of busy seconds,
     utilization = sum of busy / sum of reserved seconds (both measured, so a plan from real
-    nightly runs carries their real idle time). Runs that processed nothing are ignored.
+    nightly runs carries their real idle time). Runs that processed nothing are ignored; runs
+    with figures out of range are skipped with a warning (``usable_runs``).
     """
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
-    for s in summaries:
+    for s in usable_runs(summaries, source):
         if (s.get("accelerator_seconds") or 0) > 0:
             groups[_option_key(s)].append(s)
     out = []
     for key, runs in sorted(groups.items(), key=lambda kv: str(kv[0])):
         kind, model, resource, device, engine, compute_type, batch, beam, units, added = key
-        unit = "audio_s" if kind in ("transcribe", "chain", None) else "documents"
+        unit = _unit_of_work(kind)
         work = sum(
             (r.get("audio_seconds") or 0.0) if unit == "audio_s" else (r.get("items") or 0)
             for r in runs
@@ -628,6 +708,7 @@ def profiles_from_runs(
 def load_profiles(paths: list[str]) -> list[WorkerProfile]:
     """Profiles from ``profile.json`` files and/or OUTPUT folders holding runs/*.json."""
     out: list[WorkerProfile] = []
+    skipped = []  # outputs with runs skipped for their figures
     for path in paths:
         loc = storage.resolve(path)
         if path.endswith(".json"):
@@ -644,7 +725,16 @@ def load_profiles(paths: list[str]) -> list[WorkerProfile]:
             raise InputNotFound(
                 f"{path!r} is neither a profile .json nor an output folder with runs/*.json summaries"
             )
-        out.extend(profiles_from_runs(summaries, source=storage.scrub_secrets(path)))
+        shown = storage.scrub_secrets(path)
+        out.extend(profiles_from_runs(summaries, source=shown))
+        if any(run_problem(s) for s in summaries):
+            skipped.append(shown)
+    if not out and skipped:
+        raise InputNotFound(
+            f"no past run in {', '.join(skipped)} has figures a plan can use (runs with a "
+            "figure out of range were skipped, each with a warning; any others processed "
+            "nothing): tune on a sample of this workload (overnight tune) or give a profile.json"
+        )
     return out
 
 

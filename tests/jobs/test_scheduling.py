@@ -109,7 +109,7 @@ def test_dry_run_counts_pending_against_done_and_prices_from_past_runs(
     assert again.returncode == 0, again.stderr
     left = summary.items - first.items
     assert f"{summary.items} listed, {first.items} already done, {left} to do" in again.stdout
-    assert "h of audio (headers of" in again.stdout
+    assert " of audio (headers of" in again.stdout
     assert "at the cost per unit of 1 past run(s)" in again.stdout
     assert sorted(p.name for p in (part / "runs").iterdir()) == runs_before
     # error rows count as done: a rerun does not retry a file that failed for its content

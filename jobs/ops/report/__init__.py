@@ -11,12 +11,31 @@ Sources, per OUTPUT (a folder or an object-storage prefix):
 
 * ``costs/*.parquet``: the cost ledger (``schemas.COSTS``), one row per item and stage. Every
   money figure of a report is a sum of its ``cost_usd``; nothing is re-priced.
-* ``transcripts/`` and ``results/``: the result rows, for status, error codes and ``model``.
+* ``transcripts/`` and ``results/``: the result rows, for status, error codes, ``model`` and
+  ``source_uri``.
 * ``runs/*.json``: the run summaries, for what the ledger cannot know: the reserved
   accelerator time (actors x pipeline wall), the reserved cost and the pipeline wall time.
 
 Definitions (each figure is computed per group and once more for the totals):
 
+* items: the items each run did, each (run, item) once: what was processed and paid for. An
+  item redone by a later run (``--retry-errors``) counts in both runs; so does a recording
+  deleted and put back, or uploaded again: its id hashes the URI with the object's size and
+  ETag (mtime on a local disk), so a replaced object is new work by design
+  (``jobs.dataset.manifest``), and its second transcription is a second item.
+* sources: the distinct recordings and documents behind those items, by ``source_uri`` (the
+  tasks of one document, a recording redone or replaced under the same URI: one source). A
+  group's figure counts distinct sources within it, so the TOTAL's is not the sum of the
+  rows'. An item without a result row takes its URI from its run's manifest
+  (``_manifests/<run_id>.parquet``: the "missing" id of a recording that was missing when
+  listed, whose retry wrote its row under its real id), else counts by its id.
+* succeeded, failed, the failures by error code: each result row's status. A retry removes
+  the error rows it redoes (one row per item); the run that wrote them keeps its ledger rows
+  and its summary, so an item of a run's ledger without a result row of that run, where the
+  run's summary counts more failures than its rows, counts as failed in that run, with the
+  error code the summary has over its rows (``a or b`` when it has more than one). Where
+  that cannot be placed (more such items than missing failures, or failures without ledger
+  rows), a note says so. A run's succeeded and failed then agree with its summary's.
 * audio: each item's audio counts once, from its ``transcribe`` ledger row (an item's
   fetch/decode rows repeat the same ``audio_s``); an item without one counts the largest
   ``audio_s`` among its rows.

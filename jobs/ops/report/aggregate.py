@@ -24,6 +24,7 @@ first read.
 
 from __future__ import annotations
 
+import io
 import math
 import operator
 import re
@@ -36,6 +37,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from overnight.jobs.choices import REPORT_GROUPS as GROUPS
 from overnight.jobs.dataset import storage
@@ -51,6 +53,7 @@ _RESULT_DIRS = ("transcripts", "results")
 _RESULT_COLUMNS = [
     "item_id",
     "run_id",
+    "source_uri",
     "tenant",
     "submission_id",
     "status",
@@ -78,6 +81,10 @@ _LEDGER_COLUMNS = [
     "work",
     PARTITION,
 ]
+# The jobs whose result rows the report reads (a probe's rows are in probes/, not read): only
+# their summaries are compared with the rows (``_Engine._forgotten``).
+_RESULT_KINDS = ("transcribe", "process")
+_LISTED = pa.schema([("item_id", pa.string()), ("source_uri", pa.string())])  # listed_uris
 NONE_LABEL = "(none)"
 _ORDER = "_ord"  # the order rows were read in: the first of repeated rows is the one kept
 
@@ -93,6 +100,8 @@ class Sources:
     ledger: pa.Table  # _LEDGER_COLUMNS, rows given twice included (the report counts them once)
     results: pa.Table  # _RESULT_COLUMNS of transcripts/ and results/
     summaries: dict[str, dict[str, Any]]
+    # The output each summary was read from: where its run's manifest is (``listed_uris``).
+    run_outputs: dict[str, storage.Location] = field(default_factory=dict)
 
 
 def _with_order(table: pa.Table) -> pa.Table:
@@ -128,7 +137,7 @@ def load(
     if not outputs:
         raise ConfigError("give at least one OUTPUT folder or prefix to report on")
     seen: set[str] = set()
-    ledgers, results, summaries, shown = [], [], {}, []
+    ledgers, results, summaries, shown, where = [], [], {}, [], {}
     for url in outputs:
         loc = storage.resolve(url)
         if loc.url() in seen:
@@ -149,6 +158,7 @@ def load(
         for s in read_summaries(loc):
             found = True
             summaries[s["run_id"]] = s
+            where[s["run_id"]] = loc
         if not found:
             raise InputNotFound(
                 f"{storage.scrub_secrets(url)!r} holds no costs/, transcripts/, results/ or runs/"
@@ -163,7 +173,33 @@ def load(
         if results
         else _complete(None, _RESULT_COLUMNS, TRANSCRIPTS)
     )
-    return Sources(shown, _with_order(ledger), _with_order(result), summaries)
+    return Sources(shown, _with_order(ledger), _with_order(result), summaries, where)
+
+
+def listed_uris(sources: Sources, wanted: dict[str, list[str]]) -> pa.Table:
+    """The source URIs of items without any result row (``wanted``: run -> item ids), from
+    the manifests of their runs (``_manifests/<run_id>.parquet``), as (item_id, source_uri).
+
+    Such an item's error row was replaced under another id: a recording missing when it was
+    listed had its ``fetch_failed`` row under its "missing" id (``jobs.dataset.manifest``),
+    and the ``--retry-errors`` run that found it back wrote its row under its real one. No row
+    names the missing id's URI any more, and the report counted it as a source of its own.
+    Best effort: the items of a run without a readable manifest count by their id."""
+    out = []
+    for run, ids in sorted(wanted.items()):
+        output = sources.run_outputs.get(run)
+        if output is None:
+            continue
+        try:
+            data = storage.read_location(output.join("_manifests", f"{run}.parquet"))
+            table = pq.read_table(io.BytesIO(data), columns=["item_id", "uri"])
+        except FileNotFoundError:
+            continue  # an older output's run, or a vacuumed one's
+        except (pa.ArrowException, ValueError):
+            continue  # not readable as a manifest: a cost report does not stop for it
+        table = table.filter(pc.is_in(table["item_id"], value_set=pa.array(ids, pa.string())))
+        out.append(table.rename_columns(_LISTED.names).cast(_LISTED))
+    return pa.concat_tables(out) if out else _LISTED.empty_table()
 
 
 def parse_until(text: str | None, now: datetime | None = None) -> datetime | None:
@@ -319,6 +355,7 @@ class _Cell:
 class _Group:
     cells: dict[str, _Cell] = field(default_factory=lambda: defaultdict(_Cell))
     items: int = 0  # ledger and result items, each (run, item) once
+    sources: int = 0  # distinct source URIs of those items (an item's id where none is known)
     succeeded: int = 0
     failed: int = 0
     errors: dict[str, int] = field(default_factory=dict)
@@ -442,6 +479,117 @@ class _Engine:
             FROM results_in {times}
         """)
         self._run("DROP TABLE items")
+        self._forgotten(sources.results.num_rows)
+        # Each item's source: its result rows' URI, else its run's manifest's (``listed_uris``).
+        self.con.register("listed_in", listed_uris(sources, self.unsourced))
+        self._run("""
+            CREATE TEMP TABLE srcs AS
+            SELECT item_id, min(source_uri) AS src
+            FROM (SELECT item_id, source_uri FROM results_in
+                  UNION ALL SELECT item_id, source_uri FROM listed_in)
+            WHERE source_uri IS NOT NULL GROUP BY item_id
+        """)
+
+    def _forgotten(self, offset: int) -> None:
+        """Put back into R, as their run's summary counts them, the error rows that a later
+        run redid. ``--retry-errors`` (and a chained task whose transcript is there now)
+        removes the error rows it redoes, so that an item keeps one row
+        (``CommittedDataset.forget``); the run that wrote them keeps its ledger rows and its
+        summary. Joined by (run, item), that run showed the item with no outcome: 2 items, 0
+        failed, against a summary of 1 failed, as if the retry had rewritten its night.
+
+        So where a run's summary counts more failures than its result rows hold, its ledger
+        items without a result row of that run are those rows: failed, with the error code
+        the summary has over the rows (several candidates are named together, ``a or b``).
+        Where it counts fewer such failures than there are items without rows, which ones
+        failed is not known and none is counted; failures with no ledger row at all (an item
+        passed through without a timed stage) cannot be placed in a group. ``notes`` says both.
+        ``offset``: after the result rows' read order, where these rows go in it."""
+        self.forgotten = 0
+        self.unplaced: dict[str, int] = {}  # run -> failures of its summary not placed
+        self.unsourced: dict[str, list[str]] = {}  # run -> its placed items without any row
+        runs = {r: s for r, s in self.summaries.items() if s.get("kind") in _RESULT_KINDS}
+        if not runs:
+            return
+        failed: dict[str, int] = defaultdict(int)
+        codes: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        for row in self.sql("""
+            SELECT run_id, error_code, count(DISTINCT item_id) AS n FROM results_in
+            WHERE status IS DISTINCT FROM 'ok' GROUP BY ALL
+        """).to_pylist():
+            failed[row["run_id"]] += row["n"]
+            codes[row["run_id"]][row["error_code"]] += row["n"]
+        missing = {}
+        for run, summary in runs.items():
+            counted = summary.get("failed")
+            if (
+                run not in self.run_items
+                or not isinstance(counted, int)
+                or isinstance(counted, bool)
+            ):
+                continue  # no ledger row read (another window of dates), or no count
+            if counted > failed[run]:
+                missing[run] = counted - failed[run]
+        if not missing:
+            return
+        self.con.register("short_runs", pa.table({"run_id": pa.array(sorted(missing))}))
+        self._run(f"""
+            CREATE TEMP TABLE forgotten AS
+            SELECT run_id, item_id, arg_min(g_day, _ord) AS g_day,
+                   arg_min(g_tenant, _ord) AS g_tenant, arg_min(g_sub, _ord) AS g_sub,
+                   coalesce(arg_min(g_model, _ord), '{NONE_LABEL}') AS g_model,
+                   arg_min(in_scope, _ord) AS in_scope, min(_ord) AS _ord
+            FROM L
+            WHERE run_id IN (SELECT run_id FROM short_runs)
+              AND NOT EXISTS (SELECT 1 FROM results_in r
+                              WHERE r.run_id = L.run_id AND r.item_id = L.item_id)
+            GROUP BY run_id, item_id
+        """)
+        found = {
+            r["run_id"]: r["n"]
+            for r in self.sql(
+                "SELECT run_id, count(*) AS n FROM forgotten GROUP BY ALL"
+            ).to_pylist()
+        }
+        placed = []
+        for run, n in sorted(missing.items()):
+            rows = found.get(run, 0)
+            if rows > n:  # more items without a row than failures: which ones is not known
+                rows = 0
+            elif rows:
+                placed.append({"run_id": run, "code": self._code(runs[run], codes[run])})
+                self.forgotten += rows
+            if n > rows:
+                self.unplaced[run] = n - rows
+        if placed:
+            self.con.register("placed", pa.Table.from_pylist(placed))
+            self._run(f"""
+                INSERT INTO R (run_id, item_id, status, error_code, _ord, g_day, g_tenant,
+                               g_sub, g_model, in_scope)
+                SELECT run_id, item_id, 'error', code, _ord + {offset}, g_day, g_tenant, g_sub,
+                       g_model, in_scope
+                FROM forgotten JOIN placed USING (run_id)
+            """)
+            for row in self.sql("""
+                SELECT run_id, list(item_id ORDER BY item_id) AS ids
+                FROM forgotten f SEMI JOIN placed USING (run_id)
+                WHERE NOT EXISTS (SELECT 1 FROM results_in r WHERE r.item_id = f.item_id)
+                GROUP BY run_id
+            """).to_pylist():
+                self.unsourced[row["run_id"]] = row["ids"]
+        self._run("DROP TABLE forgotten")
+
+    @staticmethod
+    def _code(summary: dict[str, Any], rows: dict[str, int]) -> str:
+        """The error code of a run's failures that its rows no longer hold: the summary's
+        codes counted more often than in the rows (``a or b`` when more than one is)."""
+        by_code = summary.get("errors_by_code")
+        left = sorted(
+            str(code)
+            for code, n in (by_code.items() if isinstance(by_code, dict) else ())
+            if isinstance(n, int) and n > rows.get(code, 0)
+        )
+        return " or ".join(left) if left else "unknown"
 
     # -- the figures of each grouping ---------------------------------------------------------
 
@@ -526,6 +674,11 @@ class _Engine:
                    {pairs} AS n
             FROM U GROUP BY GROUPING SETS ({", ".join(dict.fromkeys(set_of.values()))})
             UNION ALL
+            SELECT 'sources', GROUPING({keys}), {keys}, NULL,
+                   count(DISTINCT coalesce(srcs.src, item_id))
+            FROM U LEFT JOIN srcs USING (item_id)
+            GROUP BY GROUPING SETS ({", ".join(dict.fromkeys(set_of.values()))})
+            UNION ALL
             SELECT CASE WHEN status = 'ok' THEN 'ok' ELSE 'failed' END, GROUPING({keys}),
                    {keys}, CASE WHEN status = 'ok' THEN NULL
                                 ELSE coalesce(error_code, 'unknown') END, count(*)
@@ -559,6 +712,8 @@ class _Engine:
                 g = groups[label(name, row)]
                 if row["what"] == "items":
                     g.items = row["n"]
+                elif row["what"] == "sources":
+                    g.sources = row["n"]
                 elif row["what"] == "ok":
                     g.succeeded += row["n"]
                 else:
@@ -674,6 +829,7 @@ def _row(
         "group": key,
         "runs": len(cells),
         "items": g.items,
+        "sources": g.sources,
         "succeeded": g.succeeded,
         "failed": g.failed,
         "audio_items": sum(cell.audio_items for cell in cells.values()),
@@ -711,6 +867,7 @@ REPORT_SCHEMA = pa.schema(
         pa.field("group", pa.string()),
         pa.field("runs", pa.int64()),
         pa.field("items", pa.int64()),
+        pa.field("sources", pa.int64()),
         pa.field("succeeded", pa.int64()),
         pa.field("failed", pa.int64()),
         pa.field("audio_items", pa.int64()),
@@ -823,6 +980,17 @@ def build_report(
     if engine.duplicates:
         notes.append(
             f"{engine.duplicates} ledger rows given twice (the same output listed twice) were counted once"
+        )
+    if engine.forgotten:
+        notes.append(
+            f"{engine.forgotten} error row(s) that a later run redid (--retry-errors) count as "
+            "failures of the run that wrote them, with the error code of its summary"
+        )
+    for run, n in sorted(engine.unplaced.items()):
+        notes.append(
+            f"run {run}: its summary counts {n} more failed item(s) than the report can place "
+            "(error rows a later run redid, whose items have no ledger row of this run): they "
+            "are not in its figures"
         )
     unsummarized = sorted(r for r in run_items if r not in sources.summaries)
     if unsummarized:

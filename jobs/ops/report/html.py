@@ -126,5 +126,7 @@ def render_html(report: Report) -> str:
         + '<h2>Definitions</h2><div class="notes"><p>Busy cost: the ledger (each item\'s measured seconds x units x '
         "price per hour). Reserved cost: the run summaries (actors hold their device for the whole pipeline, "
         "busy or not), split between groups by busy time. Utilization = busy / reserved accelerator hours. "
-        "rtfx = audio seconds / pipeline wall seconds.</p>" + notes + "</div></body></html>"
+        "rtfx = audio seconds / pipeline wall seconds. Items: what each run did, an item redone or "
+        "replaced by a later run counted in each; sources: the distinct recordings and documents "
+        "behind them (by URI).</p>" + notes + "</div></body></html>"
     )

@@ -21,6 +21,7 @@ def _pct(value: float | None) -> str:
 # (column, heading, formatter) shown in the text and HTML tables; csv/parquet keep all columns.
 _SHOWN: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("items", "items", lambda v: _num(v, ",d")),
+    ("sources", "sources", lambda v: _num(v, ",d")),
     ("failed", "failed", lambda v: _num(v, ",d")),
     ("audio_hours", "audio h", lambda v: _num(v, ",.3f")),
     ("documents", "docs", lambda v: _num(v, ",d")),

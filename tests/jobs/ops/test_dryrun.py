@@ -78,3 +78,27 @@ def test_a_dry_run_with_a_hub_model_downloads_nothing_and_starts_no_ray(tmp_path
     assert got["calls"] == ["repo_info:Systran/faster-whisper-small.en", "repo_info:acme/llm-ct2"]
     assert got["ray"] is False
     assert not any(Path(tmp_path, name).exists() for name in ("t", "p"))  # nothing written
+
+
+def test_a_dry_run_states_short_audio_in_seconds_or_minutes_not_as_zero_hours(tmp_path, capsys):
+    from overnight.jobs.cli import main
+    from overnight.jobs.ops.demo import noise, write_wav
+    from overnight.jobs.ops.dryrun import render
+
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    write_wav(calls / "short.wav", noise(16.0))
+    argv = ["transcribe", str(calls), str(tmp_path / "out"), "--dry-run"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "about 16.0 s of audio (headers of 1 sampled recording(s))" in printed, printed
+    assert "0.00 h" not in printed
+    assert main([*argv, "--json"]) == 0
+    [stage] = json.loads(capsys.readouterr().out)["stages"]
+    assert stage["pending_audio_seconds_estimate"] == 16.0
+    assert not (tmp_path / "out").exists()
+    # Longer totals read in minutes, then hours.
+    for seconds, says in ((150.0, "about 2.5 min of audio"), (5400.0, "about 1.50 h of audio")):
+        stage.update(pending_audio_seconds_estimate=seconds)
+        text = render({"kind": "transcribe", "output": "out", "stages": [stage]})
+        assert says in text, text

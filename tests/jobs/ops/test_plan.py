@@ -248,3 +248,77 @@ def test_durations_and_bad_inputs_are_named():
     with pytest.raises(ConfigError, match="no profile measures documents"):
         make_plan([H100], 100.0, "documents", Sizing(SIX_HOURS))
     assert main(["plan", "--audio-hours", "1", "--deadline", "6h"]) == 2
+
+
+def _past_run(run_id: str, **figures) -> dict:
+    """A GPU transcription run's summary, as ``runs/<run_id>.json`` holds it."""
+    return {
+        "run_id": run_id,
+        "kind": "transcribe",
+        "model": "large-v3-turbo",
+        "accelerator": "h100",
+        "device": "cuda",
+        "options": {
+            "compute_type": "float16",
+            "batch_size": 32,
+            "beam_size": 1,
+            "gpus_per_actor": 1,
+        },
+        "prices": {"h100": 2.69, "cpu": 0.0425},
+        "audio_seconds": 360000.0,
+        "accelerator_seconds": 400.0,
+        "accelerator_reserved_seconds": 500.0,
+        "cost_usd": 400 * 2.69 / 3600 + 0.30,
+        **figures,
+    }
+
+
+# Runs of the good run's configuration whose figures a plan cannot be made from: pooled, each
+# changed the profile (a smaller throughput, NaN) or sized a plan of nonsense.
+BAD_RUNS = [
+    _past_run("nan-busy", accelerator_seconds=math.nan),
+    _past_run("negative-busy", accelerator_seconds=-400.0),
+    _past_run("negative-audio", audio_seconds=-360000.0),
+    _past_run("zero-throughput", audio_seconds=0.0),
+    _past_run("infinite-audio", audio_seconds=math.inf),
+    _past_run("nan-reserved", accelerator_reserved_seconds=math.nan),
+    _past_run("negative-cost", cost_usd=-1.0),
+    _past_run("text-busy", accelerator_seconds="400"),
+    _past_run("negative-units", options={**_past_run("x")["options"], "gpus_per_actor": -1}),
+    _past_run("nan-price", prices={"h100": math.nan}),
+]
+
+
+def _write_runs(folder, runs: list[dict]) -> str:
+    (folder / "runs").mkdir(parents=True)
+    for run in runs:
+        (folder / "runs" / f"{run['run_id']}.json").write_text(
+            json.dumps(run)
+        )  # NaN as JSON has it
+    return str(folder)
+
+
+def test_past_runs_with_figures_out_of_range_are_skipped_with_a_warning_naming_each(
+    tmp_path, capsys
+):
+    out = _write_runs(tmp_path / "out", [_past_run("good"), *BAD_RUNS])
+    [p] = load_profiles([out])
+    assert p.throughput == 900.0 and p.utilization == 0.8  # the good run's alone
+    assert p.price_per_unit_hour_usd == 2.69 and p.units_per_worker == 1.0
+    assert p.source == f"{out}: 1 run(s), good"
+    err = capsys.readouterr().err
+    for run in BAD_RUNS:
+        [line] = [line for line in err.splitlines() if f"skipped run {run['run_id']} " in line]
+        assert "warning: skipped run" in line and "must be a finite number" in line, line
+    assert main(["plan", "--audio-hours", "100", "--deadline", "6h", "--profile", out]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_plan_from_past_runs_of_which_none_is_usable_exits_4_with_one_line(tmp_path, capsys):
+    out = _write_runs(tmp_path / "out", BAD_RUNS)
+    code = main(["plan", "--audio-hours", "100", "--deadline", "6h", "--profile", out, "--json"])
+    captured = capsys.readouterr()
+    assert code == 4 and captured.out == ""
+    errors = [line for line in captured.err.splitlines() if "warning: skipped" not in line]
+    assert len(errors) == 1 and errors[0].startswith("overnight: error: no past run in "), errors
+    assert "Traceback" not in captured.err

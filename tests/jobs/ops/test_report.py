@@ -601,3 +601,131 @@ def test_report_over_a_backfilled_nights_date_counts_its_items_and_cost(tmp_path
     today = datetime.now(UTC).date().isoformat()
     assert main(["report", str(tmp_path / "out"), "--since", today, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["totals"]["items"] == 0
+
+
+def _calls(run_id: str, when: datetime, calls: list[tuple[str, str, str | None]]) -> list[dict]:
+    """Transcript rows of ``calls`` (item id, URI, error code or None), as the actor writes them."""
+    rows = _speech_rows(run_id, len(calls), 0, when, "cpu")
+    for row, (item, uri, code) in zip(rows, calls, strict=True):
+        row.update(item_id=item, source_uri=uri, tenant="acme", submission_id=None)
+        if code is not None:
+            row.update(status="error", error_code=code, text=None, asr_s=0.0)
+        else:
+            row.update(status="ok", error_code=None, text="hello")
+    return rows
+
+
+def _retry(out: Path, run_id: str, when: datetime, calls: list[tuple[str, str, str | None]]):
+    """A rerun with ``--retry-errors``: the error rows of the calls it redoes go first, as the
+    runner has them forgotten (``CommittedDataset.forget``), then its own run is written."""
+    transcripts = CommittedDataset(storage.resolve(str(out / "transcripts")))
+    transcripts.forget(transcripts.error_rows({item for item, _, _ in calls}, None))
+    return _write_run(out, run_id, "transcribe", _calls(run_id, when, calls), when, 3.0)
+
+
+def test_a_retried_error_row_stays_a_failure_of_the_run_that_wrote_it_as_its_summary_says(
+    tmp_path, capsys
+):
+    """The retry removes the error rows it redoes (one row per item); the run that wrote them
+    keeps its ledger rows and summary. Joined by (run, item), that run showed the item with no
+    outcome: 3 items, 0 failed, against its summary's 1 failed."""
+    out = tmp_path / "out"
+    a, b, c = (("id-" + n, f"s3://calls/{n}.wav") for n in "abc")
+    first = _write_run(
+        out,
+        "night-1",
+        "transcribe",
+        _calls("night-1", DAY1, [(*a, None), (*b, "fetch_failed"), (*c, None)]),
+        DAY1,
+        4.0,
+    )
+    second = _retry(out, "night-2", DAY2, [(*b, None)])
+    report = build_report(load([str(out)]), by="run")
+    by_run = {r["run"]: r for r in report.main.to_pylist()}
+    for summary in (first, second):
+        row = by_run[summary["run_id"]]
+        assert (row["items"], row["succeeded"], row["failed"]) == (
+            summary["items"],
+            summary["succeeded"],
+            summary["failed"],
+        ), summary["run_id"]
+    assert (by_run["night-1"]["failed"], by_run["night-2"]["succeeded"]) == (1, 1)
+    assert report.tables["failures"].to_pylist() == [
+        {"run": "night-1", "error_code": "fetch_failed", "items": 1}
+    ]
+    # The tenant and the day of the first run keep the failure too.
+    assert {r["tenant"]: r["failed"] for r in report.tables["by_tenant"].to_pylist()} == {"acme": 1}
+    days = {r["day"]: r["failed"] for r in report.tables["by_day"].to_pylist()}
+    assert days == {"2026-11-30": 1, "2026-12-01": 0}
+    assert any("redid" in note for note in report.notes)
+    assert main(["report", str(out), "--by", "run"]) == 0
+    assert "fetch_failed" in capsys.readouterr().out
+
+
+def test_a_run_whose_summary_has_fewer_failures_than_items_without_rows_counts_none_failed(
+    tmp_path,
+):
+    """Which of the items without a row was the failure is not known (here the run's result
+    file was removed by hand): none is counted failed, and a note says what the summary has."""
+    out = tmp_path / "out"
+    a, b, c = (("id-" + n, f"s3://calls/{n}.wav") for n in "abc")
+    calls = [(*a, "corrupt_audio"), (*b, None), (*c, None)]
+    _write_run(out, "night-1", "transcribe", _calls("night-1", DAY1, calls), DAY1, 4.0)
+    for path in (out / "transcripts").glob("*.parquet"):
+        path.unlink()
+    _retry(out, "night-2", DAY2, [(*a, None)])
+    report = build_report(load([str(out)]), by="run")
+    night = {r["run"]: r for r in report.main.to_pylist()}["night-1"]
+    assert (night["items"], night["failed"]) == (3, 0)
+    assert report.tables["failures"].num_rows == 0
+    [note] = [n for n in report.notes if n.startswith("run night-1:")]
+    assert "1 more failed item" in note
+
+
+def test_items_count_each_runs_work_and_sources_the_distinct_recordings_behind_them(
+    tmp_path, capsys
+):
+    """An item's id hashes the URI with the object's size and ETag or mtime, so a recording
+    deleted and put back (or uploaded again) is new work: its second transcription is an item
+    of its own, paid for. The TOTAL says 3 items and 2 sources (recordings), not only "3".
+    A recording missing when listed has its fetch_failed row under its "missing" id; once it
+    is back, the retry's row is under its real id, and its run's manifest says both are one
+    recording."""
+    from overnight.jobs.dataset.manifest import item_id
+    from overnight.schemas import MANIFEST
+
+    out = tmp_path / "out"
+    a, b, late = (f"s3://calls/{n}.wav" for n in ("a", "b", "late"))
+    a1, b1 = item_id(a, 10, "etag-1"), item_id(b, 20, "etag-2")
+    late_missing = item_id(late, None, None)
+    _write_run(
+        out,
+        "night-1",
+        "transcribe",
+        _calls(
+            "night-1", DAY1, [(a1, a, None), (b1, b, None), (late_missing, late, "fetch_failed")]
+        ),
+        DAY1,
+        4.0,
+    )
+    listed = [{"item_id": i, "uri": u} for i, u in ((a1, a), (b1, b), (late_missing, late))]
+    manifest = out / "_manifests" / "night-1.parquet"
+    manifest.parent.mkdir()
+    pq.write_table(pa.Table.from_pylist(listed, schema=MANIFEST), manifest)
+    # b put back (a new ETag: a new item), late restored and retried (its real id).
+    b2, late_found = item_id(b, 20, "etag-3"), item_id(late, 30, "etag-4")
+    transcripts = CommittedDataset(storage.resolve(str(out / "transcripts")))
+    transcripts.forget(transcripts.error_rows({late_missing}, ["fetch_failed"]))
+    night2 = _calls("night-2", DAY2, [(b2, b, None), (late_found, late, None)])
+    _write_run(out, "night-2", "transcribe", night2, DAY2, 3.0)
+
+    report = build_report(load([str(out)]), by="run")
+    by_run = {r["run"]: (r["items"], r["sources"]) for r in report.main.to_pylist()}
+    assert by_run == {"night-1": (3, 3), "night-2": (2, 2)}
+    assert (report.totals["items"], report.totals["sources"]) == (5, 3)
+    assert report.tables["by_tenant"].to_pylist()[0]["sources"] == 3
+    assert main(["report", str(out), "--by", "run"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    header = printed[2].split()
+    total = next(line for line in printed if line.startswith("TOTAL")).split()
+    assert header[1:3] == ["items", "sources"] and total[1:3] == ["5", "3"]

@@ -93,6 +93,8 @@ def test_the_engine_gives_the_tables_of_the_python_loops(outputs, legacy, by, sc
     old = legacy.build_report(legacy.load(outputs, since, until), by, since, until, tenant)
     assert list(new.tables) == list(old.tables)
     for name, table in new.tables.items():
+        if "sources" in table.column_names:  # newer than the loops; test_report.py checks it
+            table = table.drop_columns(["sources"])
         assert table.schema == old.tables[name].schema, name
         assert table.to_pylist() == old.tables[name].to_pylist(), name
     assert (new.first_recorded, new.last_recorded) == (old.first_recorded, old.last_recorded)
