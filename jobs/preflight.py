@@ -107,9 +107,10 @@ def check_output(url: str, what: str = "the output") -> None:
     """Raise ``OutputNotWritable`` unless a local output folder can be created and written.
 
     Writes nothing that stays: the probe is a temporary file in the deepest folder that
-    exists (the output itself once it exists). In an object store the bucket must exist (a
-    storage that cannot be reached is ``StorageUnavailable`` after retries); whether it
-    takes writes shows at the first one. ``what`` names the folder in messages (``export``
+    exists (the output itself once it exists). In an object store the bucket must exist (an
+    endpoint that does not answer within seconds is ``StorageUnavailable``, see
+    ``storage.reach``; one that refuses connections, after retries); whether it takes writes
+    shows at the first one. ``what`` names the folder in messages (``export``
     checks its destination).
     """
     loc = storage.resolve(url)
@@ -156,6 +157,9 @@ def _check_bucket(loc: storage.Location, what: str, shown: str) -> None:
     was well."""
     bucket = loc.path.split("/", 1)[0]
     where = storage.Location(loc.fs, bucket, loc.scheme)
+    # The first request to the endpoint, with short deadlines: a silent one is one paragraph
+    # (exit 3) in seconds; under the run's retries it was up to an hour without output.
+    storage.reach(loc, f"{what} {shown}")
     try:
         storage.with_retries(f"check the bucket {where.url()}", lambda: loc.fs.info(bucket))
     except FileNotFoundError:

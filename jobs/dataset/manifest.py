@@ -51,6 +51,7 @@ def is_manifest(url: str) -> bool:
 
 
 def _read_manifest_records(url: str) -> list[dict[str, Any]]:
+    storage.reach(url, f"the manifest {storage.scrub_secrets(url)}")  # may be the first contact
     data = storage.read_bytes(url)
     lower = url.lower()
     try:

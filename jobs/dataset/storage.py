@@ -3,7 +3,11 @@
 All I/O against storage goes through here. Credentials come from the environment (or the
 platform's usual chain: instance profile, IRSA, gcloud ADC) and travel *inside* filesystem
 objects so Ray workers on other nodes do not depend on their own environment. They never
-appear in messages: every error text leaving this module passes through ``redact``.
+appear in messages: every error text leaving this module passes through ``scrub_secrets``.
+
+Every request has a deadline: the first one to a bucket fails within seconds when its
+endpoint is silent (``reach``), and any later one within minutes, however the retry layers
+multiply (``READ_TIMEOUT_S``).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import posixpath
 import random
 import re
 import stat as _stat
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -122,6 +127,22 @@ class StorageConfig:
         return "StorageConfig(<credentials hidden>)"
 
 
+# One S3 request during a run, and what the three retry layers multiply it to. A read
+# timeout is the longest silence between two bytes of an answer, not a limit on a transfer:
+# a healthy S3 answers in well under a second, and SlowDown (throttling at scale) is an
+# answer, retried by botocore and s3fs whatever these deadlines are. Each layer retries a
+# read timeout: botocore 1 + BOTOCORE_RETRIES = 3 attempts, inside s3fs's S3FS_TRIES = 5,
+# inside ``with_retries``'s 4, where a read timeout is now final (``_already_retried``). A
+# read that never answers stops after 15 requests: 20 s x 15 = 300 s, plus about 12 s of
+# the clients' backoff (measured with a 1 s timeout: 15 requests in 27 s). Before, it was
+# 60 s x 3 x 5 x 4 = 60 requests, an hour without output. The first contact with a bucket
+# is a single request with shorter deadlines (``reach``).
+CONNECT_TIMEOUT_S = 5
+READ_TIMEOUT_S = 20
+BOTOCORE_RETRIES = 2  # legacy mode's max_attempts: retries after the first attempt
+S3FS_TRIES = 5  # s3fs's default, set here so that the product above stays true
+
+
 def _s3_options() -> dict:
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     options: dict = {}
@@ -136,11 +157,10 @@ def _s3_options() -> dict:
         client_kwargs["region_name"] = region
     if client_kwargs:
         options["client_kwargs"] = client_kwargs
-    # Fail within seconds when the endpoint is down; our own retry loop adds backoff.
     options["config_kwargs"] = {
-        "connect_timeout": 5,
-        "read_timeout": 60,
-        "retries": {"max_attempts": 2},
+        "connect_timeout": CONNECT_TIMEOUT_S,
+        "read_timeout": READ_TIMEOUT_S,
+        "retries": {"max_attempts": BOTOCORE_RETRIES},
     }
     return options
 
@@ -168,6 +188,7 @@ def resolve(url: str, config: StorageConfig | None = None) -> Location:
         # Fresh instance: fsspec caches instances by arguments, and tests change endpoints.
         options = dict(config.s3) if config is not None else _s3_options()
         fs = fsspec.filesystem("s3", skip_instance_cache=True, **options)
+        fs.retries = S3FS_TRIES  # an attribute: s3fs's constructor takes no such argument
         _quiet_orphaned_requests()
         return Location(fs, rest.rstrip("/"), "s3")
     if scheme in ("gs", "gcs"):
@@ -238,6 +259,7 @@ def with_retries(
     attempt fails the job cannot go on: StorageUnavailable says what to check.
     """
     last: BaseException | None = None
+    tried = f"{attempts} attempts"
     for attempt in range(attempts):
         try:
             return fn()
@@ -254,16 +276,35 @@ def with_retries(
                 ) from None
             if _is_missing(exc) or not isinstance(exc, (*_TRANSIENT, *_botocore_errors())):
                 raise
-            last = exc
+            last, tried = exc, f"{attempt + 1} attempts"
+            if _already_retried(exc):
+                tried = "no answer, after the storage client's own retries"
+                break
             if attempt < attempts - 1:
                 time.sleep(base_delay_s * (2**attempt) * (0.5 + random.random()))
     raise StorageUnavailable(
         scrub_secrets(
-            f"storage unreachable while trying to {what} ({attempts} attempts): "
+            f"storage unreachable while trying to {what} ({tried}): "
             f"{type(last).__name__}: {last}. Check the endpoint, network and credentials "
             "(AWS_* / GOOGLE_* environment), then rerun: finished items are kept."
         )
     ) from None
+
+
+def _already_retried(exc: BaseException) -> bool:
+    """A read that timed out: the storage client retried it before it got here (for S3,
+    botocore inside s3fs: 15 requests, ``READ_TIMEOUT_S``). Retrying it again multiplied a
+    silent endpoint's wait by ``attempts``, to an hour; an endpoint that refuses or drops
+    connections fails fast, and is still retried here, to bridge a brief outage."""
+    return isinstance(exc, (TimeoutError, *_botocore_timeouts()))
+
+
+def _botocore_timeouts() -> tuple[type[BaseException], ...]:
+    try:
+        from botocore.exceptions import ReadTimeoutError
+    except ImportError:  # pragma: no cover - s3fs brings botocore
+        return ()
+    return (ReadTimeoutError,)
 
 
 def _botocore_errors() -> tuple[type[BaseException], ...]:
@@ -284,6 +325,117 @@ def _credential_errors() -> tuple[type[BaseException], ...]:
     except ImportError:  # pragma: no cover - s3fs brings botocore
         return ()
     return (NoCredentialsError, PartialCredentialsError)
+
+
+# -- first contact --------------------------------------------------------------------------
+
+# The first request of this process to a bucket: one attempt (no botocore, s3fs or
+# ``with_retries`` retries), short deadlines. An endpoint that accepts connections and never
+# answers (a hung server, a black-holed proxy) is then reported within PROBE_READ_TIMEOUT_S
+# (a firewall that drops connections: PROBE_CONNECT_TIMEOUT_S), before any work starts,
+# instead of after a run's 5 minutes of retries. PROBE_DEADLINE_S bounds the whole call,
+# credential lookup and gs:// (whose client has no such settings here) included.
+PROBE_CONNECT_TIMEOUT_S = 5
+PROBE_READ_TIMEOUT_S = 10
+PROBE_DEADLINE_S = 20
+
+_reached: set[tuple[str, str, str]] = set()
+_reaching = threading.Lock()
+
+
+def reach(target: str | Location, what: str | None = None) -> None:
+    """Raise ``StorageUnavailable`` when the endpoint of ``target``'s bucket does not answer
+    one request within seconds; a local path needs nothing.
+
+    Any answer will do, a missing bucket or a refusal included: those are the caller's to
+    report. An endpoint that refuses or drops connections fails fast and is left to the
+    caller's retries (``with_retries`` bridges a brief outage); only silence is reported
+    here. An answer is remembered for the process, so a bucket costs one probe (in a Ray
+    worker too, once). The preflight calls it, and so do the listing and reading helpers
+    below that the driver's commands (show, report, export, submissions) start with; a
+    per-item read does not (``read_bytes``: its limit is ``READ_TIMEOUT_S``'s). ``what``
+    names the location in the message (default: its URL)."""
+    loc = resolve(target) if isinstance(target, str) else target
+    if loc.scheme == "file":
+        return
+    bucket = loc.path.split("/", 1)[0]
+    key = (loc.scheme, _configured_endpoint(loc) or "", bucket)
+    with _reaching:
+        if key in _reached:
+            return
+        probe = _probe_filesystem(loc)
+        started = time.monotonic()
+        try:
+            probe.info(bucket, timeout=PROBE_DEADLINE_S)
+        except Exception as exc:
+            if isinstance(exc, _silent_errors()):
+                waited = time.monotonic() - started
+                raise StorageUnavailable(_silence(loc, probe, what, waited, exc)) from None
+            if isinstance(exc, (*_connection_errors(), *_botocore_errors(), *_credential_errors())):
+                return  # not silent, not answered: the caller's own call and retries decide
+            if not isinstance(exc, OSError):  # s3fs's errors for an answer are OSErrors
+                return
+        _reached.add(key)
+
+
+def _probe_filesystem(loc: Location) -> fsspec.AbstractFileSystem:
+    if loc.scheme != "s3":
+        return loc.fs
+    options = dict(loc.fs.storage_options)
+    options["config_kwargs"] = {
+        **(options.get("config_kwargs") or {}),
+        "connect_timeout": PROBE_CONNECT_TIMEOUT_S,
+        "read_timeout": PROBE_READ_TIMEOUT_S,
+        "retries": {"total_max_attempts": 1},
+    }
+    probe = fsspec.filesystem("s3", skip_instance_cache=True, **options)
+    probe.retries = 1  # s3fs's tries (an attribute: its constructor takes no such argument)
+    return probe
+
+
+def _configured_endpoint(loc: Location) -> str | None:
+    client_kwargs = loc.fs.storage_options.get("client_kwargs") or {}
+    return client_kwargs.get("endpoint_url")
+
+
+def _silent_errors() -> tuple[type[BaseException], ...]:
+    # fsspec's deadline (FSTimeoutError) is a TimeoutError.
+    try:
+        from botocore.exceptions import ConnectTimeoutError, ReadTimeoutError
+    except ImportError:  # pragma: no cover - s3fs brings botocore
+        return (TimeoutError,)
+    return (TimeoutError, ConnectTimeoutError, ReadTimeoutError)
+
+
+_PROXY_ENV = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
+def _silence(
+    loc: Location, probe: fsspec.AbstractFileSystem, what: str | None, waited: float, exc: Exception
+) -> str:
+    """The one paragraph for an endpoint that did not answer: which endpoint (and proxy),
+    for what, and what to check; never a credential."""
+    if loc.scheme == "s3":
+        client = getattr(probe, "_s3", None)
+        endpoint = _configured_endpoint(loc) or getattr(
+            getattr(client, "meta", None), "endpoint_url", "AWS S3"
+        )
+        settings = "AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3), AWS_REGION"
+    else:
+        endpoint, settings = "Google Cloud Storage", "the GOOGLE_* environment"
+    proxy = next((os.environ[v] for v in _PROXY_ENV if os.environ.get(v)), None)
+    via = f" (through the proxy {proxy})" if proxy else ""
+    shown = what or loc.url()
+    return one_line(
+        scrub_secrets(
+            f"storage unreachable: the endpoint {endpoint}{via} did not answer within "
+            f"{max(waited, 1):.0f} s when asked for the bucket of {shown} "
+            f"({type(exc).__name__}): something there accepts connections and never replies "
+            "(a hung server, or a firewall, VPN or proxy that swallows the traffic). Check that "
+            f"the endpoint is up and reachable from this machine and that {settings} and any "
+            "proxy settings are right, then rerun: finished items are kept."
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -321,6 +473,7 @@ def list_objects(url: str) -> list[ObjectInfo]:
     Hidden names (``.x``) and names starting with ``_`` (our own bookkeeping) are skipped.
     """
     loc = resolve(url)
+    reach(loc)
     loc.fs.invalidate_cache(loc.path)
     try:
         found = with_retries(f"list {url}", lambda: loc.fs.find(loc.path, detail=True))
@@ -624,6 +777,7 @@ def write_bytes_atomic(loc: Location, data: bytes) -> None:
 
 def read_location(loc: Location) -> bytes:
     """The bytes of one object at a resolved location (the filesystem carries the credentials)."""
+    reach(loc)
     return bytes(with_retries(f"read {loc.url()}", lambda: loc.fs.cat_file(loc.path)))
 
 
@@ -634,6 +788,7 @@ def delete(loc: Location) -> None:
 
 
 def exists(loc: Location) -> bool:
+    reach(loc)
     return bool(with_retries(f"check {loc.url()}", lambda: loc.fs.exists(loc.path)))
 
 
@@ -641,6 +796,7 @@ def list_files(loc: Location, suffix: str = "") -> list[str]:
     """Paths of the files directly or recursively under ``loc`` (no error when absent)."""
     # Other processes (Ray workers) write here: never answer from fsspec's listing cache, which
     # would also make info()/open() deny files added since an earlier listing.
+    reach(loc)
     loc.fs.invalidate_cache(loc.path)
     try:
         found = with_retries(f"list {loc.url()}", lambda: loc.fs.find(loc.path))
@@ -650,6 +806,7 @@ def list_files(loc: Location, suffix: str = "") -> list[str]:
 
 
 def _entries(loc: Location) -> list[dict]:
+    reach(loc)
     loc.fs.invalidate_cache(loc.path)  # as in list_files
     try:
         return with_retries(f"list {loc.url()}", lambda: loc.fs.ls(loc.path, detail=True))

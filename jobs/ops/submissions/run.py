@@ -359,6 +359,7 @@ def add(config: TenantsConfig, tenant: str, manifest: str) -> dict:
     if suffix is None:
         raise ConfigError(f"{shown(manifest)!r} is not a manifest: use .csv, .jsonl or .parquet")
     t = config.tenants[tenant]
+    storage.reach(manifest, f"the manifest {shown(manifest)}")  # the first contact, in seconds
     try:
         data = storage.read_bytes(manifest)
     except FileNotFoundError:
