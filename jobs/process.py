@@ -41,9 +41,10 @@ from overnight.jobs.spec import JobSpec, ProcessOptions
 from overnight.schemas import DOCUMENT_RESULTS
 from overnight.schemas.errors import ErrorCode
 from overnight.schemas.stages import DOC_INPUT, LLM_OUTPUT
-from overnight.workers.llm.adapter import EngineUnavailable
+from overnight.workers.llm.adapter import EngineUnavailable, known_context_length
 from overnight.workers.llm.tasks.registry import TaskParams, build_task
-from overnight.workers.llm.tasks.spec import TaskSpec, TaskSpecError
+from overnight.workers.llm.tasks.run import reply_room_problem
+from overnight.workers.llm.tasks.spec import NoRoomForDocuments, TaskSpec, TaskSpecError
 from overnight.workers.llm.worker import LLMWorker, LLMWorkerConfig
 from overnight.workers.text import DOCUMENT_EXTENSIONS
 
@@ -102,7 +103,12 @@ class _TaskRows:
     (extraction, transcription): a results row always says what it was for."""
 
     def __init__(self, config: LLMWorkerConfig):
-        self.worker = LLMWorker(config)
+        try:
+            self.worker = LLMWorker(config)
+        except NoRoomForDocuments as exc:
+            # A setting, not the model: exit 2 as the driver's own check says it
+            # (``check_reply_room``); the runner rebuilds our error from the actor's traceback.
+            raise ConfigError(f"process.{exc}") from None
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         out = self.worker(batch)
@@ -160,13 +166,30 @@ def check_process(spec: JobSpec, *, dry: bool = False) -> str | None:
     ``dry`` (``--dry-run``): checked as on a cluster (the cache, else the hub's metadata),
     never downloaded."""
     preflight.check_output(spec.job.output)
-    return preflight.llm_model(
+    model_path = preflight.llm_model(
         spec.process.backend,
         spec.process.model,
         download=not dry and on_ray.local_run(spec.job.ray_address),
         progress=spec.job.progress,
         device=spec.process.device,
     )
+    check_reply_room(spec.process, model_path)
+    return model_path
+
+
+def check_reply_room(opts: ProcessOptions, model_path: str | None) -> None:
+    """Each task's reply cap leaves a document room in the model's context, where the
+    model's files on this machine tell the context (``known_context_length``); else each
+    actor checks it at load, before any document, with the prompt's own tokens too. A cap
+    of 100,000 tokens on an 8,192-token model made every document a context_exceeded row,
+    each counted done until --retry-errors."""
+    context = known_context_length(**opts.engine_only().model_dump(), model_path=model_path)
+    if context is None:
+        return
+    for name in opts.tasks:
+        problem = reply_room_problem(task_spec(name, opts), context)
+        if problem is not None:
+            raise ConfigError(f"process.{problem}")
 
 
 # What the extract stage adds to a document's row: the same for every task over it.

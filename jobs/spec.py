@@ -288,6 +288,15 @@ class TranscribeOptions(DecodingOptions):
         return self
 
 
+# A [process] field read by one task alone: (field, task, how the user gave it).
+_TASK_SETTINGS = (
+    ("labels", "classify", "labels (--labels)"),
+    ("schema_", "extract", "schema (--schema)"),
+    ("prompt", "prompt", "prompt (--prompt)"),
+    ("required_phrases", "compliance", "required_phrases"),
+)
+
+
 class ProcessOptions(EngineOptions):
     """``[process]``: documents and transcripts through an LLM. The engine fields are
     ``workers.llm.engine_options.EngineOptions`` (declared there once, passed to the worker as
@@ -307,7 +316,11 @@ class ProcessOptions(EngineOptions):
         alias="schema",
         description="extract: the fields as a JSON schema (a table, or a path to a .json file)",
     )
-    labels: list[str] = Field(default_factory=list, description="classify: the label set")
+    labels: list[str] = Field(
+        default_factory=list,
+        description="classify: the label set, each label named (a job without the classify "
+        "task refuses labels: no other task reads them, disposition has its own)",
+    )
     prompt: str | None = Field(
         None, description="prompt: a template with {text} and metadata fields, or a path to one"
     )
@@ -316,7 +329,12 @@ class ProcessOptions(EngineOptions):
     required_phrases: list[str] = Field(
         default_factory=list, description="compliance: phrases the agent must say"
     )
-    max_new_tokens: int | None = Field(None, ge=1, description="cap on generated tokens per call")
+    max_new_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="cap on generated tokens per call (None: the task's own); one that leaves "
+        "a document no room in the model's context is refused before any document",
+    )
     actors: int | None = Field(
         None,
         ge=1,
@@ -395,6 +413,32 @@ class ProcessOptions(EngineOptions):
             if name not in TASK_NAMES:
                 raise ValueError(f"unknown task {name!r}; use one of {', '.join(TASK_NAMES)}")
         return task
+
+    @field_validator("labels")
+    @classmethod
+    def _named_labels(cls, labels: list[str]) -> list[str]:
+        # An empty label (a doubled or trailing comma, an unset variable) was dropped without
+        # a word, and the job classified into a set nobody wrote.
+        for position, label in enumerate(labels, start=1):
+            if not label.strip():
+                raise ValueError(
+                    f"label {position} is empty (a doubled or trailing comma?): name every "
+                    "label, e.g. billing,support"
+                )
+        return [label.strip() for label in labels]
+
+    @model_validator(mode="after")
+    def _settings_need_their_task(self) -> ProcessOptions:
+        # Each of these is read by one task alone: with summarize alone, labels, a schema or
+        # a prompt were ignored without a word (disposition classifies into its own six).
+        for field, task, option in _TASK_SETTINGS:
+            if getattr(self, field) and task not in self.tasks:
+                raise ValueError(
+                    f"{field.rstrip('_')} applies to the {task} task only, and this job's "
+                    f"tasks ({', '.join(self.tasks)}) do not use it: add {task} to the tasks "
+                    f"(--task {task}) or leave {option} out"
+                )
+        return self
 
     @model_validator(mode="after")
     def _gpu_share_fits(self) -> ProcessOptions:

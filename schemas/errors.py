@@ -26,7 +26,7 @@ class ErrorCode(StrEnum):
     UNSUPPORTED_TYPE = "unsupported_type"  # not a document type overnight reads
     ENCRYPTED = "encrypted"  # an encrypted PDF without a (correct) configured password
     CORRUPT_DOCUMENT = "corrupt_document"  # a known document format that cannot be parsed
-    NO_TEXT = "no_text"  # parsed, but no extractable text (e.g. a scanned image)
+    NO_TEXT = "no_text"  # parsed, but no extractable text (a scanned image, a PDF without pages)
     INVALID_ENCODING = "invalid_encoding"  # text whose encoding cannot be determined
     EXTRACT_TIMEOUT = "extract_timeout"  # text extraction exceeded its time limit
     CONTEXT_EXCEEDED = "context_exceeded"  # too long for the model even after chunking limits

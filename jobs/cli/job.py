@@ -44,6 +44,14 @@ def _names(text: str) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
 
 
+def _listed(text: str) -> list[str]:
+    """Names that each mean a place in a list (``--labels``, ``--channel-labels``,
+    ``--speaker-roles``) as given, an empty one kept for the spec to refuse by its position
+    (``a,,b``): dropped, the job classified into a set nobody wrote, or named the second
+    channel or speaker with the third name."""
+    return [name.strip() for name in text.split(",")]
+
+
 def _redact_types(text: str) -> list[str]:
     """``--redact``'s names; none at all (``--redact ""``, an unset ``$TYPES``) is an error:
     with blanks dropped it was no redaction, without a word."""
@@ -92,7 +100,7 @@ def _transcribe_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--channel-labels",
         metavar="NAMES",
-        type=_names,
+        type=_listed,
         help="speaker names of the channels in order, e.g. agent,customer (implies "
         "--split-channels; a manifest's channel_labels column wins per item)",
     )
@@ -118,7 +126,7 @@ def _transcribe_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--speaker-roles",
         metavar="NAMES",
-        type=_names,
+        type=_listed,
         help="with --diarize: names in the order the speakers first speak, e.g. "
         "agent,customer (default SPEAKER_00, SPEAKER_01, ...)",
     )
@@ -285,7 +293,9 @@ def add_parser(sub) -> None:
         help="|".join(LLM_TASKS) + "; repeat it for a job of several tasks over the same documents",
     )
     pr.add_argument("--schema", help="extract: the fields as a JSON schema file")
-    pr.add_argument("--labels", type=_names, help="classify: comma-separated labels")
+    pr.add_argument(
+        "--labels", type=_listed, help="classify (only): comma-separated labels, none empty"
+    )
     pr.add_argument("--prompt", help="prompt: a template file with {text}")
     pr.add_argument(
         "--model", help="model path or hub name (default: the backend's embedded default)"

@@ -161,12 +161,13 @@ KIND_OPTIONS = {
     ),
     "process": (
         [
-            *("--task", "classify", "--labels", "paid, unpaid", "--schema", "fields.json"),
+            *("--task", "classify", "--task", "extract", "--task", "prompt"),
+            *("--labels", "paid, unpaid", "--schema", "fields.json"),
             *("--prompt", "prompt.txt", "--model", "org/model", "--backend", "ctranslate2"),
             *("--device", "cpu", "--summary-words", "50"),
         ],
         {
-            "task": "classify",
+            "task": ["classify", "extract", "prompt"],
             "labels": ["paid", "unpaid"],
             "schema": "fields.json",
             "prompt": "prompt.txt",

@@ -75,6 +75,26 @@ def test_two_speakers_given_one_name_is_refused_before_work(tmp_path, capsys, ar
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--diarize", "--speaker-roles", "agent,,customer"],
+        ["--channel-labels", "agent,customer,"],
+        ["--channel-labels", ""],
+    ],
+)
+def test_an_empty_speaker_name_on_the_command_line_is_refused_as_in_a_job_file(
+    tmp_path, capsys, args
+):
+    # The command line dropped blanks: agent,,customer named the first two speakers, and the
+    # third first speaker kept SPEAKER_02 where the user meant customer.
+    (tmp_path / "in").mkdir()
+    assert cli_main(["transcribe", str(tmp_path / "in"), str(tmp_path / "out"), *args]) == 2
+    err = capsys.readouterr().err
+    assert "a speaker name is empty" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
+
+
 def test_job_file_speaker_names_are_trimmed_and_an_empty_one_is_refused(tmp_path, capsys):
     job = tmp_path / "job.toml"
     head = '[job]\nkind = "transcribe"\ninput = "in"\noutput = "out"\n[transcribe]\n'

@@ -32,6 +32,7 @@ __all__ = [
     "Generation",
     "GenerationParams",
     "LLMBackend",
+    "known_context_length",
     "load_backend",
     "resolve_device",
 ]
@@ -133,6 +134,67 @@ def load_backend(
         f"unknown LLM backend {backend!r}: use one of {', '.join(BACKENDS)} "
         "(ctranslate2 ships with overnight; vllm needs the gpu extra: pip install 'overnight[gpu]')"
     )
+
+
+def known_context_length(
+    backend: str,
+    model: str | None,
+    *,
+    device: str = "auto",
+    max_model_len: int | None = None,
+    engine_kwargs: dict[str, Any] | None = None,
+    model_path: str | None = None,
+    **_others: Any,
+) -> int | None:
+    """The context length (prompt and reply tokens) :func:`load_backend` with these settings
+    will give, where the model's files on this machine say it: a GGUF file's header, a
+    CTranslate2 folder's metadata, a Hugging Face config (a folder, the hub's cache), or
+    vLLM's ``max_model_len``. Nothing is loaded, fetched or converted, so a job can check its
+    reply cap before it starts. None where only the load can tell: vLLM's default model
+    before the device is known, a hub model not on this machine, a file it cannot read (the
+    load then says what is wrong). ``_others``: the other engine settings, which do not
+    change the context (``EngineOptions`` is passed whole, by name, as to ``load_backend``).
+    """
+    if model is not None and model_path is not None and Path(model_path).is_dir():
+        model = model_path
+    try:
+        if backend == "ctranslate2":
+            return _ct2_context(model)
+        if backend == "vllm":
+            cap = (engine_kwargs or {}).get("max_model_len", max_model_len)
+            return int(cap) if cap is not None else _vllm_context(model, device)
+    except Exception:  # an unreadable model: its load says what is wrong, in its own words
+        return None
+    return None
+
+
+def _ct2_context(model: str | None) -> int | None:
+    from overnight.workers.llm import ct2_backend, prepare
+
+    if model is None:
+        return prepare.gguf_context_length(prepare.smollm2_gguf_path())
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return prepare.gguf_context_length(path)
+    if path.is_dir():
+        return ct2_backend.model_context_length(path)
+    return None  # a hub name the driver did not fetch (a dry run)
+
+
+def _vllm_context(model: str | None, device: str) -> int | None:
+    from overnight.workers.llm import prepare, vllm_backend
+
+    if model is None:
+        if device == "auto":
+            return None  # the default model is the device's: known once the engine is
+        model = str(prepare.smollm2_gguf_path()) if device == "cpu" else DEFAULT_VLLM_MODEL
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        # Prepared as a folder whose config states the GGUF's own context, without RoPE
+        # scaling (prepare refuses that); engine_arguments caps it as any other.
+        own = prepare.gguf_context_length(path)
+        return None if own is None else min(own, vllm_backend.DEFAULT_MAX_MODEL_LEN)
+    return vllm_backend.expected_max_model_len(str(path) if path.is_dir() else model)
 
 
 def _resolve_ct2_model(model: str | None) -> tuple[Path, str]:

@@ -106,6 +106,16 @@ def _load_model_metadata(model_dir: Path) -> dict[str, Any]:
     }
 
 
+def model_context_length(model_dir: str | Path) -> int:
+    """The context length the backend has on ``model_dir``, from its metadata alone (nothing
+    loaded): what the job checks the reply cap against before it starts."""
+    return _context_length(_load_model_metadata(Path(model_dir)))
+
+
+def _context_length(meta: dict[str, Any]) -> int:
+    return int(meta.get("context_length") or _DEFAULT_CONTEXT_LENGTH)
+
+
 def _stop_after_json(batch_size: int, done: set[int]) -> Any:
     """A generate_batch callback that ends a reply once its first JSON object is complete.
 
@@ -173,7 +183,7 @@ class CTranslate2Backend:
         self.model_id = model_id or str(model_dir)
         self.device = device
         self.compute_type = compute_type
-        self.context_length = int(meta.get("context_length") or _DEFAULT_CONTEXT_LENGTH)
+        self.context_length = _context_length(meta)
         self.max_chunk_tokens = CPU_CHUNK_TOKENS if device == "cpu" else None
         self.max_batch_size = max_batch_size
         self._tokenizer = Tokenizer.from_file(str(tokenizer_path))

@@ -113,6 +113,27 @@ def _model_max_len(model: str) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
+def expected_max_model_len(model: str) -> int | None:
+    """The context vLLM gives ``model`` when the job sets no max_model_len, where its
+    config.json is on this machine (a folder, or the hub's cache: nothing is fetched) and
+    says it plainly; None where only the engine can tell (RoPE scaling stretches it)."""
+    import huggingface_hub
+
+    config_path = Path(model) / "config.json"
+    if not config_path.is_file():
+        cached = huggingface_hub.try_to_load_from_cache(model, "config.json")
+        if not isinstance(cached, str):
+            return None
+        config_path = Path(cached)
+    config = json.loads(config_path.read_text())
+    own = config.get("max_position_embeddings")
+    if not isinstance(own, int):
+        return None
+    if own > DEFAULT_MAX_MODEL_LEN:
+        return DEFAULT_MAX_MODEL_LEN  # engine_arguments' cap
+    return None if config.get("rope_scaling") else own
+
+
 def engine_arguments(
     model: str,
     device: str,

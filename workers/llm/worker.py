@@ -9,7 +9,8 @@ Use it with ``batch_format="pyarrow"`` and an actor pool, e.g.::
 The model loads once per actor in ``__init__``; nothing loads at import or on the driver.
 Every input row comes out once, in order: rows already in error pass through untouched,
 per-item failures become error rows, and only engine failures (the model cannot load,
-CUDA out of memory at load) raise.
+CUDA out of memory at load) and a task whose reply cap leaves a document no room in the
+model's context (``NoRoomForDocuments``, at load) raise.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from overnight.schemas.tables import STATUS_FIELDS
 from overnight.workers.devices import worker_id
 from overnight.workers.llm.adapter import BackendConfigError, LLMBackend, load_backend
 from overnight.workers.llm.engine_options import EngineOptions
-from overnight.workers.llm.tasks.run import run_task
-from overnight.workers.llm.tasks.spec import STATUS_ERROR, TaskInput, TaskSpec
+from overnight.workers.llm.tasks.run import reply_room_problem, run_task, scaffolding_tokens
+from overnight.workers.llm.tasks.spec import STATUS_ERROR, NoRoomForDocuments, TaskInput, TaskSpec
 
 # Columns this worker writes (typed as in schemas.DOCUMENT_RESULTS) and the status it sets.
 OUTPUT_FIELDS = tuple(LLM_OUTPUT)
@@ -108,6 +109,16 @@ class LLMWorker:
         )
         self.worker_id = worker_id()
         self.model = f"{self.backend.name}:{self.backend.model_id}"
+        # A reply cap that leaves a document no room in the context failed every document
+        # with context_exceeded, each row counted done until --retry-errors: refused at load,
+        # before any document. The job checks the cap before it starts where the model's
+        # files tell the context; here the prompt's own tokens count too.
+        problem = reply_room_problem(
+            self.task, self.backend.context_length, scaffolding_tokens(self.backend, self.task)
+        )
+        if problem is not None:
+            self.close()
+            raise NoRoomForDocuments(problem)
 
     def close(self) -> None:
         """Stop the engine (vLLM's engine process) now rather than when the process dies."""

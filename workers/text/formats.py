@@ -126,6 +126,10 @@ def _pdf(data: bytes, options: TextOptions) -> tuple[str, int | None]:
             document = pdfium.PdfDocument(data, password=password)
             break
         except pdfium.PdfiumError as exc:
+            if _opens_without_pages(data, password):
+                raise Failure(
+                    ErrorCode.NO_TEXT, "the PDF has no pages: there is no text to read", pages=0
+                ) from exc
             if exc.err_code == _PDFIUM_SECURITY:
                 raise Failure(
                     ErrorCode.ENCRYPTED, f"the PDF's encryption is not supported: {describe(exc)}"
@@ -148,6 +152,23 @@ def _pdf(data: bytes, options: TextOptions) -> tuple[str, int | None]:
         )
     with document:
         return _pdf_pages(document, options)
+
+
+def _opens_without_pages(data: bytes, password: str) -> bool:
+    """Whether PDFium opens ``data`` and finds no page in it (a page tree of /Count 0, or
+    none). pypdfium2 takes such a document for one that failed to load, with PDFium's last
+    error as the reason, which this load never sets: the row read "unreadable PDF: Failed to
+    load document (PDFium: Success)", or ``encrypted`` after an encrypted PDF in the same
+    extractor process (pypdfium2 5.15)."""
+    import pypdfium2.raw as pdfium_c
+
+    handle = pdfium_c.FPDF_LoadMemDocument64(data, len(data), (password + "\x00").encode())
+    if not handle:
+        return False  # it did fail to load: PDFium's error is this load's own
+    try:
+        return bool(pdfium_c.FPDF_GetPageCount(handle) < 1)
+    finally:
+        pdfium_c.FPDF_CloseDocument(handle)
 
 
 def _pdf_pages(document: pypdfium2.PdfDocument, options: TextOptions) -> tuple[str, int | None]:

@@ -370,6 +370,91 @@ def test_an_unwritable_output_is_one_line_and_exit_11_before_ray(
     assert "PermissionError" not in output and "NotADirectoryError" not in output
 
 
+# -- process settings that cannot mean what they say: exit 2, before any work ---------------
+
+
+def _process_job(path: Path, document: Path, out: Path, **process: object) -> Path:
+    lines = [f"{k} = {json.dumps(v)}" for k, v in {"backend": "ctranslate2", **process}.items()]
+    path.write_text(
+        f'[job]\nkind = "process"\ninput = "{document}"\noutput = "{out}"\n[process]\n'
+        + "\n".join(lines)
+        + "\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    ("process", "setting"),
+    [
+        ({"max_new_tokens": 100_000}, "max_new_tokens = 100000"),
+        ({"summary_words": 6000}, "summary_words = 6000"),
+    ],
+)
+def test_a_reply_cap_beyond_the_models_context_is_exit_2_before_ray_naming_both(
+    process, setting, document, tmp_path
+):
+    # Accepted, it made every document a context_exceeded row, each counted done.
+    out = tmp_path / "out"
+    job = _process_job(tmp_path / "job.toml", document, out, task="summarize", **process)
+    status, output = overnight("run", str(job))
+    assert status == errors.ConfigError.exit_code == 2, output
+    assert_one_clean_paragraph(output)
+    assert f"process.{setting}" in output and "model's context of 8192 tokens" in output
+    assert "[overnight] summarize on ctranslate2" not in output  # no actor was started
+    assert not out.exists(), sorted(p.name for p in out.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("tasks", "setting", "task"),
+    [
+        (["summarize"], ("--labels", "billing,support"), "classify"),
+        (["disposition"], ("--labels", "billing,support"), "classify"),
+        (["summarize"], ("--schema", "{schema}"), "extract"),
+        (["classify"], ("--prompt", "{prompt}"), "prompt"),
+    ],
+)
+def test_a_setting_of_a_task_the_job_does_not_run_is_exit_2_and_with_it_accepted(
+    tasks, setting, task, document, tmp_path
+):
+    # --task summarize --labels a,b summarized and ignored the labels without a word; so
+    # were a schema and a prompt template.
+    out = tmp_path / "out"
+    schema, prompt = tmp_path / "fields.json", tmp_path / "prompt.txt"
+    schema.write_text('{"type": "object", "properties": {"name": {"type": "string"}}}')
+    prompt.write_text("Name the sender of {text}")
+    option, value = setting[0], setting[1].format(schema=schema, prompt=prompt)
+    given = [arg for t in tasks for arg in ("--task", t)]
+    args = (option, value, "--backend", "ctranslate2")
+    status, output = overnight("process", str(document), str(out), *given, *args)
+    assert status == errors.ConfigError.exit_code == 2, output
+    assert_one_clean_paragraph(output)
+    assert f"applies to the {task} task only" in output and f"({', '.join(tasks)})" in output
+    assert not out.exists()
+    given += ["--task", task]
+    if "classify" in given and option != "--labels":
+        given += ["--labels", "billing,support"]  # classify needs its own
+    status, output = overnight("process", str(document), str(out), *given, *args, "--dry-run")
+    assert status == 0, output
+
+
+@pytest.mark.parametrize(
+    ("labels", "position"), [("billing,,support", 2), ("billing,support,", 3), (" ", 1)]
+)
+def test_an_empty_label_is_exit_2_naming_its_position(labels, position, document, tmp_path):
+    # "billing,,support" classified into billing and support without a word.
+    out = tmp_path / "out"
+    args = ("--task", "classify", "--labels", labels, "--backend", "ctranslate2")
+    status, output = overnight("process", str(document), str(out), *args)
+    assert status == errors.ConfigError.exit_code == 2, output
+    assert_one_clean_paragraph(output)
+    assert f"process.labels: Value error, label {position} is empty" in output
+    assert not out.exists()
+    # A job file's list is read alike.
+    job = _process_job(tmp_path / "job.toml", document, out, task="classify", labels=["a", " "])
+    status, output = overnight("run", str(job))
+    assert status == 2 and "label 2 is empty" in output, output
+
+
 # -- bookkeeping in OUTPUT --------------------------------------------------------------------
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from overnight.workers.llm.adapter import load_backend
+from overnight.workers.llm.adapter import known_context_length, load_backend
 from overnight.workers.llm.contract import (
     FINISH_CONTEXT_EXCEEDED,
     FINISH_LENGTH,
@@ -65,6 +65,35 @@ def test_converted_model_answers_that_the_capital_of_france_is_paris(backend: LL
     )
     assert "paris" in reply.text.lower()
     assert reply.finish_reason == FINISH_STOP
+
+
+def test_the_context_is_known_before_the_load_from_the_models_own_files(
+    backend: LLMBackend, model_dir: Path, tmp_path: Path
+) -> None:
+    # What the job checks the reply cap against before Ray starts: nothing loaded, fetched or
+    # converted, and the context the load then gives.
+    gguf = str(smollm2_gguf_path())
+    assert known_context_length("ctranslate2", str(model_dir)) == backend.context_length == 8192
+    assert known_context_length("ctranslate2", None) == 8192  # the bundled GGUF's header
+    assert known_context_length("ctranslate2", gguf) == known_context_length("vllm", gguf) == 8192
+    assert known_context_length("vllm", None, device="cpu") == 8192
+    assert known_context_length("vllm", None) is None  # the default model is the device's
+    assert known_context_length("vllm", None, max_model_len=2048) == 2048
+    kwargs = {"max_model_len": 1024}  # engine_kwargs win over the derived arguments
+    assert known_context_length("vllm", gguf, max_model_len=2048, engine_kwargs=kwargs) == 1024
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    for config, context in [
+        ({"max_position_embeddings": 4096}, 4096),
+        ({"max_position_embeddings": 131072}, 16384),  # engine_arguments' cap
+        ({"max_position_embeddings": 8192, "rope_scaling": {"type": "yarn", "factor": 4}}, None),
+        ({}, None),
+    ]:
+        (folder / "config.json").write_text(json.dumps(config))
+        assert known_context_length("vllm", str(folder)) == context, config
+    # A hub name not on this machine: known once loaded, never fetched for this.
+    assert known_context_length("ctranslate2", "no-such-org/no-such-model") is None
+    assert known_context_length("vllm", "no-such-org/no-such-model") is None
 
 
 def test_token_counts_are_the_tokenizers_real_counts(backend: LLMBackend, model_dir: Path) -> None:

@@ -11,14 +11,16 @@ import pyarrow as pa
 import pytest
 from pydantic import ValidationError
 
-from overnight.jobs.process import _worker_config, task_spec
+from overnight.jobs.errors import ConfigError
+from overnight.jobs.process import _TaskRows, _worker_config, task_spec
 from overnight.jobs.run.sizing import Pool
 from overnight.jobs.spec import build_spec
 from overnight.schemas import DOCUMENT_RESULTS
 from overnight.workers.devices import gpu_kind, resolve_device, worker_id
 from overnight.workers.llm.adapter import BackendConfigError, EngineUnavailable, load_backend
 from overnight.workers.llm.engine_options import EngineOptions
-from overnight.workers.llm.tasks.spec import TaskSpec
+from overnight.workers.llm.tasks.run import reply_room_problem
+from overnight.workers.llm.tasks.spec import NoRoomForDocuments, TaskSpec
 from overnight.workers.llm.worker import LLMWorker, LLMWorkerConfig, options_json
 
 LABELS = ("billing", "support")
@@ -149,6 +151,32 @@ def test_worker_fails_loudly_when_the_engine_cannot_load(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "vllm", None)  # as on a machine without vLLM
     with pytest.raises(EngineUnavailable):
         LLMWorker(config)
+
+
+def test_a_reply_cap_that_leaves_no_room_beside_the_prompt_is_refused_at_load(
+    model_dir: Path,
+) -> None:
+    # 8150 of SmolLM2's 8192 tokens pass the job's check before Ray, which cannot count the
+    # prompt's own tokens without the model's tokenizer; the load counts them and stops the
+    # actor before any document, instead of a context_exceeded row for every one.
+    task = TaskSpec(kind="summarize", max_new_tokens=8150)
+    assert reply_room_problem(task, 8192) is None
+    engine = EngineOptions(backend="ctranslate2", model=str(model_dir), device="cpu")
+    config = LLMWorkerConfig(task=task, engine=engine)
+    with pytest.raises(NoRoomForDocuments) as err:
+        LLMWorker(config)
+    message = str(err.value)
+    assert message.startswith("max_new_tokens = 8150 leaves no room for a document in the ")
+    assert "model's context of 8192 tokens" in message and "context_exceeded" in message
+    assert "set max_new_tokens to at most " in message
+    # In the job's actor it is the spec's error, exit 2 as the check before Ray says it
+    # (the runner rebuilds it from the actor's traceback by its name).
+    with pytest.raises(ConfigError, match=r"^process\.max_new_tokens = 8150 leaves no room"):
+        _TaskRows(config)
+    # The worker's own cap overrides the task's, and is checked alike.
+    classify = TaskSpec(kind="classify", labels=LABELS)
+    with pytest.raises(NoRoomForDocuments, match="max_new_tokens = 8180"):
+        LLMWorker(LLMWorkerConfig(task=classify, engine=engine, max_new_tokens=8180))
 
 
 @pytest.mark.slow

@@ -173,6 +173,28 @@ def test_pdf_of_images_only_becomes_no_text():
     assert result.pages == 2
 
 
+def _pdfium_empty_document() -> bytes:
+    import pypdfium2 as pdfium
+
+    buffer = io.BytesIO()
+    pdfium.PdfDocument.new().save(buffer)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    "make", [_pdfium_empty_document, make_pdf], ids=["written-by-pdfium", "hand-written"]
+)
+def test_pdf_without_pages_becomes_no_text_saying_it_has_no_pages(make):
+    # It was corrupt_document, "unreadable PDF: Failed to load document (PDFium: Success)",
+    # and after another PDF's load error in the same extractor process that PDF's code.
+    assert_error(extract_text(b"%PDF-1.7\n" + binary_junk(), "broken.pdf"), "corrupt_document")
+    for _ in range(2):  # the same reason after its own failed load
+        result = extract_text(make(), "empty.pdf")
+        assert_error(result, "no_text")
+        assert result.kind == "pdf" and result.pages == 0
+        assert result.error_message == "the PDF has no pages: there is no text to read"
+
+
 def test_garbage_after_pdf_header_becomes_corrupt_document():
     result = extract_text(b"%PDF-1.7\n" + binary_junk(), "broken.pdf")
     assert_error(result, "corrupt_document")

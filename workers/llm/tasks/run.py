@@ -51,6 +51,8 @@ from overnight.workers.llm.tasks.spec import (
 
 # Tokens kept free between the prompt and the context limit, for template edge effects.
 _CONTEXT_MARGIN = 8
+# A call with room for fewer document tokens than this has no room for a document.
+MIN_DOCUMENT_TOKENS = 16
 _MAX_REDUCE_ROUNDS = 4
 _ERROR_SNIPPET = 300
 
@@ -231,6 +233,56 @@ def _overhead(backend: LLMBackend, messages: list[dict[str, str]]) -> int:
     return backend.count_tokens(backend.render_chat(messages))
 
 
+def scaffolding_tokens(backend: LLMBackend, spec: TaskSpec) -> int:
+    """Tokens of the task's own prompt around a document: a summary's largest prompt shape
+    (a part's or a reduce round's), the others' prompt with an empty document (a template's
+    metadata fields empty too; their values come per item)."""
+    if spec.kind == "summarize":
+        words = spec.summary_words
+        return max(
+            _overhead(backend, summarize_messages(spec, "", words, part="Part 99 of 99")),
+            _overhead(backend, reduce_messages(spec, ["", ""], words)),
+        )
+    if spec.kind == "extract":
+        return _overhead(backend, extract_messages(spec, ""))
+    if spec.kind == "classify":
+        return _overhead(backend, classify_messages(spec, ""))
+    fields = set(template_fields(spec.template or "")) - {"text"}
+    return _overhead(backend, prompt_messages(spec, "", dict.fromkeys(fields, "")))
+
+
+def reply_room_problem(spec: TaskSpec, context_length: int, scaffolding: int = 0) -> str | None:
+    """Why no document fits a call of ``spec`` on a model of ``context_length`` tokens, which
+    the prompt (``scaffolding``: its own tokens, where the model's tokenizer is at hand) and
+    the reply share; None when one does. The message starts with the setting at fault."""
+    room = context_length - spec.new_tokens - scaffolding - _CONTEXT_MARGIN
+    if room >= MIN_DOCUMENT_TOKENS:
+        return None
+    if spec.max_new_tokens is not None:
+        setting = f"max_new_tokens = {spec.max_new_tokens}"
+    elif spec.kind == "summarize":
+        setting = (
+            f"summary_words = {spec.summary_words} (replies of up to {spec.new_tokens} tokens)"
+        )
+    else:
+        setting = f"the {spec.task_name} task's reply cap of {spec.new_tokens} tokens"
+    prompt = f"the task's prompt ({scaffolding} tokens)" if scaffolding else "the prompt"
+    most = spec.new_tokens + room - MIN_DOCUMENT_TOKENS
+    if most < 1:
+        fix = "choose a model with a longer context"
+    elif scaffolding:
+        fix = f"set max_new_tokens to at most {most}, far less to leave room for whole documents"
+    else:  # the prompt's own tokens are known once the model's tokenizer is
+        fix = f"set max_new_tokens well below {context_length} (a few hundred suit most tasks)"
+    if most >= 1 and spec.max_new_tokens is None and spec.kind == "summarize":
+        fix = f"lower summary_words, or {fix}"
+    return (
+        f"{setting} leaves no room for a document in the model's context of {context_length} "
+        f"tokens, which {prompt}, the document and the reply share: every document would fail "
+        f"with context_exceeded; {fix}"
+    )
+
+
 def run_task(backend: LLMBackend, spec: TaskSpec, items: Sequence[TaskInput]) -> list[TaskOutput]:
     """Run ``spec`` on every item; one output per input, in order. Per-item problems become
     error outputs; only a failure of the engine itself raises."""
@@ -294,11 +346,9 @@ def _run_summarize(
 ) -> None:
     words = spec.summary_words
     params = spec.free_text_params()
-    # The scaffolding of a part prompt is the largest of the three prompt shapes.
-    overhead = _overhead(backend, summarize_messages(spec, "", words, part="Part 99 of 99"))
-    overhead = max(overhead, _overhead(backend, reduce_messages(spec, ["", ""], words)))
+    overhead = scaffolding_tokens(backend, spec)
     budget = _prompt_budget(backend, spec, overhead)
-    if budget < 16:
+    if budget < MIN_DOCUMENT_TOKENS:
         for state in states:
             state.fail(
                 ErrorCode.CONTEXT_EXCEEDED,

@@ -24,6 +24,11 @@ class TaskSpecError(ValueError):
     """A task specification is invalid; the message names the field, the value and the fix."""
 
 
+class NoRoomForDocuments(TaskSpecError):
+    """The task's reply cap leaves no room for a document in the model's context: every
+    document would fail with ``context_exceeded`` (``tasks.run.reply_room_problem``)."""
+
+
 def check_schema(schema: Any, path: str = "json_schema") -> None:
     """Raise :class:`TaskSpecError` unless ``schema`` is a valid JSON schema (any draft the
     ``jsonschema`` library knows; 2020-12 when it names none, which is what pydantic's
