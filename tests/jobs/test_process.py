@@ -1,4 +1,7 @@
-"""The document job and the chained job, on the real SmolLM2 model through CTranslate2."""
+"""The document job and the chained job, on the real SmolLM2 model: through the default
+backend ("auto": vLLM where it is installed, as under .ci/run) where the engine is the
+subject, through CTranslate2 where the job's bookkeeping is (an engine that starts in seconds,
+where vLLM takes about 20 s a task; tests/workers/llm/test_llm_vllm.py covers vLLM itself)."""
 
 from __future__ import annotations
 
@@ -90,7 +93,12 @@ def test_encrypted_pdf_opens_when_its_password_is_configured(docs, tmp_path, mon
     manifest = tmp_path / "m.csv"
     manifest.write_text(f"uri\n{docs / 'libreoffice-writer-password.pdf'}\n")
     process(
-        str(manifest), str(tmp_path / "out"), task="summarize", summary_words=10, max_new_tokens=24
+        str(manifest),
+        str(tmp_path / "out"),
+        task="summarize",
+        summary_words=10,
+        max_new_tokens=24,
+        backend="ctranslate2",  # the subject is the PDF's password, not the engine
     )
     (row,) = results(tmp_path / "out")
     assert row["status"] == "ok" and row["input_tokens"] > 0
@@ -150,7 +158,7 @@ def test_a_job_of_two_tasks_fetches_and_extracts_each_document_once(tmp_path):
         task=["classify", "summarize"],
         labels=["schedule", "billing"],
         summary_words=10,
-        max_new_tokens=16,
+        backend="ctranslate2",  # the subject is the job's fetches, not the engine
     )
     assert [s["items"] for s in summary["stages"]] == [3, 3]
     rows = results(tmp_path / "out")
@@ -174,10 +182,9 @@ def test_rerun_of_a_document_job_adds_nothing(tmp_path):
     folder = tmp_path / "in"
     folder.mkdir()
     (folder / "a.txt").write_text("The meeting moved to Thursday at noon.")
-    process(str(folder), str(tmp_path / "out"), task="classify", labels=["schedule", "billing"])
-    again = process(
-        str(folder), str(tmp_path / "out"), task="classify", labels=["schedule", "billing"]
-    )
+    job = {"task": "classify", "labels": ["schedule", "billing"], "backend": "ctranslate2"}
+    process(str(folder), str(tmp_path / "out"), **job)
+    again = process(str(folder), str(tmp_path / "out"), **job)
     assert again["items"] == 0 and again["items_already_done"] == 1
     assert len(results(tmp_path / "out")) == 1
 
