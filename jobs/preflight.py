@@ -117,6 +117,7 @@ def check_output(url: str, what: str = "the output") -> None:
     shown = storage.scrub_secrets(url)
     if loc.scheme != "file":
         _check_bucket(loc, what, shown)
+        _check_not_an_object(loc, what, shown)
         return
     path = Path(loc.path)
     existing = path
@@ -175,6 +176,22 @@ def _check_bucket(loc: storage.Location, what: str, shown: str) -> None:
             "these credentials. Grant them access to it (AWS_* / GOOGLE_* environment), or "
             "choose a bucket they may write, then rerun; nothing was written."
         ) from None
+
+
+def _check_not_an_object(loc: storage.Location, what: str, shown: str) -> None:
+    """An object where the folder would go is refused as a local file is (exit 11): files
+    written "under" it are keys beside it that no tool shows as its contents."""
+    key = loc.path.strip("/")
+    if "/" not in key:  # the bucket itself
+        return
+    try:
+        info = storage.with_retries(f"check {loc.url()}", lambda: loc.fs.info(key))
+    except (FileNotFoundError, PermissionError):
+        return  # nothing there (or not ours to look at): the first write tells
+    if info.get("type") == "file":
+        raise OutputNotWritable(
+            f"cannot write {what} {shown}: it is a file, not a folder; choose another folder."
+        )
 
 
 # -- models ---------------------------------------------------------------------------------

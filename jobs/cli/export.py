@@ -13,7 +13,8 @@ def add_parser(subparsers) -> None:
         help="write transcripts as SRT, WebVTT, text or JSON files, one a recording",
         description="Read OUTPUT/transcripts (the newest ok row of each recording) and write "
         "DEST/<recording>.<format> with speaker labels, to a local folder or object storage. "
-        "A rerun overwrites the same files. Large outputs are written by Ray tasks.",
+        "A rerun overwrites the same files and removes none (see docs/how-to/export.md). "
+        "Large outputs are written by Ray tasks.",
     )
     p.add_argument(
         "output", metavar="OUTPUT", help="a transcription run's output (local, s3://, gs://)"
@@ -29,17 +30,24 @@ def add_parser(subparsers) -> None:
     p.set_defaults(handler=handle)
 
 
+# Recordings with only error rows named in the summary line; the rest are counted.
+NAMED = 3
+
+
 def handle(args: argparse.Namespace) -> int:
     from overnight.jobs.ops.export import export
+    from overnight.jobs.run.console import printable
 
     done = export(args.output, args.dest, args.format, redacted_only=args.redacted_only)
-    print(
-        f"wrote {done['files']} {done['format']} file(s) to {done['destination']}"
-        + (
-            f"; {done['items_without_transcript']} recording(s) have only error rows "
+    line = f"wrote {done['files']} {done['format']} file(s) to {done['destination']}"
+    without = done["recordings_without_transcript"]
+    if without:
+        named = ", ".join(without[:NAMED])
+        more = f" and {len(without) - NAMED} more" if len(without) > NAMED else ""
+        line += (
+            f"; {len(without)} recording(s) have only error rows: {named}{more} "
             "(see `overnight show OUTPUT --status error`)"
-            if done["items_without_transcript"]
-            else ""
         )
-    )
+    # One line, whatever the names hold (a newline in a recording's name).
+    print(printable(line))
     return 0
