@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import fnmatch
 import json
+import re
 import shutil
 import textwrap
 from dataclasses import dataclass
@@ -73,10 +74,27 @@ def turns(row: dict[str, Any]) -> list[Turn]:
     for seg in sorted(segments, key=lambda s: (s.get("start") or 0.0, s.get("channel") or 0)):
         text = seg["text"].strip()
         if out and out[-1].speaker == seg.get("speaker"):
-            out[-1] = Turn(out[-1].speaker, out[-1].start, f"{out[-1].text} {text}")
+            out[-1] = Turn(out[-1].speaker, out[-1].start, _join(out[-1].text, text))
         else:
             out.append(Turn(seg.get("speaker"), seg.get("start"), text))
     return out
+
+
+# A redaction tag that ends one segment's text (punctuation after it allowed), and one that
+# starts the next's.
+_TAG_AT_END = re.compile(r"(\[[A-Z_]+\])[\s.,;:!?]*$")
+_TAG_AT_START = re.compile(r"^(\[[A-Z_]+\])")
+
+
+def _join(before: str, after: str) -> str:
+    """Two segments of one speaker's turn. A number read across the segments' edge is one
+    entity, tagged in each segment: joined, the turn said "is [SSN]. [SSN]," for one SSN, as
+    the row's ``text`` does not (``workers.redact.redactor``). The same tag on both sides of
+    the edge with only punctuation between reads once."""
+    end, start = _TAG_AT_END.search(before), _TAG_AT_START.match(after)
+    if end and start and end.group(1) == start.group(1):
+        return f"{before[: end.start()]}{after}"
+    return f"{before} {after}"
 
 
 def spoken_text(row: dict[str, Any]) -> str:

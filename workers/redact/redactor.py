@@ -4,11 +4,20 @@ What changes, and how (one rule for text, segments and words, so they agree):
 
 - Each entity is replaced by one tag, ``[CARD_NUMBER]``, in the row's ``text`` and in the
   text of every segment it touches (a number over two turns: one tag in each turn's segment,
-  the other speaker's words between them untouched). Sentence punctuation after the last
-  word of an entity stays ("... expires [EXPIRY].").
+  the other speaker's words between them untouched). In ``text`` the pieces of one entity
+  with nothing but spaces and punctuation between them (two segments of one speaker's line)
+  are one tag. Sentence punctuation after the last word of an entity stays ("... expires
+  [EXPIRY].").
+- Entities are found over the whole call's words, not per segment or speaker: a number's
+  digit words right next to it in the next (or previous) segment of another speaker are
+  its own (``extend_over_speaker_changes``): diarization assigns a word by its timestamp,
+  and Whisper's timestamp of a number's last word may fall in the next speaker's turn.
 - In ``segments[].words`` the words of an entity collapse into one word, the tag, timed from
   the first word's start to the last word's end (probability: the lowest of them); the other
-  words are removed, not left empty, so word counts and analytics see one word per entity.
+  words are removed, not left empty, so a count of the redacted words sees one word per
+  entity. ``analytics`` (talk time, words, words per minute) are not these: the Whisper worker
+  computes them from the words as spoken, before redaction, on split-channel and diarized rows
+  alike, so a read-out number counts its digit words there (how long and how fast one spoke).
 - ``entities``: type, ``start_char``/``end_char`` in the original text (from the first word's
   start to the last one's end), ``start_s``/``end_s`` from the word timings (segment timings
   when the row has no words), and the recognizer's score.
@@ -21,9 +30,10 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from overnight.workers.redact.numbers import token_digits
 from overnight.workers.redact.presidio import presidio_spans
 from overnight.workers.redact.safe import safe_entities
-from overnight.workers.redact.speech import Found, Token, speech_entities
+from overnight.workers.redact.speech import RUN_GLUE, Found, Token, speech_entities
 from overnight.workers.redact.types import resolve_types, tag
 
 _KEEP_AFTER = ",.?!;:"
@@ -131,6 +141,88 @@ def _choose(found: Iterable[Found]) -> list[Found]:
     return sorted(chosen, key=lambda f: f.tokens[0])
 
 
+def extend_over_speaker_changes(chosen: Sequence[Found], tokens: Sequence[Token]) -> list[Found]:
+    """Each entity that ends (starts) with a digit word, grown by the digit words that follow
+    (precede) it across a speaker change: the start (end) of the other speaker's segment,
+    spoken separators between digits included, up to the first other word.
+
+    The recognizers join digits per speaker, so a number stops where the speaker changes. On
+    a diarized mono call a speaker change is an estimate: each word goes to the speaker whose
+    turn its timestamp overlaps, and Whisper's timestamp of a number's last word (often its
+    first or last digit) can lie past the turn's end ("6, 7, 8," | "9. Great, ..."). What
+    the caller was reading does not stop there. Words another entity holds stay its own; an
+    entity of the same type right there across the change is the same number (the first
+    digits in the asker's turn), and the two become one."""
+    if not chosen:
+        return []
+    digits = token_digits(tokens)
+    taken = {i for f in chosen for i in f.tokens}
+    out = []
+    for f in chosen:
+        grown = set(f.tokens)
+        for edge, step in ((max(f.tokens), 1), (min(f.tokens), -1)):
+            grown.update(_digits_across(tokens, digits, edge, step, taken))
+        taken |= grown
+        out.append(
+            f
+            if len(grown) == len(f.tokens)
+            else Found(f.type, tuple(sorted(grown)), f.score, f.source)
+        )
+    joined: list[Found] = []
+    for f in sorted(out, key=lambda f: f.tokens[0]):
+        last = joined[-1] if joined else None
+        if last is not None and last.type == f.type and _adjoin(tokens, digits, last, f):
+            tokens_ = tuple(sorted({*last.tokens, *f.tokens}))
+            joined[-1] = Found(f.type, tokens_, max(last.score, f.score), last.source)
+        else:
+            joined.append(f)
+    return joined
+
+
+def _adjoin(tokens: Sequence[Token], digits: Sequence[str | None], a: Found, b: Found) -> bool:
+    """Whether ``b`` starts right after ``a`` across a speaker change, digit to digit, with
+    at most two spoken separators between."""
+    end, start = max(a.tokens), min(b.tokens)
+    between = range(end + 1, start)
+    return (
+        end < start
+        and digits[end] is not None
+        and digits[start] is not None
+        and tokens[end].stream != tokens[start].stream
+        and len(between) <= 2
+        and all(tokens[i].key in RUN_GLUE | {""} for i in between)
+    )
+
+
+def _digits_across(
+    tokens: Sequence[Token],
+    digits: Sequence[str | None],
+    edge: int,
+    step: int,
+    taken: Collection[int],
+) -> list[int]:
+    """The digit words (and separators between them) from ``edge + step`` on in direction
+    ``step``, when ``edge`` is a digit word and that next word is another speaker's."""
+    first = edge + step
+    if digits[edge] is None or not 0 <= first < len(tokens):
+        return []
+    if tokens[first].stream == tokens[edge].stream or tokens[first].seg == tokens[edge].seg:
+        return []
+    found: list[int] = []
+    pending: list[int] = []
+    j = first
+    while 0 <= j < len(tokens) and tokens[j].seg == tokens[first].seg and j not in taken:
+        if digits[j] is not None:
+            found += [*pending, j]
+            pending = []
+        elif tokens[j].key in RUN_GLUE | {""} and len(pending) < 2:
+            pending.append(j)
+        else:
+            break
+        j += step
+    return found
+
+
 class Redactor:
     """Finds the chosen entity types in a transcripts row and replaces them by tags.
 
@@ -157,7 +249,7 @@ class Redactor:
             )
             if covered:
                 found.append(Found(kind, covered, score, "presidio"))
-        return _choose(found)
+        return extend_over_speaker_changes(_choose(found), tokens)
 
     def redact(self, row: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """(``{"text", "segments"}`` redacted, the entities found). The row is not changed."""
@@ -179,6 +271,7 @@ class Redactor:
         for f in self.find(text, toks, degenerate):
             label = tag(f.type)
             members = [toks[i] for i in f.tokens]
+            in_text: list[tuple[int, int, str]] = []  # this entity's pieces in the row text
             pieces: dict[int, list[_Tok]] = {}
             for t in members:
                 pieces.setdefault(t.token.seg, []).append(t)
@@ -193,11 +286,12 @@ class Redactor:
                     seg_edits.setdefault(si, []).append((lo, hi, label))
                     base = bases[si]
                     if base is not None:
-                        text_edits.append((base + lo, base + hi, label))
+                        in_text.append((base + lo, base + hi, label))
                 # A degenerate segment's words are what was left of a loop, not a timing of
                 # the speech: its tag runs to the segment's end, where the number may still be.
                 until = segments[si].get("end") if f.source == "degenerate" else None
                 word_edits.setdefault(si, []).append(([t.token.index for t in piece], label, until))
+            text_edits += _joined(text, in_text)
             starts = [t.token.char_start for t in members if t.token.char_start >= 0]
             ends = [t.token.char_end for t in members if t.token.char_end >= 0]
             times_a = [t.token.start_s for t in members if t.token.start_s is not None]
@@ -233,6 +327,18 @@ class Redactor:
 
 def segments_text(row: Mapping[str, Any], si: int) -> str:
     return (row.get("segments") or [])[si].get("text") or ""
+
+
+def _joined(text: str, pieces: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
+    """One entity's pieces in the row text, those with only spaces and punctuation between
+    them (two segments of one speaker's line) joined into one."""
+    out: list[tuple[int, int, str]] = []
+    for lo, hi, label in sorted(pieces):
+        if out and not text[out[-1][1] : lo].strip(_KEEP_AFTER + " "):
+            out[-1] = (out[-1][0], max(hi, out[-1][1]), label)
+        else:
+            out.append((lo, hi, label))
+    return out
 
 
 def _apply(text: str, edits: list[tuple[int, int, str]]) -> str:

@@ -19,6 +19,7 @@ import pytest
 
 from overnight.jobs.dataset import storage
 from overnight.jobs.dataset.commits import CommittedDataset
+from overnight.jobs.ops.show import turns as dialogue
 from overnight.schemas import DOCUMENT_RESULTS, TRANSCRIPTS
 from tests.conftest import REPO, upload_folder
 
@@ -297,3 +298,20 @@ def test_a_transcript_the_model_looped_on_says_so_in_its_heading():
     assert "degenerate (the model looped" in render_transcript(row, 100)[0]
     row["degenerate"] = False
     assert "degenerate" not in render_transcript(row, 100)[0]
+
+
+def test_one_number_tagged_in_two_segments_of_one_turn_reads_as_one_tag():
+    # A diarized SSN whose last digits Whisper put in the next segment is one entity, tagged
+    # in each segment; joined into the customer's turn it read "is [SSN]. [SSN],".
+    row = {
+        "segments": [
+            {"speaker": "customer", "start": 26.0, "text": "My social security number is [SSN]."},
+            {"speaker": "customer", "start": 29.5, "text": "[SSN], okay."},
+            {"speaker": "agent", "start": 32.7, "text": "[SSN]. Great, the payment is done."},
+            {"speaker": "agent", "start": 35.0, "text": "[CARD_NUMBER] was the card."},
+        ]
+    }
+    assert [(t.speaker, t.text) for t in dialogue(row)] == [
+        ("customer", "My social security number is [SSN], okay."),
+        ("agent", "[SSN]. Great, the payment is done. [CARD_NUMBER] was the card."),
+    ]

@@ -461,3 +461,64 @@ def test_the_same_loops_are_masked_in_a_card_talk_after_a_secrets_cue_or_when_lu
     ):
         fields, entities = Redactor(["all"]).redact(row(*turns))
         assert entities and not leaked(fields, secret), (turns, fields["text"])
+
+
+def timed_row(*segments: tuple[str, list[tuple[str, float, float]]]) -> dict:
+    """A diarized mono call's row: (speaker, [(word, start, end), ...]) a segment, the text
+    its dialogue (consecutive segments of one speaker on one line)."""
+    segs = [
+        {
+            "start": words[0][1],
+            "end": words[-1][2],
+            "text": " ".join(w for w, _, _ in words),
+            "channel": 0,
+            "speaker": speaker,
+            "words": [{"word": w, "start": a, "end": b, "probability": 0.9} for w, a, b in words],
+        }
+        for speaker, words in segments
+    ]
+    lines: list[list[str]] = []
+    for seg in segs:
+        if lines and lines[-1][0] == seg["speaker"]:
+            lines[-1].append(seg["text"])
+        else:
+            lines.append([seg["speaker"], seg["text"]])
+    return {"text": "\n".join(f"{s}: {' '.join(x)}" for s, *x in lines), "segments": segs}
+
+
+def spaced(start: float, *words: str) -> list[tuple[str, float, float]]:
+    return [(w, start + 0.4 * i, start + 0.4 * i + 0.3) for i, w in enumerate(words)]
+
+
+def test_a_number_is_found_over_the_whole_call_whatever_speaker_diarization_gave_its_edge_words():
+    # Diarization gives each word the speaker its timestamp falls in; Whisper timed the last
+    # digit (zero length) past the customer's turn, so it opens the agent's segment, and the
+    # card's first digits went to the agent's question before it.
+    r = timed_row(
+        ("agent", spaced(0.0, "And", "your", "social", "security", "number?")),
+        ("customer", spaced(3.0, "My", "social", "security", "number", "is", "123.")),
+        ("customer", spaced(6.0, "4,", "5,", "6,", "7,", "8,")),
+        ("agent", [("9.", 9.1, 9.1), *spaced(9.5, "Great,", "the", "payment", "is", "done.")]),
+        ("agent", spaced(40.0, "And", "the", "card", "number", "please?", "4532")),
+        ("customer", spaced(43.0, "1111", "2222", "3336.")),
+        ("customer", spaced(45.0, "Thank", "you.")),
+    )
+    fields, entities = Redactor(["pci", "ssn"]).redact(r)
+    # No digit of either number is left in any segment, text or word.
+    for seg in fields["segments"]:
+        assert not any(ch.isdigit() for ch in seg["text"]), seg["text"]
+        assert not any(ch.isdigit() for w in seg["words"] for ch in w["word"]), seg["words"]
+    assert not any(ch.isdigit() for ch in fields["text"]), fields["text"]
+    assert [e["type"] for e in entities] == ["ssn", "card_number"]
+    assert entities[0]["end_s"] == 9.1 and entities[1]["start_s"] == 42.0
+    # One number, one tag on the customer's line; the other speaker's words stay.
+    assert fields["text"] == (
+        "agent: And your social security number?\n"
+        "customer: My social security number is [SSN],\n"
+        "agent: [SSN]. Great, the payment is done. And the card number please? [CARD_NUMBER]\n"
+        "customer: [CARD_NUMBER]. Thank you."
+    )
+    assert [s["text"] for s in fields["segments"]][2:4] == [
+        "[SSN],",
+        "[SSN]. Great, the payment is done.",
+    ]
