@@ -199,17 +199,14 @@ def killed_at_write(n: int) -> Iterator[WritePoint]:
             yield point
 
 
-class LoopbackProxy:
-    """A TCP proxy on a loopback port in front of ``upstream`` (``http://host:port``, the
-    moto server) that hands each accepted connection to ``accepted``: the tests' way of
-    making an S3 endpoint fail at a chosen request. ``url`` is where clients connect."""
+class LoopbackServer:
+    """A TCP listener on a loopback port that hands each accepted connection to
+    ``accepted``. ``url`` is where clients connect."""
 
-    def __init__(self, upstream: str):
+    def __init__(self):
         import socket
         import threading
 
-        host, port = upstream.rsplit(":", 1)
-        self.upstream = (host.split("//")[-1], int(port))
         self.server = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
         threading.Thread(target=self._serve, daemon=True).start()
@@ -227,3 +224,13 @@ class LoopbackProxy:
 
     def close(self) -> None:
         self.server.close()
+
+
+class LoopbackProxy(LoopbackServer):
+    """A TCP proxy on a loopback port in front of ``upstream`` (``http://host:port``, the
+    moto server): the tests' way of making an S3 endpoint fail at a chosen request."""
+
+    def __init__(self, upstream: str):
+        host, port = upstream.rsplit(":", 1)
+        self.upstream = (host.split("//")[-1], int(port))
+        super().__init__()

@@ -10,7 +10,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,7 +18,7 @@ import pytest
 
 from overnight.jobs.dataset import storage
 from overnight.jobs.errors import StorageUnavailable
-from tests.conftest import REPO, _free_port, secrets_in
+from tests.conftest import REPO, LoopbackServer, _free_port, secrets_in
 from tests.jobs.cli.test_cli_messages import assert_one_clean_paragraph
 
 # A command must have stopped by then: the first contact gives up after
@@ -28,26 +27,19 @@ from tests.jobs.cli.test_cli_messages import assert_one_clean_paragraph
 WITHIN_S = 90
 
 
-class SilentEndpoint:
+class SilentEndpoint(LoopbackServer):
     """A loopback port that accepts every connection and never sends a byte."""
 
     def __init__(self) -> None:
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
-        self.accepted: list[socket.socket] = []
-        threading.Thread(target=self._serve, daemon=True).start()
+        self.held: list[socket.socket] = []
+        super().__init__()
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                return
-            self.accepted.append(conn)  # held open, unanswered
+    def accepted(self, conn: socket.socket) -> None:
+        self.held.append(conn)  # held open, unanswered
 
     def close(self) -> None:
-        self.server.close()
-        for conn in self.accepted:
+        super().close()
+        for conn in self.held:
             with contextlib.suppress(OSError):
                 conn.close()
 
@@ -80,7 +72,7 @@ def test_the_first_request_to_a_silent_endpoint_is_one_attempt_that_fails_in_sec
     with pytest.raises(StorageUnavailable) as caught:
         storage.reach("s3://night-calls/2026-12-01/", "the input s3://night-calls/2026-12-01/")
     assert time.monotonic() - started < storage.PROBE_DEADLINE_S
-    assert len(silent.accepted) == 1  # no retry of any layer
+    assert len(silent.held) == 1  # no retry of any layer
     message = str(caught.value)
     assert caught.value.exit_code == 3
     assert message.startswith("storage unreachable: the endpoint " + silent.url), message
@@ -107,7 +99,7 @@ def test_a_read_that_never_answers_during_a_run_ends_after_the_clients_retries_a
     config = storage.StorageConfig.from_env()
     with pytest.raises(StorageUnavailable, match="no answer, after the storage client's own"):
         storage.read_bytes("s3://night-calls/2026-12-01/a.wav", config)
-    assert len(silent.accepted) == (storage.BOTOCORE_RETRIES + 1) * storage.S3FS_TRIES == 15
+    assert len(silent.held) == (storage.BOTOCORE_RETRIES + 1) * storage.S3FS_TRIES == 15
 
 
 def _commands(tmp: Path) -> dict[str, list[str]]:

@@ -104,37 +104,16 @@ def test_measured_cpu_cost_per_unit_and_units_per_worker_are_priced():
 
 
 def test_profiles_from_past_runs_pool_throughput_and_measure_utilization():
-    run = {
-        "kind": "transcribe",
-        "model": "large-v3-turbo",
-        "accelerator": "h100",
-        "device": "cuda",
-        "options": {
-            "compute_type": "float16",
-            "batch_size": 32,
-            "beam_size": 1,
-            "gpus_per_actor": 1,
-        },
-        "prices": {"h100": 2.69, "cpu": 0.0425},
-    }
     runs = [
-        {
-            **run,
-            "run_id": "n1",
-            "audio_seconds": 360000.0,
-            "accelerator_seconds": 400.0,
-            "accelerator_reserved_seconds": 500.0,
-            "cost_usd": 400 * 2.69 / 3600 + 0.30,
-        },
-        {
-            **run,
-            "run_id": "n2",
-            "audio_seconds": 720000.0,
-            "accelerator_seconds": 800.0,
-            "accelerator_reserved_seconds": 1100.0,
-            "cost_usd": 800 * 2.69 / 3600 + 0.60,
-        },
-        {**run, "run_id": "empty", "audio_seconds": 0.0, "accelerator_seconds": 0.0},
+        _past_run("n1"),
+        _past_run(
+            "n2",
+            audio_seconds=720000.0,
+            accelerator_seconds=800.0,
+            accelerator_reserved_seconds=1100.0,
+            cost_usd=800 * 2.69 / 3600 + 0.60,
+        ),
+        _past_run("empty", audio_seconds=0.0, accelerator_seconds=0.0),
     ]
     [p] = profiles_from_runs(runs)
     assert p.throughput == pytest.approx(900.0)  # 1,080,000 / 1,200
