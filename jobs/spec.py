@@ -195,7 +195,8 @@ class TranscribeOptions(DecodingOptions):
         "clustered), give every word its speaker, split segments where the speaker changes, "
         "write the text as dialogue and fill `analytics`. Split-channel calls are left as "
         "they are (a channel is a speaker); a one-channel recording in a job that splits "
-        "channels is diarized. Turns word_timestamps on unless it is set to false",
+        "channels is diarized. Turns word_timestamps on, which it needs (word_timestamps = "
+        "false with it is refused)",
     )
     speakers: int | None = Field(
         None,
@@ -274,6 +275,14 @@ class TranscribeOptions(DecodingOptions):
             raise ValueError(
                 "redact_audio silences the redacted words' time ranges: it needs "
                 "word_timestamps = true"
+            )
+        if self.diarize and not self.word_timestamps:
+            # Speakers are given word by word: without word timings the whole call came out
+            # as one turn of one speaker, silently wrong (text redaction alone, which falls
+            # back to segment timings, keeps working without them).
+            raise ValueError(
+                "diarize gives every word its speaker: it needs word_timestamps = true (leave "
+                "word_timestamps out and diarize turns it on), or leave diarize out"
             )
         if self.min_speakers > self.max_speakers:
             raise ValueError(

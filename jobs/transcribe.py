@@ -204,15 +204,13 @@ def fetch_and_decode(
         decoded = chunker(data, split_channels=split)
         row["decode_s"] = time.perf_counter() - t1
         row.update(decoded.fields())
-        if (
-            diarize is not None
-            and not decoded.error_code
-            and (not split or decoded.num_channels == 1)
-        ):
-            # A one-channel recording has no channels to tell its parties apart, also in a
-            # job that splits the stereo calls of a mixed queue: its speakers are found as
-            # a mono call's (it came out as one speaker, "ch0", before).
+        if split and decoded.num_channels == 1 and not decoded.error_code:
+            # A one-channel (or dual-mono) recording has no channels to tell its parties
+            # apart, also in a job that splits the stereo calls of a mixed queue: it is a
+            # mono call, with no speaker unless diarization finds them. Labelled as the
+            # first channel, the customer's words were counted as the agent's talk.
             row["_split"] = False
+        if diarize is not None and not decoded.error_code and not row["_split"]:
             _diarize(row, decoded, diarize)
         out.append(row)
     return pa.Table.from_pylist(out, schema=DECODED)

@@ -993,7 +993,9 @@ class WhisperWorker:
 
     def _segments(self, chunk: _ChunkRef, output: list[dict], row: dict) -> list[dict]:
         opts = self.config.whisper
-        labels = row.get("channel_labels") or []
+        # Labels name channels transcribed apart: a one-channel recording in a job with
+        # labels is not split (the decode stage), and its one voice is no labelled party.
+        labels = (row.get("channel_labels") or []) if row.get("_split") else []
         speaker = labels[chunk.channel] if chunk.channel < len(labels) else None
         if speaker is None and row.get("_split"):
             speaker = f"ch{chunk.channel}"

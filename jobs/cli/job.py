@@ -532,14 +532,12 @@ def print_summary(summary: dict[str, Any], out=None) -> None:
             "  errors       " + ", ".join(f"{k}: {v}" for k, v in summary["errors_by_code"].items())
         )
     if summary.get("skipped"):
-        n = sum(summary["skipped"].values())
-        reasons = ", ".join(f"{v} {k}" for k, v in summary["skipped"].items())
-        shown = ", ".join(summary.get("skipped_examples") or [])
-        lines.append(
-            f"  skipped      {n} file{'s' if n != 1 else ''} of the listing ({reasons})"
-            f"{': ' + shown + (', ...' if n > 5 else '') if shown else ''}; "
-            "--include/--exclude GLOB choose the files"
-        )
+        from overnight.jobs.dataset.manifest import skipped_lines
+
+        lines += [
+            "  " + line
+            for line in skipped_lines(summary["skipped"], summary.get("skipped_examples") or [])
+        ]
     if summary.get("degenerate"):
         n = summary["degenerate"]
         lines.append(

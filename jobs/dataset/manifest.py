@@ -237,7 +237,8 @@ def select_items(
     else:
         root = storage.resolve(input_url).url().rstrip("/")
         records = []
-        for o in storage.list_objects(input_url):
+        hidden: list[str] = []
+        for o in storage.list_objects(input_url, hidden):
             relative = o.uri[len(root) :].lstrip("/") if o.uri.startswith(root) else o.uri
             reason = selection.skip_reason(relative) if selection and relative else None
             if reason is not None:
@@ -246,11 +247,20 @@ def select_items(
                     examples.append(relative)
                 continue
             records.append(_record(dict(defaults or {}), o.uri, o.size, o.etag))
+        if hidden:
+            # Left out without a row: the summary and the dry run say how many, and which.
+            skipped[HIDDEN] = len(hidden)
+            examples += hidden[:3]
         if not records and skipped and selection is not None:
+            fix = (
+                "rename them (or their folder) to start otherwise"
+                if set(skipped) == {HIDDEN}
+                else "--include GLOB takes other files ('*': every file)"
+            )
             raise InputNotFound(
                 f"input {storage.scrub_secrets(input_url)!r} holds no {_KINDS.get(selection.kind, selection.kind)}: "
                 f"{sum(skipped.values())} skipped ({_reasons(skipped)}), e.g. "
-                f"{', '.join(examples[:3])}. --include GLOB takes other files ('*': every file)"
+                f"{', '.join(examples[:3])}. {fix}"
             )
     seen: set[str] = set()
     unique = []
@@ -263,9 +273,41 @@ def select_items(
 
 _KINDS = {"media": "audio or video files", "document": "documents"}
 
+# The skip reason of files whose name or folder starts with . or _ (storage.is_hidden).
+HIDDEN = "hidden"
+_HIDDEN_MEANS = "whose name or folder starts with . or _"
+
 
 def _reasons(skipped: Counter[str]) -> str:
-    return ", ".join(f"{n} {reason}" for reason, n in sorted(skipped.items()))
+    return ", ".join(
+        f"{n} {_HIDDEN_MEANS if reason == HIDDEN else reason}"
+        for reason, n in sorted(skipped.items())
+    )
+
+
+def skipped_lines(skipped: dict[str, int], examples: list[str]) -> list[str]:
+    """The summary's and the dry run's lines on the files of a listing that are not items:
+    those a selection left out, and apart, those never read for their name (``HIDDEN``)."""
+    lines = []
+    chosen = {k: v for k, v in skipped.items() if k != HIDDEN}
+    if chosen:
+        n = sum(chosen.values())
+        reasons = ", ".join(f"{v} {k}" for k, v in chosen.items())
+        shown = ", ".join(e for e in examples if not storage.is_hidden(e))
+        lines.append(
+            f"skipped      {n} file{'s' if n != 1 else ''} of the listing ({reasons})"
+            f"{': ' + shown + (', ...' if n > 5 else '') if shown else ''}; "
+            "--include/--exclude GLOB choose the files"
+        )
+    if skipped.get(HIDDEN):
+        n = skipped[HIDDEN]
+        shown = ", ".join(e for e in examples if storage.is_hidden(e))
+        lines.append(
+            f"skipped      {n} file(s) {_HIDDEN_MEANS}"
+            f"{' (e.g. ' + shown + (', ...' if n > 3 else '') + ')' if shown else ''}: such "
+            "names are never input (they are bookkeeping: _manifests, _SUCCESS, .DS_Store)"
+        )
+    return lines
 
 
 def manifest_table(records: Iterable[dict[str, Any]]) -> pa.Table:

@@ -467,10 +467,18 @@ def stat(uri: str, config: StorageConfig | None = None) -> ObjectInfo:
     return ObjectInfo(uri, int(info.get("size") or 0), _etag(info))
 
 
-def list_objects(url: str) -> list[ObjectInfo]:
+def is_hidden(relative: str) -> bool:
+    """Whether a path under the input has a name or folder starting with ``.`` or ``_``:
+    never an item. Our own bookkeeping is named so (``_manifests``, ``_staging``,
+    ``_SUCCESS``), and so are a desktop's (``.DS_Store``)."""
+    return any(part.startswith((".", "_")) for part in relative.split("/") if part)
+
+
+def list_objects(url: str, hidden: list[str] | None = None) -> list[ObjectInfo]:
     """Every file under a folder or prefix (recursively), or the one file ``url`` names.
 
-    Hidden names (``.x``) and names starting with ``_`` (our own bookkeeping) are skipped.
+    Files ``is_hidden`` names are skipped; their paths under ``url`` go to ``hidden`` when
+    it is given, so that the run can say how many it left out.
     """
     loc = resolve(url)
     reach(loc)
@@ -499,7 +507,9 @@ def list_objects(url: str) -> list[ObjectInfo]:
         if kind != "file" and not (kind == "other" and loc.scheme == "file"):
             continue
         rel = path[len(loc.path) :].lstrip("/") if path.startswith(loc.path) else path
-        if any(part.startswith((".", "_")) for part in rel.split("/") if part):
+        if is_hidden(rel):
+            if hidden is not None:
+                hidden.append(printable_name(rel) if loc.scheme == "file" else rel)
             continue
         uri = loc.url(printable_name(path) if loc.scheme == "file" else path)
         if kind == "other":

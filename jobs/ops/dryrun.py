@@ -112,6 +112,10 @@ def dry_run(spec: JobSpec) -> dict[str, Any]:
             "items_pending": len(pending),
             "errors_to_redo": len(redo),
             "pending_bytes": sum(r.get("size") or 0 for r in pending),
+            # Files of the listing that are not items (reason -> how many), as the run's
+            # summary says them.
+            "skipped": prepared.skipped,
+            "skipped_examples": prepared.skipped_examples,
         }
         unit_cost, runs = _past_unit_cost(output, job.kind)
         if job.kind == "transcribe" and pending:
@@ -153,6 +157,15 @@ def render(report: dict[str, Any]) -> str:
                 else ""
             )
         )
+        if s.get("skipped"):
+            from overnight.jobs.dataset.manifest import skipped_lines
+            from overnight.jobs.run.console import printable
+
+            # printable: a name may hold a newline that would forge a line of its own.
+            lines += [
+                "             " + printable(line.replace("skipped      ", "skipped ", 1))
+                for line in skipped_lines(s["skipped"], s.get("skipped_examples") or [])
+            ]
         if s.get("pending_audio_seconds_estimate") is not None:
             # In a unit that suits it: in hours alone, 16 s of audio read "about 0.00 h".
             lines.append(

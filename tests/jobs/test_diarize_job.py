@@ -174,3 +174,23 @@ def test_a_missing_speaker_model_stops_the_job_before_work_with_exit_5(
     assert "speaker model for diarization is missing" in err
     assert "python -m overnight.workers.diarize.prepare" in err
     assert not (tmp_path / "out" / "transcripts").exists()
+
+
+def test_diarize_with_word_timestamps_false_in_a_job_file_is_exit_2_naming_both_before_work(
+    tmp_path, capsys
+):
+    # Speakers are given word by word: the job ran, and a two-speaker call came out as one
+    # turn of SPEAKER_01.
+    (tmp_path / "in").mkdir()
+    write_wav(tmp_path / "in" / "a.wav", np.zeros(SR, np.float32))
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'[job]\ninput = "{tmp_path / "in"}"\noutput = "{tmp_path / "out"}"\n'
+        "[transcribe]\ndiarize = true\nspeakers = 2\nword_timestamps = false\n"
+    )
+    code = main(["run", str(job)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "diarize" in err and "word_timestamps" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "out").exists()

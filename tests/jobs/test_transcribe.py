@@ -378,6 +378,29 @@ def test_stereo_call_comes_out_as_two_speaker_dialogue(shared_audio, tmp_path):
 
 
 @pytest.mark.skipif(not __import__("shutil").which("espeak-ng"), reason="espeak-ng not installed")
+def test_a_mono_call_in_a_job_with_channel_labels_names_no_speaker_and_a_stereo_one_its_labels(
+    tmp_path,
+):
+    # A one-channel recording has no second party to tell apart: it came out wholly as
+    # "agent", and `report` counted the customer's talk as the agent's.
+    src = tmp_path / "in"
+    src.mkdir()
+    write_wav(
+        src / "mono.wav",
+        np.concatenate([silence(0.3), speak("I was charged twice."), silence(0.3)]),
+    )
+    write_wav(src / "stereo.wav", stereo_dialogue()[0])
+    transcribe(str(src), str(tmp_path / "out"), channel_labels=["agent", "customer"])
+    got = by_name(rows(tmp_path / "out"))
+    mono, stereo = got["mono.wav"], got["stereo.wav"]
+    assert mono["status"] == stereo["status"] == "ok"
+    assert mono["segments"] and {s["speaker"] for s in mono["segments"]} == {None}
+    assert mono["analytics"] is None and not mono["text"].startswith("agent:")
+    assert {s["speaker"] for s in stereo["segments"]} == {"agent", "customer"}
+    assert stereo["analytics"] is not None
+
+
+@pytest.mark.skipif(not __import__("shutil").which("espeak-ng"), reason="espeak-ng not installed")
 def test_split_channels_flag_puts_dialogue_turns_in_time_order(tmp_path):
     src = tmp_path / "in"
     src.mkdir()

@@ -60,6 +60,9 @@ def first_run(tmp_path_factory):
     ):
         write_wav(calls / name, np.concatenate([silence(0.3), speak(text), silence(0.3)]))
     (calls / "librispeech_trans.txt").write_text("call_one Please call me back tomorrow morning\n")
+    # Names never read as input: a recording named with _ and a desktop's bookkeeping.
+    write_wav(calls / "_agent_0042.wav", silence(0.5))
+    (calls / ".DS_Store").write_bytes(b"\0")
     output = tmp_path_factory.mktemp("out")
     done = overnight("transcribe", str(calls), str(output))
     return calls, output, done
@@ -77,8 +80,23 @@ def test_a_run_prints_no_ray_notices_and_reports_the_file_it_did_not_take(first_
         done.stdout,
     ), done.stdout
     summary = summary_of(output)
-    assert summary["skipped"] == {"not_media_extension": 1}
+    assert summary["skipped"] == {"hidden": 2, "not_media_extension": 1}
     assert summary["items"] == 2 and summary["failed"] == 0  # no not_audio row any more
+
+
+def test_a_run_says_how_many_files_it_left_out_for_a_name_starting_with_dot_or_underscore(
+    first_run,
+):
+    # They were left out with no row and no word: a recording named _agent_0042.wav was
+    # never transcribed, and nothing said so.
+    _, output, done = first_run
+    assert done.returncode == 0, done.stderr
+    assert re.search(
+        r"skipped +2 file\(s\) whose name or folder starts with \. or _ "
+        r"\(e\.g\. \.DS_Store, _agent_0042\.wav\)",
+        done.stdout,
+    ), done.stdout
+    assert summary_of(output)["skipped"]["hidden"] == 2
 
 
 def test_a_no_op_rerun_starts_no_ray_and_takes_under_9_s(first_run):
@@ -215,6 +233,18 @@ def test_include_and_exclude_globs_choose_the_files_of_a_folder(tmp_path):
     assert taken == ["a.wav", "b.WAV"]
     taken, _ = names(include=["*"])
     assert len(taken) == 6
+
+
+def test_a_listing_counts_the_files_it_skips_for_a_name_or_folder_starting_with_dot_or_underscore(
+    tmp_path,
+):
+    for name in ("a.wav", "_agent_0042.wav", ".DS_Store", "_staging/b.wav", "sub/.c.wav"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"x")
+    listing = select_items(str(tmp_path), Selection.of(MEDIA_EXTENSIONS, "media"))
+    assert [os.path.relpath(i["uri"], tmp_path) for i in listing.items] == ["a.wav"]
+    assert listing.skipped == {"hidden": 4}
+    assert listing.skipped_examples == [".DS_Store", "_agent_0042.wav", "_staging/b.wav"]
 
 
 def test_a_manifest_row_and_a_named_file_are_items_whatever_their_extension(tmp_path):

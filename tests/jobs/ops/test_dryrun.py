@@ -102,3 +102,27 @@ def test_a_dry_run_states_short_audio_in_seconds_or_minutes_not_as_zero_hours(tm
         stage.update(pending_audio_seconds_estimate=seconds)
         text = render({"kind": "transcribe", "output": "out", "stages": [stage]})
         assert says in text, text
+
+
+def test_a_dry_run_says_how_many_files_it_leaves_out_for_a_name_starting_with_dot_or_underscore(
+    tmp_path, capsys
+):
+    from overnight.jobs.cli import main
+    from overnight.jobs.ops.demo import noise, write_wav
+
+    calls = tmp_path / "calls"
+    for name in ("call.wav", "_agent_0042.wav", "_staging/b.wav"):
+        (calls / name).parent.mkdir(parents=True, exist_ok=True)
+        write_wav(calls / name, noise(1.0))
+    (calls / ".DS_Store").write_bytes(b"\0")
+    argv = ["transcribe", str(calls), str(tmp_path / "out"), "--dry-run"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "1 listed" in printed, printed
+    assert (
+        "skipped 3 file(s) whose name or folder starts with . or _ (e.g. .DS_Store, "
+        "_agent_0042.wav, _staging/b.wav)"
+    ) in printed, printed
+    assert main([*argv, "--json"]) == 0
+    [stage] = json.loads(capsys.readouterr().out)["stages"]
+    assert stage["skipped"] == {"hidden": 3}
