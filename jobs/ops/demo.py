@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
+from overnight.jobs.errors import ConfigError
+
 if TYPE_CHECKING:
     from overnight.jobs.ops.show import Turn
 
@@ -43,8 +45,15 @@ DIALOGUE: tuple[tuple[str, str], ...] = (
 )
 
 
-class SynthesisUnavailable(RuntimeError):
-    pass
+class SynthesisUnavailable(ConfigError, exit_code=ConfigError.exit_code):
+    """espeak-ng, which the demo speaks its calls with, is missing or fails: exit 2 saying
+    what to install (it was a traceback)."""
+
+
+_INSTALL_ESPEAK = (
+    "install it (apt-get install espeak-ng, dnf install espeak-ng or brew install espeak-ng) "
+    "and run the demo again, or transcribe recordings of your own with overnight transcribe"
+)
 
 
 def espeak_available() -> bool:
@@ -55,13 +64,28 @@ def speak(text: str, *, voice: str = "en-us", speed: int = 150) -> np.ndarray:
     """Mono float32 speech at 16 kHz."""
     exe = shutil.which("espeak-ng")
     if exe is None:
-        raise SynthesisUnavailable("espeak-ng is not installed: apt-get install espeak-ng")
-    wav = subprocess.run(
-        [exe, "-v", voice, "-s", str(speed), "--stdout", text], capture_output=True, check=True
-    ).stdout
-    with wave.open(io.BytesIO(wav)) as w:
-        rate = w.getframerate()
-        pcm = np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16).astype(np.float32) / 32768
+        raise SynthesisUnavailable(
+            f"espeak-ng is not installed, and it speaks the demo's calls: {_INSTALL_ESPEAK}"
+        )
+    try:
+        wav = subprocess.run(
+            [exe, "-v", voice, "-s", str(speed), "--stdout", text],
+            capture_output=True,
+            check=True,
+            timeout=120,
+        ).stdout
+        with wave.open(io.BytesIO(wav)) as w:
+            rate = w.getframerate()
+            frames = w.readframes(w.getnframes())
+    except (OSError, subprocess.SubprocessError, wave.Error, EOFError) as exc:
+        # A broken install (voice data missing, a wrapper that prints no WAV): its own words.
+        said = getattr(exc, "stderr", None) or b""
+        detail = said.decode("utf-8", "replace").strip().splitlines()[-1:] or [str(exc)]
+        raise SynthesisUnavailable(
+            f"espeak-ng could not speak the demo's calls ({type(exc).__name__}: "
+            f"{detail[0][:200]}): {_INSTALL_ESPEAK}"
+        ) from None
+    pcm = np.frombuffer(frames, dtype=np.int16).astype(np.float32) / 32768
     # espeak-ng speaks at 22.05 kHz: resample linearly, plenty for speech recognition.
     n_out = int(len(pcm) * SAMPLE_RATE / rate)
     return np.interp(np.linspace(0, len(pcm) - 1, n_out), np.arange(len(pcm)), pcm).astype(

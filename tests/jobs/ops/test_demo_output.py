@@ -74,3 +74,30 @@ def test_demo_with_a_file_where_its_calls_folder_goes_exits_11(tmp_path, capsys)
     assert code == 11, err
     assert err.startswith(f"overnight: error: cannot write the demo's calls in {output / 'calls'}")
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "espeak",
+    [
+        None,  # not installed
+        "#!/bin/sh\necho 'espeak-ng: no voice data found' >&2\nexit 1\n",  # voice data missing
+        "#!/bin/sh\necho not a wav\n",  # a wrapper that prints no WAV
+    ],
+    ids=["missing", "failing", "no-wav"],
+)
+def test_demo_without_a_working_espeak_ng_is_exit_2_in_one_line_saying_what_to_install(
+    tmp_path, capsys, monkeypatch, espeak
+):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if espeak is not None:
+        (bin_dir / "espeak-ng").write_text(espeak)
+        (bin_dir / "espeak-ng").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    code = main(["demo", "--output", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert "espeak-ng" in err and "apt-get install espeak-ng" in err
+    if espeak is not None and "voice" in espeak:
+        assert "no voice data found" in err  # espeak-ng's own words
