@@ -296,15 +296,7 @@ def _already_retried(exc: BaseException) -> bool:
     botocore inside s3fs: 15 requests, ``READ_TIMEOUT_S``). Retrying it again multiplied a
     silent endpoint's wait by ``attempts``, to an hour; an endpoint that refuses or drops
     connections fails fast, and is still retried here, to bridge a brief outage."""
-    return isinstance(exc, (TimeoutError, *_botocore_timeouts()))
-
-
-def _botocore_timeouts() -> tuple[type[BaseException], ...]:
-    try:
-        from botocore.exceptions import ReadTimeoutError
-    except ImportError:  # pragma: no cover - s3fs brings botocore
-        return ()
-    return (ReadTimeoutError,)
+    return isinstance(exc, _silent_errors(connect=False))
 
 
 def _botocore_errors() -> tuple[type[BaseException], ...]:
@@ -398,13 +390,14 @@ def _configured_endpoint(loc: Location) -> str | None:
     return client_kwargs.get("endpoint_url")
 
 
-def _silent_errors() -> tuple[type[BaseException], ...]:
+def _silent_errors(connect: bool = True) -> tuple[type[BaseException], ...]:
+    """An endpoint's silence: no answer in time (``connect``: no connection either)."""
     # fsspec's deadline (FSTimeoutError) is a TimeoutError.
     try:
         from botocore.exceptions import ConnectTimeoutError, ReadTimeoutError
     except ImportError:  # pragma: no cover - s3fs brings botocore
         return (TimeoutError,)
-    return (TimeoutError, ConnectTimeoutError, ReadTimeoutError)
+    return (TimeoutError, ReadTimeoutError, *((ConnectTimeoutError,) if connect else ()))
 
 
 _PROXY_ENV = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")

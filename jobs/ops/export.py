@@ -22,7 +22,6 @@ import textwrap
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
@@ -424,12 +423,7 @@ def _write_threads(
             raise
         progress.add()
 
-    with ThreadPoolExecutor(max_workers=WRITE_THREADS) as pool:
-        futures = [pool.submit(one, pair) for pair in pairs]
-    for f in futures:
-        exc = f.exception()
-        if exc is not None:
-            raise exc
+    storage.map_threads(one, pairs, workers=WRITE_THREADS)
 
 
 def export(

@@ -97,19 +97,29 @@ def _structured(vllm_sampling: Any, params: contract.GenerationParams) -> dict[s
     return {"structured_outputs": vllm_sampling.StructuredOutputsParams(**constraint)}
 
 
-def _model_max_len(model: str) -> int | None:
-    """The model's own context length, from its config (local folder or hub cache)."""
+def _model_config(model: str, *, fetch: bool = True) -> dict[str, Any] | None:
+    """The model's config: a folder's config.json, else the hub's (``fetch``: through
+    transformers, which may download it; otherwise only from the hub's cache). None where it
+    cannot be read: vLLM reads it itself and says what is wrong."""
     config_path = Path(model) / "config.json"
     try:
         if config_path.is_file():
-            config = json.loads(config_path.read_text())
-        else:
+            return json.loads(config_path.read_text())
+        if fetch:
             from transformers import AutoConfig
 
-            config = AutoConfig.from_pretrained(model).to_dict()
+            return AutoConfig.from_pretrained(model).to_dict()
+        import huggingface_hub
+
+        cached = huggingface_hub.try_to_load_from_cache(model, "config.json")
+        return json.loads(Path(cached).read_text()) if isinstance(cached, str) else None
     except Exception:
-        return None  # vLLM reads it itself and says what is wrong
-    value = config.get("max_position_embeddings")
+        return None
+
+
+def _own_max_len(config: dict[str, Any] | None) -> int | None:
+    """The model's own context length, from its config."""
+    value = (config or {}).get("max_position_embeddings")
     return int(value) if isinstance(value, int) else None
 
 
@@ -117,17 +127,9 @@ def expected_max_model_len(model: str) -> int | None:
     """The context vLLM gives ``model`` when the job sets no max_model_len, where its
     config.json is on this machine (a folder, or the hub's cache: nothing is fetched) and
     says it plainly; None where only the engine can tell (RoPE scaling stretches it)."""
-    import huggingface_hub
-
-    config_path = Path(model) / "config.json"
-    if not config_path.is_file():
-        cached = huggingface_hub.try_to_load_from_cache(model, "config.json")
-        if not isinstance(cached, str):
-            return None
-        config_path = Path(cached)
-    config = json.loads(config_path.read_text())
-    own = config.get("max_position_embeddings")
-    if not isinstance(own, int):
+    config = _model_config(model, fetch=False)
+    own = _own_max_len(config)
+    if own is None or config is None:
         return None
     if own > DEFAULT_MAX_MODEL_LEN:
         return DEFAULT_MAX_MODEL_LEN  # engine_arguments' cap
@@ -171,7 +173,7 @@ def engine_arguments(
     if max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = max_num_batched_tokens
     if max_model_len is None:
-        own = _model_max_len(model)
+        own = _own_max_len(_model_config(model))
         if own is not None and own > DEFAULT_MAX_MODEL_LEN:
             max_model_len = DEFAULT_MAX_MODEL_LEN
     if max_model_len is not None:
