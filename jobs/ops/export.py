@@ -48,8 +48,15 @@ COLUMNS = [
     "speech_s",
 ]
 RAY_THRESHOLD = 5000
-# Subtitle convention: lines of at most 42 characters.
+# Subtitle conventions (Netflix's and the BBC's timed-text guides): lines of at most 42
+# characters, at most 2 lines and 7 seconds a cue. A Whisper segment runs up to 30 s; one
+# cue of it filled the screen with 8 lines for 28 s.
 LINE_CHARS = 42
+CUE_LINES = 2
+CUE_SECONDS = 7.0
+# A cue that has to close early ends after the last clause in it (its punctuation) rather
+# than mid-clause, when that keeps at least this share of its words.
+CLAUSE_SHARE = 0.5
 # A long export (2,000 files to S3) says how far it is at most this often; a short one is silent.
 PROGRESS_EVERY_S = 10.0
 WRITE_THREADS = 16
@@ -81,10 +88,80 @@ def _spoken(row: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], str | None,
 
 
 def cues(row: Mapping[str, Any]) -> list[Cue]:
-    """A transcript's segments as cues, in time order."""
+    """A transcript's segments as subtitle cues, in time order: a segment longer than a cue
+    holds (``CUE_LINES`` lines, ``CUE_SECONDS``) is cut between words, each cue timed by its
+    words (the segment's own ``words``, else its time shared out by characters)."""
     return [
-        Cue(float(seg["start"]), float(seg["end"]), who, text) for seg, who, text in _spoken(row)
+        cue
+        for seg, who, text in _spoken(row)
+        for cue in _split(float(seg["start"]), float(seg["end"]), who, text, seg.get("words"))
     ]
+
+
+def _timed_tokens(
+    start: float, end: float, text: str, words: list[Mapping[str, Any]] | None
+) -> list[tuple[str, float, float]]:
+    """The text's space-separated tokens, each with a start and end. From ``words`` where they
+    spell the same tokens (redaction rewrites text and words alike); otherwise, and for a
+    segment without words, the segment's time shared out by the tokens' characters."""
+    tokens = text.split()
+    if words:
+        timed: list[tuple[str, float, float]] = []
+        for w in words:
+            if w.get("start") is None or w.get("end") is None:
+                break
+            timed += [(t, float(w["start"]), float(w["end"])) for t in str(w["word"]).split()]
+        else:
+            if [t for t, _, _ in timed] == tokens:
+                return [(t, min(end, max(start, a)), min(end, max(a, b))) for t, a, b in timed]
+    total = max(1, len(" ".join(tokens)))
+    out, at = [], 0
+    for t in tokens:
+        out.append(
+            (t, start + (end - start) * at / total, start + (end - start) * (at + len(t)) / total)
+        )
+        at += len(t) + 1
+    return out
+
+
+def _fits(speaker: str | None, text: str) -> bool:
+    # The speaker's name counts: SRT writes it into the first line, and players show
+    # WebVTT's voice name with the text.
+    shown = f"{speaker}: {text}" if speaker else text
+    return len(_lines(shown)) <= CUE_LINES
+
+
+def _split(
+    start: float, end: float, speaker: str | None, text: str, words: list[Mapping[str, Any]] | None
+) -> list[Cue]:
+    if _fits(speaker, text) and end - start <= CUE_SECONDS:
+        return [Cue(start, end, speaker, text)]
+    tokens = _timed_tokens(start, end, text, words)
+    groups: list[list[tuple[str, float, float]]] = []
+    group: list[tuple[str, float, float]] = []
+    for token in tokens:
+        grown = [*group, token]
+        if not group or (
+            _fits(speaker, " ".join(t for t, _, _ in grown))
+            and token[2] - group[0][1] <= CUE_SECONDS
+        ):
+            group = grown
+            continue
+        # Close the cue after its last clause when that keeps most of it, else here.
+        cut = max(
+            (i + 1 for i, (t, _, _) in enumerate(group) if t[-1] in ".,;:?!"), default=len(group)
+        )
+        if cut < CLAUSE_SHARE * len(group):
+            cut = len(group)
+        groups.append(group[:cut])
+        group = [*group[cut:], token]
+    groups.append(group)
+    out: list[Cue] = []
+    for n, g in enumerate(groups):
+        first = start if n == 0 else max(g[0][1], out[-1].end)
+        last = end if n == len(groups) - 1 else max(g[-1][2], first)
+        out.append(Cue(first, last, speaker, " ".join(t for t, _, _ in g)))
+    return out
 
 
 def _clock(seconds: float, sep: str) -> str:

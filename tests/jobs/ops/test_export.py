@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -299,11 +300,21 @@ def test_srt_text_with_markup_and_arrows_reads_back_identically(tmp_path: Path):
     export(str(out), str(tmp_path / "srt"), "srt")
     subs = list(srt.parse((tmp_path / "srt" / "hard.srt").read_text()))
     labels = ["agent", "A&B <team>"]
-    assert [s.content.replace("\n", " ") for s in subs] == [
-        f"{labels[n % 2]}: {t}" for n, t in enumerate(HARD_TEXT)
-    ]
-    assert [s.start.total_seconds() for s in subs] == [0.0, 1.0, 2.0, 3.0]
-    assert max(len(line) for s in subs[:3] for line in s.content.splitlines()) <= 42
+    # A turn longer than a cue holds is several cues of its speaker (subtitle size); the
+    # speakers alternate here, so each run of one speaker's cues reads back as its turn.
+    turns: list[list[str]] = []
+    for s in subs:
+        who, said = s.content.replace("\n", " ").split(": ", 1)
+        if turns and turns[-1][0] == who:
+            turns[-1][1] += " " + said
+        else:
+            turns.append([who, said])
+    assert turns == [[labels[n % 2], t] for n, t in enumerate(HARD_TEXT)]
+    assert len(subs) > len(HARD_TEXT)
+    assert [s.start.total_seconds() for s in subs][:1] == [0.0]
+    # Every line fits 42 characters but the long word (a URL), which is never broken.
+    lines = [line for s in subs for line in s.content.splitlines()]
+    assert all(len(line) <= 42 or "https://" in line for line in lines)
 
 
 def test_vtt_text_with_markup_and_arrows_reads_back_identically(tmp_path: Path):
@@ -315,8 +326,104 @@ def test_vtt_text_with_markup_and_arrows_reads_back_identically(tmp_path: Path):
     captions = webvtt.from_string(body)
     # webvtt-py strips the cue tags and keeps character references as written; decoding
     # them is the last step of the WebVTT cue text parsing rules (what a player does).
-    assert [html.unescape(c.text).replace("\n", " ") for c in captions] == HARD_TEXT
-    assert [html.unescape(c.voice) for c in captions] == ["agent", "A&B <team>"] * 2
-    assert [c.start for c in captions] == [f"00:00:0{n}.000" for n in range(4)]
+    turns: list[list[str]] = []
+    for c in captions:
+        who, said = html.unescape(c.voice), html.unescape(c.text).replace("\n", " ")
+        if turns and turns[-1][0] == who:
+            turns[-1][1] += " " + said
+        else:
+            turns.append([who, said])
+    assert turns == [[["agent", "A&B <team>"][n % 2], t] for n, t in enumerate(HARD_TEXT)]
     # the only arrows are the cue timings', one per cue
-    assert body.count("-->") == len(HARD_TEXT)
+    assert body.count("-->") == len(captions)
+
+
+# A diarized one-speaker stretch: Whisper's segment runs 28 s, far past what a subtitle shows.
+LONG_SAID = (
+    "Okay so I called last week about the bill, and the lady said it would be fixed by "
+    "Friday. It was not fixed, I still see the late fee on my statement and the amount is "
+    "wrong again, so I want to know what happened and who I can talk to about getting the "
+    "credit back on my account before the next payment comes out of my checking account."
+)
+
+
+def _long_segment(with_words: bool) -> dict:
+    tokens = LONG_SAID.split()
+    step = 28.0 / len(tokens)
+    words = [
+        {
+            "word": f" {t}",
+            "start": 1.0 + n * step,
+            "end": 1.0 + (n + 0.8) * step,
+            "probability": 0.9,
+        }
+        for n, t in enumerate(tokens)
+    ]
+    return {
+        "start": 1.0,
+        "end": 29.0,
+        "text": f" {LONG_SAID}",
+        "channel": 0,
+        "speaker": "SPEAKER_00",
+        "words": words if with_words else None,
+    }
+
+
+@pytest.mark.parametrize("with_words", [True, False], ids=["word timings", "no word timings"])
+def test_a_long_segment_becomes_subtitle_sized_cues_of_two_lines_and_seven_seconds(
+    tmp_path: Path, with_words: bool
+):
+    seg = _long_segment(with_words)
+    out = _output_of(tmp_path, [_row("l1", "s3://calls/long.wav", segments=[seg])])
+    export(str(out), str(tmp_path / "srt"), "srt")
+    subs = list(srt.parse((tmp_path / "srt" / "long.srt").read_text()))
+    assert len(subs) >= 4
+    for s in subs:
+        lines = s.content.splitlines()
+        assert len(lines) <= 2 and all(len(line) <= 42 for line in lines), lines
+        assert 0 < (s.end - s.start).total_seconds() <= 7.0
+        assert lines[0].startswith("SPEAKER_00: ")
+    said = [s.content.replace("\n", " ").removeprefix("SPEAKER_00: ") for s in subs]
+    assert " ".join(said) == LONG_SAID  # nothing lost, nothing repeated
+    times = [(s.start.total_seconds(), s.end.total_seconds()) for s in subs]
+    assert times[0][0] == 1.0 and times[-1][1] == 29.0
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(times))
+    if with_words:
+        # Each cue is timed by its own words: it ends where its last word ends.
+        ends = {round(w["end"], 3) for w in seg["words"]}
+        assert all(round(end, 3) in ends for _, end in times[:-1])
+    export(str(out), str(tmp_path / "vtt"), "vtt")
+    captions = webvtt.read(str(tmp_path / "vtt" / "long.vtt"))
+    assert [c.text.replace("\n", " ") for c in captions] == said
+    assert {c.voice for c in captions} == {"SPEAKER_00"}
+
+
+def test_a_cue_cut_early_ends_at_its_last_clause_rather_than_mid_clause(tmp_path: Path):
+    seg = _long_segment(with_words=True)
+    out = _output_of(tmp_path, [_row("l1", "s3://calls/long.wav", segments=[seg])])
+    export(str(out), str(tmp_path / "srt"), "srt")
+    subs = list(srt.parse((tmp_path / "srt" / "long.srt").read_text()))
+    first = subs[0].content.replace("\n", " ")
+    assert first == "SPEAKER_00: Okay so I called last week about the bill,"
+
+
+def test_a_redacted_segment_splits_with_its_tags_whole_and_timed_by_its_words(tmp_path: Path):
+    said = (
+        "My card number is [CARD_NUMBER] and the expiry is [DATE], and my social is [SSN] "
+        "if you need it for the account"
+    )
+    tokens = said.split()
+    words = [
+        {"word": f" {t}", "start": 2.0 + n, "end": 2.5 + n, "probability": 0.9}
+        for n, t in enumerate(tokens)
+    ]
+    seg = {"start": 2.0, "end": 2.0 + len(tokens), "text": f" {said}", "channel": 1}
+    seg |= {"speaker": "customer", "words": words}
+    out = _output_of(tmp_path, [_row("r1", "s3://calls/red.wav", segments=[seg])])
+    export(str(out), str(tmp_path / "srt"), "srt")
+    subs = list(srt.parse((tmp_path / "srt" / "red.srt").read_text()))
+    assert len(subs) > 1
+    assert " ".join(s.content.replace("\n", " ").removeprefix("customer: ") for s in subs) == said
+    assert all((s.end - s.start).total_seconds() <= 7.0 for s in subs)
+    starts = {w["start"] for w in words}
+    assert all(s.start.total_seconds() in starts for s in subs)
