@@ -470,8 +470,7 @@ def _stopped(exc: OvernightError, progress: _Progress) -> OvernightError:
 
 
 def _kind(exc: OvernightError) -> type[OvernightError]:
-    # An error raised in a Ray task comes back as a class derived from both RayTaskError and
-    # ours: the first of ours in its ancestry keeps the exit status.
+    # The first of our classes in its ancestry keeps the exit status.
     from overnight.jobs import errors
 
     return next(
@@ -582,7 +581,7 @@ def _write_ray(
     import pyarrow as pa
     import ray
 
-    from overnight.jobs.run.on_ray import ensure_ray
+    from overnight.jobs.run.on_ray import ensure_ray, unwrap
 
     ensure_ray(None)
     ds = ray.data.from_arrow(
@@ -591,7 +590,16 @@ def _write_ray(
     write = functools.partial(
         _write_batch, dest=dest, fmt=fmt, config=config or storage.StorageConfig.from_env()
     )
-    for batch in ds.map_batches(write, batch_format="pyarrow").iter_batches(
-        batch_format="pyarrow", batch_size=None
-    ):
-        progress.add(len(batch["written"]))
+    try:
+        for batch in ds.map_batches(write, batch_format="pyarrow").iter_batches(
+            batch_format="pyarrow", batch_size=None
+        ):
+            progress.add(len(batch["written"]))
+    except Exception as exc:
+        # A task's error reaches the driver as a RayTaskError whose text is the remote
+        # traceback (Ray cannot subclass ours: their exit status is a class argument); the
+        # export stops on the error of ours inside it, as the threads' path does.
+        inner = unwrap(exc, ())
+        if isinstance(inner, OvernightError):
+            raise inner from None
+        raise

@@ -388,12 +388,13 @@ class Progress:
         self._stop.set()
 
 
-def _unwrap(exc: BaseException, load_errors: tuple[type[BaseException], ...]) -> BaseException:
+def unwrap(exc: BaseException, load_errors: tuple[type[BaseException], ...]) -> BaseException:
     """Ray wraps worker exceptions; find ours (or a model load error) inside, else the
     innermost cause.
 
-    A RayTaskError is an instance of the class it wraps (Ray subclasses it), but its text is
-    a whole remote traceback: go down to the original in ``cause``.
+    A RayTaskError's text is a whole remote traceback, and Ray cannot make it an instance of
+    our classes (their exit status is a class argument): go down to the original in
+    ``cause``.
     """
     ours: tuple[type[BaseException], ...] = (OvernightError, *load_errors)
     seen = exc
@@ -527,7 +528,7 @@ def execute(
                 if on_rows is not None:
                     on_rows(len(outcome.rows))
     except Exception as exc:
-        inner = _unwrap(exc, load_errors)
+        inner = unwrap(exc, load_errors)
         # A stage that broke its declared contract is a bug, not the engine: raised as it is.
         if isinstance(inner, (OvernightError, StageContractError)):
             raise inner from None

@@ -182,3 +182,19 @@ def test_the_export_line_names_a_few_recordings_with_only_error_rows_and_counts_
     line = capsys.readouterr().out
     assert "5 recording(s) have only error rows: " in line
     assert "s3://calls/bad-0.wav, s3://calls/bad-1.wav, s3://calls/bad-2.wav and 2 more" in line
+
+
+def test_a_file_that_cannot_be_written_by_a_ray_task_stops_the_export_the_same_way(
+    tmp_path: Path,
+):
+    from overnight.jobs.errors import OutputNotWritable
+
+    out = _many(tmp_path, 4)
+    dest = tmp_path / "d"
+    (dest / "call-002.srt").mkdir(parents=True)  # a folder where a file goes: EISDIR
+    with pytest.raises(OutputNotWritable) as caught:
+        export(str(out), str(dest), "srt", ray_threshold=1)
+    message = str(caught.value)
+    assert "Traceback" not in message and len(message.strip().splitlines()) == 1, message
+    assert "'call-002.srt'" in message and "IsADirectoryError" in message
+    assert "files were written" in message and "rerun" in message
