@@ -45,6 +45,7 @@ long enough run (a tuning sample); the plan then assumes ``DEFAULT_UTILIZATION``
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
@@ -58,6 +59,7 @@ from overnight.jobs.accounting.ledger import price as price_of
 from overnight.jobs.choices import DEFAULT_HEADROOM, DEFAULT_UTILIZATION
 from overnight.jobs.dataset import storage
 from overnight.jobs.errors import ConfigError, InputNotFound
+from overnight.jobs.spec import DEFAULT_PRICES
 
 PROFILE_VERSION = 1
 UNITS = ("audio_s", "documents")
@@ -158,6 +160,9 @@ class WorkerProfile:
     # The reserved seconds that utilization was measured over (past runs, pooled).
     measured_reserved_s: float | None = None
     other_cost_per_unit_usd: float = 0.0  # CPU stages (fetch, decode, extract) per unit of work
+    # The CPU price per core-hour that ``other_cost_per_unit_usd`` is priced at, so that
+    # ``--cpu-price`` prices it again; None: not known (a profile file of an older version).
+    other_cpu_price_per_hour_usd: float | None = None
     hardware: str = ""
     source: str = ""
     options: dict[str, Any] = field(default_factory=dict)
@@ -457,6 +462,7 @@ _PROFILE_NUMBERS: dict[str, dict[str, Any]] = {
     "utilization": {"high": 1.0},  # 0: not measured, as null
     "measured_reserved_s": {},
     "other_cost_per_unit_usd": {},
+    "other_cpu_price_per_hour_usd": {},
 }
 _PROFILE_TEXTS = ("name", "kind", "unit", "resource", "hardware", "source")
 
@@ -677,10 +683,30 @@ def profiles_from_runs(
         reserved = sum(r.get("accelerator_reserved_seconds") or 0.0 for r in runs)
         if work <= 0:
             continue
-        prices = runs[-1].get("prices") or {}
+        # The newest run's prices price the profile: the summaries come in file-name order,
+        # and the last by name (a user's run id) gave a price two runs old.
+        newest = max(runs, key=lambda r: (str(r.get("finished_at") or ""), str(r["run_id"])))
+        prices = newest.get("prices") or {}
         hourly = price_of(prices, resource) if prices else 0.0
-        busy_cost = busy * units * hourly / 3600.0
-        other = max(0.0, sum(r.get("cost_usd") or 0.0 for r in runs) - busy_cost) / work
+        cpu_hourly = price_of(prices, "cpu") if prices else 0.0
+        # The CPU stages' cost (each run's cost beyond its busy model time) is taken back to
+        # CPU-hours at the run's own CPU price and priced again at the newest one: subtracting
+        # busy time at one price from costs ledgered at others gave "other" costs larger
+        # than the compute. What a price of 0 leaves unknown stays in dollars.
+        cpu_hours = dollars = 0.0
+        for r in runs:
+            own = r.get("prices") or {}
+            model_cost = (
+                r["accelerator_seconds"] * units * (price_of(own, resource) if own else 0.0)
+            )
+            spent = max(0.0, (r.get("cost_usd") or 0.0) - model_cost / 3600.0)
+            own_cpu = price_of(own, "cpu") if own else 0.0
+            if own_cpu > 0 and cpu_hourly > 0:
+                cpu_hours += spent / own_cpu
+            else:
+                dollars += spent
+        other = (cpu_hours * cpu_hourly + dollars) / work
+        differ = len({json.dumps(r.get("prices") or {}, sort_keys=True) for r in runs}) > 1
         # The engine is named only where it is not the default one: older names stay.
         how = f"{engine} " if engine != "ctranslate2" else ""
         name = f"{model} {how}{compute_type} batch {batch} beam {beam} on {resource}"
@@ -697,9 +723,11 @@ def profiles_from_runs(
                 utilization=min(1.0, busy / reserved) if reserved else None,
                 measured_reserved_s=round(reserved, 3) if reserved else None,
                 other_cost_per_unit_usd=other,
+                other_cpu_price_per_hour_usd=cpu_hourly if other and not dollars else None,
                 hardware=f"{resource} ({device})",
-                source=f"{source}: {len(runs)} run(s), {', '.join(sorted(r['run_id'] for r in runs)[:5])}",
-                options=dict(runs[-1].get("options") or {}),
+                source=f"{source}: {len(runs)} run(s), {', '.join(sorted(r['run_id'] for r in runs)[:5])}"
+                + (f"; at the prices of the newest, {newest['run_id']}" if differ else ""),
+                options=dict(newest.get("options") or {}),
             )
         )
     return out
@@ -766,7 +794,18 @@ def render(plan: Plan, unit: str) -> str:
     lines.append("")
     if plan.cheapest is None:
         lines.append(
-            "no option meets the deadline: raise the worker limit, extend the deadline or tune for more throughput"
+            "no option meets the deadline: "
+            + (
+                "raise the worker limit, "
+                if any(o.sizing.max_workers for o in plan.options)
+                else ""
+            )
+            + (
+                "lower the start-up, "
+                if any(o.window_s <= 0 and o.sizing.startup_s for o in plan.options)
+                else ""
+            )
+            + "extend the deadline or tune for more throughput"
         )
     else:
         c = plan.cheapest
@@ -777,6 +816,24 @@ def render(plan: Plan, unit: str) -> str:
         )
     lines.extend(plan.notes)
     return "\n".join(lines)
+
+
+def _gpu_kind(gpu: str, price: float | None) -> str:
+    """``--gpu`` as the price table and the profiles spell a kind (lower case: ``L4`` was
+    priced at the generic $2.69 and dropped the measured l4 profile). A name that is no kind
+    we know needs its price stated: it would be priced as a generic GPU without a word."""
+    from overnight.workers.devices import GPU_KINDS
+
+    kind = gpu.strip().lower()
+    known = sorted({*DEFAULT_PRICES, *GPU_KINDS})
+    if kind not in known and price is None:
+        hint = difflib.get_close_matches(kind, known, n=1)
+        raise ConfigError(
+            f"--gpu {gpu!r} is no GPU kind overnight knows"
+            + (f" (did you mean {hint[0]!r}?)" if hint else "")
+            + f"; known kinds: {', '.join(known)}. For another kind, state its price with --price"
+        )
+    return kind
 
 
 def adjust_profiles(
@@ -799,10 +856,33 @@ def adjust_profiles(
     if throughput is not None:
         check_number(throughput, "--throughput", low_open=True)
     notes: list[str] = []
+    if gpu is not None:
+        gpu = _gpu_kind(gpu, price)
+        if gpu not in DEFAULT_PRICES and price is None:
+            notes.append(
+                f"note: {gpu} has no price in the default table: priced as a generic GPU at "
+                f"${DEFAULT_PRICES['gpu']:g}/h; state its price with --price"
+            )
     out = []
     for p in profiles:
         if cpu_price is not None and p.resource == "cpu":
             p = replace(p, price_per_unit_hour_usd=cpu_price)
+        if cpu_price is not None and p.other_cost_per_unit_usd:
+            # The CPU stages (fetch, decode) run on CPU beside any model: --cpu-price prices
+            # them too, where the profile says what price they were measured at.
+            if p.other_cpu_price_per_hour_usd:
+                p = replace(
+                    p,
+                    other_cost_per_unit_usd=p.other_cost_per_unit_usd
+                    * cpu_price
+                    / p.other_cpu_price_per_hour_usd,
+                    other_cpu_price_per_hour_usd=cpu_price,
+                )
+            else:
+                notes.append(
+                    f"note: {p.name}: its CPU stages' cost stays as measured (the profile "
+                    "does not say at which CPU price); --cpu-price prices its workers only"
+                )
         if price is not None and p.resource != "cpu" and (gpu is None or p.resource == gpu):
             p = replace(p, price_per_unit_hour_usd=price)
         if gpu is not None and p.resource not in ("cpu", gpu):
@@ -815,8 +895,6 @@ def adjust_profiles(
                 f"with --throughput to include it"
             )
         else:
-            from overnight.jobs.spec import DEFAULT_PRICES
-
             hourly = price if price is not None else price_of(DEFAULT_PRICES, gpu)
             out.append(
                 WorkerProfile(

@@ -301,3 +301,67 @@ def test_a_plan_from_past_runs_of_which_none_is_usable_exits_4_with_one_line(tmp
     errors = [line for line in captured.err.splitlines() if "warning: skipped" not in line]
     assert len(errors) == 1 and errors[0].startswith("overnight: error: no past run in "), errors
     assert "Traceback" not in captured.err
+
+
+def _cpu_run(run_id: str, finished: str, cpu_price: float) -> dict:
+    """A CPU transcription run: 100 busy s on 2 cores plus 50 CPU core-seconds of decoding,
+    both ledgered at its own CPU price."""
+    return _past_run(
+        run_id,
+        accelerator="cpu",
+        device="cpu",
+        options={"compute_type": "int8", "batch_size": 8, "beam_size": 1, "cpus_per_actor": 2},
+        prices={"cpu": cpu_price, "h100": 2.69},
+        audio_seconds=1000.0,
+        accelerator_seconds=100.0,
+        accelerator_reserved_seconds=200.0,
+        cost_usd=(100 * 2 + 50) * cpu_price / 3600,
+        finished_at=finished,
+    )
+
+
+def test_a_profile_of_runs_at_different_prices_takes_the_newest_runs_prices_for_all_its_costs(
+    tmp_path,
+):
+    # "r1" sorts after "a-new" but ran first: the file order gave r1's price two runs old,
+    # and the CPU stages' cost came out larger than the compute.
+    runs = [
+        _cpu_run("r1", "2026-12-07T16:01:00+00:00", 0.0425),
+        _cpu_run("a-new", "2026-12-07T16:04:00+00:00", 1.0),
+    ]
+    [p] = load_profiles([_write_runs(tmp_path / "out", runs)])
+    assert p.price_per_unit_hour_usd == 1.0
+    # 100 CPU core-seconds of decoding over 2000 audio s, at $1 a core-hour
+    assert p.other_cost_per_unit_usd == pytest.approx(100 / 3600 / 2000)
+    assert p.other_cpu_price_per_hour_usd == 1.0
+    assert p.source.endswith("at the prices of the newest, a-new")
+
+
+def test_cpu_price_prices_the_cpu_stages_as_well_as_the_workers(tmp_path, capsys):
+    out = _write_runs(tmp_path / "out", [_cpu_run("r1", "2026-12-07T16:01:00+00:00", 0.0425)])
+    night = ["plan", "--audio-hours", "100", "--deadline", "6h", "--profile", out, "--json"]
+    assert main([*night, "--cpu-price", "4.25"]) == 0
+    [option] = json.loads(capsys.readouterr().out)["options"]
+    # 50 core-seconds of decoding per 1000 audio s, at $4.25 a core-hour
+    assert option["other_cost_usd"] == pytest.approx(100 * 3600 * 50 / 1000 / 3600 * 4.25)
+
+
+def test_gpu_is_read_in_any_case_and_an_unknown_kind_needs_its_price(capsys):
+    night = ["plan", "--audio-hours", "100", "--deadline", "6h", "--throughput", "50", "--json"]
+    assert main([*night, "--gpu", "L4"]) == 0
+    [option] = json.loads(capsys.readouterr().out)["options"]
+    assert option["price_per_unit_hour_usd"] == 0.80  # l4's, not the generic 2.69
+    assert main([*night, "--gpu", "h1000"]) == 2
+    err = capsys.readouterr().err
+    assert "'h1000' is no GPU kind" in err and "'h100'" in err and "--price" in err
+    assert main([*night, "--gpu", "h1000", "--price", "3"]) == 0
+    capsys.readouterr()
+    assert main([*night, "--gpu", "l40s"]) == 0  # a kind we know, without a list price
+    assert "l40s has no price in the default table" in capsys.readouterr().out
+
+
+def test_no_option_meeting_the_deadline_advises_only_what_applies(capsys):
+    night = ["plan", "--audio-hours", "100", "--deadline", "6h", "--gpu", "h100"]
+    assert main([*night, "--throughput", "50", "--startup", "7h"]) == 13
+    advice = capsys.readouterr().out.splitlines()[-1]
+    assert "worker limit" not in advice and "start-up" in advice, advice
