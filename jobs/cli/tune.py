@@ -45,7 +45,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-items", type=int, help="use at most this many recordings of the sample")
     p.add_argument(
         "--out",
-        help="folder for chosen.toml, profile.json, measurements.json and each run's output",
+        help="folder for chosen.toml, profile.json, measurements.json and each run's output; "
+        "rerunning into it resumes the same tuning (configurations measured before are reused)",
     )
     p.add_argument("--address", help="Ray cluster address (default: start Ray locally)")
     p.set_defaults(handler=handle)

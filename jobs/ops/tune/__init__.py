@@ -53,7 +53,18 @@ configuration. The SLA takes ``backlog_documents`` and ``max_error_increase``/``
    options (device and compute type pinned to what was measured), loadable by
    ``overnight transcribe INPUT OUTPUT --config DIR/chosen.toml``; ``DIR/profile.json``: a
    throughput profile of every measured configuration for ``overnight plan``;
-   ``DIR/measurements.json``: everything measured and decided.
+   ``DIR/measurements.json``: everything measured and decided. ``chosen.toml`` is removed
+   when nothing is chosen: the three never disagree.
+7. **Rerun.** ``DIR/tune-state.json`` records which tuning the folder holds (a fingerprint
+   of the job file, the grid, the sample's items with their sizes and ETags or mtimes, the
+   references, the device) and each configuration as soon as it is measured. A rerun into
+   the same ``--out`` (after Ctrl-C, a failure, or with another SLA) resumes: a
+   configuration measured before, every item ok, is reused as it was ("measured before,
+   reused"); any other (interrupted, failed, not run) is measured again from a clean
+   ``configs/NN/``. The decision is then the one an uninterrupted tuning makes. A folder
+   holding another tuning (the sample, grid, references, ``--max-items``, job file or
+   device changed), or configuration runs without ``tune-state.json``, is refused: use a
+   new ``--out``.
 
 The package, in the order above: ``sla``, ``grid``, ``measure``, ``accuracy``, ``decide``,
 ``orchestrate`` (the run within the budget) and ``outputs`` (files and the printed table);

@@ -46,6 +46,7 @@ class Measurement:
     scored_items: int = 0
     labels: bool = False  # the outputs are labels (classification), compared exactly
     texts: dict[str, str] = field(default_factory=dict)  # item key -> transcript (ok items)
+    reused: bool = False  # measured by an earlier run of the same tuning (resumed)
 
     @property
     def throughput(self) -> float:

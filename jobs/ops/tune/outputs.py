@@ -77,6 +77,9 @@ def write_outputs(
 ) -> dict[str, str]:
     d = result.decision
     files = {}
+    # chosen.toml goes first and comes back last: never a choice that profile.json and
+    # measurements.json do not make (an earlier tuning's, when this one chose nothing).
+    storage.delete(out.join("chosen.toml"))
     source = f"overnight tune on {storage.scrub_secrets(sample)} ({result.sample_items} items)"
     profiles = []
     for r in d.rows:
