@@ -81,8 +81,26 @@ def _load_json_or_path(value: dict | str, what: str) -> dict:
 def task_spec(name: str, opts: ProcessOptions) -> TaskSpec:
     """Build one validated task from the job's [process] section (files read here)."""
     template = opts.prompt
+    if template and "{" not in template and not os.path.isfile(template):
+        # No field, so it cannot be the template: it names a file that is not there (it was
+        # taken as the template's text and refused as "must contain the {text} field").
+        what = "a folder" if os.path.isdir(template) else "no file"
+        raise ConfigError(
+            f"process.prompt: {template!r} is {what}; give a template file (UTF-8 text with "
+            "{text} where the document goes) or the template itself"
+        )
     if template and os.path.isfile(template):
-        template = Path(template).read_text()
+        try:
+            template = Path(template).read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"process.prompt: the template file {template!r} is not UTF-8 text (byte "
+                f"{exc.start}); save it as UTF-8"
+            ) from None
+        except OSError as exc:
+            raise ConfigError(
+                f"process.prompt: cannot read the template file {template!r}: {exc.strerror}"
+            ) from None
     params = TaskParams(
         max_new_tokens=opts.max_new_tokens,
         instructions=opts.instructions,
