@@ -294,6 +294,18 @@ class TranscribeOptions(DecodingOptions):
                 "speakers and speaker_roles are options of `diarize` (diarize = true or "
                 "--diarize): without it no speakers are found"
             )
+        fields = type(self).model_fields
+        bounds = [
+            name
+            for name in ("min_speakers", "max_speakers")
+            if getattr(self, name) != fields[name].default
+        ]
+        if bounds and not self.diarize:
+            # Accepted and recorded in the run's options, they changed nothing.
+            raise ValueError(
+                f"{' and '.join(bounds)} {'are options' if len(bounds) > 1 else 'is an option'} "
+                "of `diarize` (diarize = true or --diarize): without it no speakers are found"
+            )
         return self
 
 

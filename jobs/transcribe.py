@@ -33,6 +33,7 @@ from overnight.jobs.run.job import Build, Job, Prepared, Resolved, model_resourc
 from overnight.jobs.run.stage import Stage
 from overnight.jobs.spec import JobSpec, TranscribeOptions
 from overnight.schemas import MANIFEST, TRANSCRIPTS, TRANSCRIPTS_UNREDACTED
+from overnight.schemas.errors import ErrorCode
 from overnight.schemas.stages import DECODED, WHISPER_OUTPUT
 from overnight.workers.audio import MEDIA_EXTENSIONS, AudioChunker, AudioOptions, DecodedAudio
 from overnight.workers.diarize.diarize import DiarizeOptions, Diarizer
@@ -211,7 +212,17 @@ def fetch_and_decode(
             # first channel, the customer's words were counted as the agent's talk.
             row["_split"] = False
         if diarize is not None and not decoded.error_code and not row["_split"]:
-            _diarize(row, decoded, diarize)
+            try:
+                _diarize(row, decoded, diarize)
+            except Exception as exc:  # one recording's failure, not the job's
+                # Raised in a Ray Data task, it stopped the whole job with no row for any
+                # item (``--speakers 4`` on a 2.5 s clip), and again on every rerun.
+                row.update(
+                    status="error",
+                    error_code=ErrorCode.DIARIZATION_FAILED.value,
+                    error_message=f"speaker diarization failed: {type(exc).__name__}: {exc}",
+                    chunks=[],
+                )
         out.append(row)
     return pa.Table.from_pylist(out, schema=DECODED)
 

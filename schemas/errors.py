@@ -39,6 +39,10 @@ class ErrorCode(StrEnum):
     MODEL_ERROR = "model_error"  # the model raised on this item alone; other items went on
     # the model's process died twice with this item's call in flight; not run again
     WORKER_CRASHED = "worker_crashed"
+    # Diarization
+    # the speaker diarization of this recording raised (its transcript is not written without
+    # the speakers the job asked for); other recordings went on
+    DIARIZATION_FAILED = "diarization_failed"
     # Redaction
     # the redacted audio could not be made or written (the recording no longer decodes, a
     # folder is in the way of its file); the text is redacted, the row is not ok

@@ -194,3 +194,46 @@ def test_diarize_with_word_timestamps_false_in_a_job_file_is_exit_2_naming_both_
     assert "diarize" in err and "word_timestamps" in err
     assert "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_recording_whose_diarization_raises_is_its_own_error_row_and_the_others_go_on(
+    tmp_path, monkeypatch
+):
+    # A diarizer error in the decode task failed the whole Ray Data job: no row for any item.
+    import pyarrow as pa
+
+    from overnight.jobs import transcribe as job
+    from overnight.jobs.dataset import storage
+    from overnight.workers.audio import AudioOptions
+    from overnight.workers.diarize import DiarizeOptions
+
+    audio, _ = _call()
+    for name in ("a.wav", "b.wav"):
+        write_wav(tmp_path / name, audio[: 3 * SR])
+
+    def diarize(row, decoded, options):
+        if row["uri"].endswith("a.wav"):
+            raise IndexError("index 3 is out of bounds for axis 0 with size 3")
+        row["_speaker_turns"], row["diarize_s"] = [], 0.0
+
+    monkeypatch.setattr(job, "_diarize", diarize)
+    from overnight.schemas import MANIFEST
+
+    batch = pa.Table.from_pylist(
+        [
+            {"item_id": n, "uri": str(tmp_path / n), "size": (tmp_path / n).stat().st_size}
+            for n in ("a.wav", "b.wav")
+        ],
+        schema=MANIFEST,
+    )
+    out = job.fetch_and_decode(
+        batch,
+        options=AudioOptions(),
+        max_bytes=10**9,
+        storage_config=storage.StorageConfig.from_env(),
+        diarize=DiarizeOptions(),
+    ).to_pylist()
+    a, b = out
+    assert a["status"] == "error" and a["error_code"] == "diarization_failed"
+    assert "IndexError" in a["error_message"] and a["chunks"] == []
+    assert b["status"] == "ok" and b["chunks"]

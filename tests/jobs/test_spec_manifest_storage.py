@@ -76,6 +76,23 @@ def test_two_speakers_given_one_name_is_refused_before_work(tmp_path, capsys, ar
 
 
 @pytest.mark.parametrize(
+    "args, named",
+    [
+        (["--min-speakers", "3"], "min_speakers is an option of `diarize`"),
+        (["--max-speakers", "3"], "max_speakers is an option of `diarize`"),
+        (["--min-speakers", "2", "--max-speakers", "4"], "min_speakers and max_speakers are"),
+    ],
+)
+def test_speaker_bounds_without_diarize_are_refused_before_work(tmp_path, capsys, args, named):
+    # Accepted, they were recorded in the run's options and changed nothing.
+    (tmp_path / "in").mkdir()
+    assert cli_main(["transcribe", str(tmp_path / "in"), str(tmp_path / "out"), *args]) == 2
+    err = capsys.readouterr().err
+    assert named in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
     "args",
     [
         ["--diarize", "--speaker-roles", "agent,,customer"],

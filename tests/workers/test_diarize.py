@@ -359,3 +359,25 @@ def test_speech_regions_cover_each_turn_and_stop_at_the_pauses_between_them():
     # The 0.6 s pauses between turns are not speech: no region spans two turns.
     for (_, _, end), (_, start, _) in itertools.pairwise(reference):
         assert not any(a < end - 0.1 and b > start + 0.1 for a, b in regions), regions
+
+
+def test_more_speakers_asked_than_a_short_clip_has_windows_is_each_window_its_own_speaker():
+    # ``--speakers 4`` on a 2.5 s clip: 3 windows, so 3 eigenvalues, and the gap after the
+    # 4th was read past them (IndexError), which stopped the whole job.
+    from overnight.workers.diarize import cluster
+
+    rng = np.random.default_rng(3)
+    for n in (3, 4, 5):
+        emb = rng.standard_normal((n, 256))
+        emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+        for k in range(1, n + 3):
+            labels = cluster.spectral(emb, DiarizeOptions(), 2, k=k)
+            assert len(labels) == n and len(np.unique(labels)) == min(k, n), (n, k)
+
+
+@pytest.mark.parametrize("speakers", [3, 4, 16])
+def test_a_short_clip_with_more_speakers_asked_than_it_can_hold_is_diarized(encoder, speakers):
+    audio, _ = _call()
+    clip = audio[: int(2.5 * SR)]
+    result = Diarizer(DiarizeOptions(speakers=speakers), encoder)(clip)
+    assert 1 <= result.num_speakers <= speakers

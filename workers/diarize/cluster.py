@@ -150,7 +150,11 @@ def spectral(
         if k is None:
             kk, gap = estimate_k(vals, max(min_k, 2), max_k, hint, hint_margin)
         else:
-            kk, gap = k, float(np.diff(vals)[max(k - 1, 0)] / (vals[-1] + 1e-10))
+            # A short recording has fewer windows (so eigenvalues) than the speakers asked:
+            # no gap past its last one, and k-means gives each window its own speaker.
+            gaps = np.diff(vals)
+            gap = float(gaps[k - 1] / (vals[-1] + 1e-10)) if 0 < k <= len(gaps) else 0.0
+            kk = k
         ratio = p / max(gap, 1e-10)
         if best is None or ratio < best[0]:
             best, best_p = (ratio, kk, vecs[:, :kk]), p
