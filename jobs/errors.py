@@ -22,9 +22,13 @@ class OvernightError(Exception):
 
     exit_code = 1
 
-    def __init_subclass__(cls, exit_code: int, **kwargs: Any) -> None:
+    def __init_subclass__(cls, exit_code: int | None = None, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls.exit_code = exit_code
+        # A subclass without its own status keeps its parent's: Ray makes one of each error
+        # raised in a task (``RayTaskError(Superseded)``, an instance of both), and with the
+        # status required it could not, and warned on the terminal.
+        if exit_code is not None:
+            cls.exit_code = exit_code
 
     def __init__(self, message: str = ""):
         super().__init__(message)

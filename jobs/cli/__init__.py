@@ -125,9 +125,14 @@ def _interrupt_within_grace() -> None:
         os.close(write_fd)
         return
 
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        # A scheduler's stop (Airflow, Kubernetes, systemd send SIGTERM) ends the command as
+        # Ctrl-C does: one line, finished items committed. It printed Ray's C++ stack dump.
+        signal.signal(signal.SIGTERM, _terminated)
+
     def watch() -> None:
         while data := os.read(read_fd, 64):
-            if signal.SIGINT in data:
+            if signal.SIGINT in data or signal.SIGTERM in data:
                 time.sleep(INTERRUPT_GRACE_S)
                 print(
                     f"overnight: still winding down {INTERRUPT_GRACE_S:.0f} s after the "
@@ -138,6 +143,10 @@ def _interrupt_within_grace() -> None:
                 os._exit(130)
 
     threading.Thread(target=watch, name="overnight-interrupt", daemon=True).start()
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,8 +174,10 @@ def _stop_local_ray() -> None:
     ``jobs.run.on_ray.stop_local_ray``). Only a command that ran a job has it imported."""
     pipeline = sys.modules.get("overnight.jobs.run.on_ray")
     if pipeline is not None:
-        # The result stands whatever happens here; Ray's own exit hook still stops it.
-        with contextlib.suppress(Exception):
+        # The result stands whatever happens here; Ray's own exit hook still stops it. A
+        # Ctrl-C while Ray winds down after the summary was a KeyboardInterrupt traceback and
+        # exit 1 for a run whose rows were published.
+        with contextlib.suppress(Exception, KeyboardInterrupt):
             pipeline.stop_local_ray()
 
 
@@ -184,6 +195,10 @@ def _main(argv: list[str] | None) -> int:
         from overnight.jobs.dataset.storage import scrub_secrets
         from overnight.jobs.run.console import printable
 
+        # Raised in a Ray task, it arrives as Ray's copy of it, whose text is the remote
+        # traceback: ours is its cause.
+        cause = getattr(exc, "cause", None)
+        exc = cause if isinstance(cause, OvernightError) else exc
         message = scrub_secrets(str(exc))
         if os.environ.get("OVERNIGHT_LOG_FORMAT") == "json":
             from overnight.jobs.run.console import event

@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 import re
+import signal
 import socket
 import subprocess
 import threading
@@ -97,6 +98,15 @@ def check_reachable(address: str | None, timeout_s: float = 5.0) -> None:
         ) from None
 
 
+def _python_handler(signum: int) -> Any:
+    """The Python handler of ``signum`` when there is one and this is the main thread (the
+    only one that may set handlers), else None."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    handler = signal.getsignal(signum)
+    return handler if callable(handler) else None
+
+
 def ensure_ray(address: str | None, verbose: bool = False) -> None:
     """Join ``address`` (or RAY_ADDRESS, as Ray Jobs sets it), else start Ray locally.
 
@@ -111,6 +121,7 @@ def ensure_ray(address: str | None, verbose: bool = False) -> None:
         logging.getLogger(name).setLevel(logging.NOTSET if verbose else logging.ERROR)
     global _STARTED_HERE
     if not ray.is_initialized():
+        term = _python_handler(signal.SIGTERM)
         if address:
             check_reachable(address)
             ray.init(address=address, log_to_driver=verbose)
@@ -125,6 +136,10 @@ def ensure_ray(address: str | None, verbose: bool = False) -> None:
                 _system_config=None if joining else LOCAL_RAY_SYSTEM_CONFIG,
             )
             _STARTED_HERE = not verbose and not joining
+        # Ray's core worker takes SIGTERM (what Airflow, Kubernetes and systemd send to stop a
+        # job) for a C++ stack dump; the command's own handler stops it as Ctrl-C does.
+        if term is not None:
+            signal.signal(signal.SIGTERM, term)
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False
     # Ray Data stops a job in which no block moved for 30 minutes. One item may take longer

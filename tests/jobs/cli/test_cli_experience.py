@@ -506,3 +506,72 @@ def test_a_model_actor_killed_mid_run_is_restarted_and_every_item_ends_as_one_ro
     text = stdout + stderr
     for ray_words in ("retries remaining", "RpcError", "Worker ID", "Traceback"):
         assert ray_words not in text, text
+
+
+@needs_espeak
+def test_sigterm_mid_run_stops_the_command_as_ctrl_c_does_in_one_line(tmp_path):
+    """SIGTERM is how Airflow, Kubernetes and systemd stop a job: it printed Ray's C++ stack
+    dump twice ("*** SIGTERM received ... PC: @ ...") and no word of ours, exit 15."""
+    write_wav(tmp_path / "call.wav", np.concatenate([speak(DIALOGUE[0][1]), silence(0.5)]))
+    manifest = tmp_path / "calls.jsonl"
+    manifest.write_text(
+        "".join(
+            json.dumps({"uri": "call.wav", "external_id": f"call-{i}"}) + "\n" for i in range(200)
+        )
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "overnight.jobs.cli",
+            "transcribe",
+            str(manifest),
+            str(tmp_path / "out"),
+        ],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    stderr: list[str] = []
+    started = threading.Event()
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            stderr.append(line)
+            if line.startswith("[overnight] "):  # the start line: Ray is up
+                started.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert started.wait(180), "".join(stderr[-20:])
+        time.sleep(3)  # the pipeline running: Ray's core worker holds its signal handlers
+        assert proc.poll() is None, "the run ended before the signal; give it more work"
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    reader.join(timeout=10)
+    text = "".join(stderr)
+    assert proc.returncode == 130, text[-2000:]
+    assert "interrupted; finished items are committed, rerun to resume" in text
+    assert "SIGTERM received" not in text and "Traceback" not in text, text[-2000:]
+
+
+def test_ctrl_c_while_ray_winds_down_after_the_run_keeps_the_runs_exit_status(monkeypatch):
+    # The summary was printed and the rows published; a Ctrl-C in ray.shutdown then gave a
+    # KeyboardInterrupt traceback and exit 1.
+    from overnight.jobs import cli
+    from overnight.jobs.run import on_ray
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(on_ray, "stop_local_ray", interrupted)
+    monkeypatch.setattr(cli, "_main", lambda argv: 0)
+    monkeypatch.setattr(cli, "_interrupt_within_grace", lambda: None)
+    monkeypatch.setattr(sys, "argv", ["overnight", "config"])
+    assert cli.main() == 0

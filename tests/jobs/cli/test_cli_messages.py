@@ -605,3 +605,32 @@ def test_the_encrypted_pdf_message_names_the_environment_variable_the_job_reads(
     assert result.error_code == "encrypted"
     assert "$ACME_PDF_PASSWORD" in (result.error_message or "")
     assert "not-the-password" not in json.dumps(result.error_message)
+
+
+def test_an_error_of_ours_raised_in_a_ray_task_keeps_its_class_status_and_one_line(
+    caplog, capsys, monkeypatch
+):
+    # Ray makes RayTaskError(<our class>) of an error raised in a task; our classes required
+    # their exit status as a class argument, so it could not, and printed "User exception
+    # type ... can't be subclassed!" on the terminal before our own message.
+    import logging
+
+    from ray.exceptions import RayTaskError
+
+    from overnight.jobs import cli
+    from overnight.jobs.errors import Superseded
+
+    remote = RayTaskError("task", "Traceback (most recent call last):\n  ...", Superseded("taken"))
+    with caplog.at_level(logging.WARNING, logger="ray.exceptions"):
+        copy = remote.as_instanceof_cause()
+    assert isinstance(copy, Superseded) and copy.exit_code == Superseded.exit_code
+    assert not [r for r in caplog.records if "subclassed" in r.getMessage()]
+
+    def handler(args):
+        raise copy
+
+    monkeypatch.setattr(
+        cli, "parse_args", lambda argv: type("A", (), {"handler": staticmethod(handler)})()
+    )
+    assert cli._main([]) == Superseded.exit_code
+    assert capsys.readouterr().err == "overnight: error: taken\n"
