@@ -55,16 +55,26 @@ Definitions (each figure is computed per group and once more for the totals):
 * day: a row's run date (its ``run_date=`` partition: the night it belongs to, which a
   backfill sets); in the flat files of older outputs, the UTC date the ledger row was
   recorded (the end of its run), and result rows take their item's ledger day, else their
-  ``processed_at``. ``--since``/``--until`` count rows of those days the same way.
+  ``processed_at``. ``--since``/``--until`` count rows of those days the same way; a bound
+  that cuts a day (a date-time, a span) keeps, of that day's rows, those recorded inside it
+  (result rows by their item's ledger time), so the window the header states is the one
+  counted. ``--tenant '(none)'`` selects the items without a tenant, as the groups label them.
+* run: a run is told apart by its output and run id; runs of one id in two outputs (the
+  user's ``--run-id``) are two runs, keyed "<run id> (<output>)", each priced by its own
+  summary. A summary with a figure out of range (text, NaN, negative) is skipped with a
+  warning naming it, and its run has no reserved figures.
 
 Sums use ``math.fsum``, which is exact up to the final rounding and independent of order, so
 a group's figure equals any independent ``fsum`` of the same ledger rows bit for bit.
-Ledger rows repeated across the given outputs (the same output given twice) count once.
+Ledger rows repeated across the given outputs (the same output given twice, by another path
+too) count once. A selection that holds no row says so in one line, in the notes.
 
 Formats: ``table`` prints the grouped table, failures and totals; ``csv`` and ``parquet``
 write every table of the report into the folder ``--out`` (``by_<group>``, ``failures``,
 ``by_day``, ``by_tenant``, ``by_run``, ``totals``); ``html`` writes one self-contained file
-(inline CSS and SVG charts, no script, no network) to ``--out``.
+(inline CSS and SVG charts, no script, no network) to ``--out`` (an ``--out`` ending in
+``.html`` needs no ``--format``). ``--json`` prints the totals, the main table and the notes,
+and writes no file: with ``--format`` other than table or ``--out`` it is exit 2.
 """
 
 from overnight.jobs.choices import REPORT_FORMATS as FORMATS

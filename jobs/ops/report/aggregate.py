@@ -27,10 +27,11 @@ from __future__ import annotations
 import io
 import math
 import operator
+import os
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from fractions import Fraction
 from typing import Any
 
@@ -102,6 +103,11 @@ class Sources:
     summaries: dict[str, dict[str, Any]]
     # The output each summary was read from: where its run's manifest is (``listed_uris``).
     run_outputs: dict[str, storage.Location] = field(default_factory=dict)
+    # A run's key -> its run id, where the two differ: the run id of a run of one output that
+    # another output's run also has, keyed "<run id> (<output>)" (``load``).
+    run_ids: dict[str, str] = field(default_factory=dict)
+    # The runs whose summary was skipped (figures out of range, a warning named each).
+    skipped: set[str] = field(default_factory=set)
 
 
 def _with_order(table: pa.Table) -> pa.Table:
@@ -120,6 +126,60 @@ def _complete(table: pa.Table | None, columns: list[str], schema: pa.Schema) -> 
     return pa.table(cols, names=columns)
 
 
+def _identity(loc: storage.Location) -> str:
+    """What tells two OUTPUTs apart. One folder under two paths (a symlink) is one output, whose
+    rows the report counts once; two outputs are two, whatever their runs are called."""
+    return os.path.realpath(loc.path) if loc.scheme == "file" else loc.url()
+
+
+def summary_problem(summary: dict[str, Any]) -> str | None:
+    """Why a run summary's figures cannot go into a report, or None when they can: plan's
+    checks (``run_problem``), and those of the figures only the report reads. Unchecked, a
+    text figure was a TypeError traceback, NaN a ValueError one, and a negative one a
+    negative reserved cost and utilization printed as figures."""
+    from overnight.jobs.ops.plan import check_number, run_problem
+
+    why = run_problem(summary)
+    if why is not None:
+        return why
+    try:
+        for key in ("reserved_cost_usd", "pipeline_seconds"):
+            if summary.get(key) is not None:
+                check_number(summary[key], key)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+@dataclass
+class _Output:
+    """What ``load`` read of one OUTPUT, before its runs are keyed."""
+
+    identity: str
+    shown: str
+    loc: storage.Location
+    ledgers: list[pa.Table]
+    results: list[pa.Table]
+    summaries: list[dict[str, Any]]
+
+    def run_ids(self) -> set[str]:
+        ids = {s["run_id"] for s in self.summaries}
+        for table in (*self.ledgers, *self.results):
+            ids.update(r for r in pc.unique(table["run_id"]).to_pylist() if r is not None)
+        return ids
+
+
+def _rekey(table: pa.Table, keys: dict[str, str]) -> pa.Table:
+    """``table`` with each run id of ``keys`` replaced by its key."""
+    if not keys or not table.num_rows:
+        return table
+    column = table["run_id"]
+    old = pa.array(list(keys), column.type)
+    new = pa.array(list(keys.values()), column.type)
+    keyed = pc.coalesce(pc.take(new, pc.index_in(column, value_set=old)), column)
+    return table.set_column(table.schema.get_field_index("run_id"), "run_id", keyed)
+
+
 def load(
     outputs: list[str], since: datetime | None = None, until: datetime | None = None
 ) -> Sources:
@@ -129,40 +189,90 @@ def load(
     opened: a row of a partition counts on its run's date (a backfill of an older night stays
     in that night, see ``Scope``). Flat files of older outputs are always read. A tenant is
     not a partition (docs/explanation/how-it-works.md, Layout at scale): ``--tenant`` filters rows.
+
+    A run is told apart by its output and run id: two outputs can each hold a run of the same
+    id (``--run-id`` is the user's), and keyed by run id alone their rows were counted once as
+    if given twice and one summary priced both. Such runs are keyed "<run id> (<output>)".
+    A summary whose figures are out of range is skipped with a warning naming it.
     """
     dates = Scope(since, until).dates()
     from overnight.jobs.ops.plan import read_summaries
+    from overnight.jobs.run import console
     from overnight.schemas import COSTS, TRANSCRIPTS
 
     if not outputs:
         raise ConfigError("give at least one OUTPUT folder or prefix to report on")
     seen: set[str] = set()
-    ledgers, results, summaries, shown, where = [], [], {}, [], {}
+    read: list[_Output] = []
     for url in outputs:
         loc = storage.resolve(url)
         if loc.url() in seen:
             continue
         seen.add(loc.url())
-        shown.append(storage.scrub_secrets(url))
+        shown = storage.scrub_secrets(url)
+        if loc.scheme == "file" and os.path.isfile(loc.path):
+            # Listed as a folder, a file was NotADirectoryError retried as storage trouble
+            # (exit 3), when the command was only given the wrong path.
+            raise InputNotFound(
+                f"{shown!r} is a file: OUTPUT must be an output folder (or prefix) that a run "
+                "wrote, holding costs/, transcripts/, results/ or runs/"
+            )
+        out = _Output(_identity(loc), shown, loc, [], [], [])
         costs = CommittedDataset(loc.join("costs")).read_results(_LEDGER_COLUMNS, dates=dates)
         found = costs is not None
         if costs is not None and costs.num_rows:
-            ledgers.append(_complete(costs, _LEDGER_COLUMNS, COSTS))
+            out.ledgers.append(_complete(costs, _LEDGER_COLUMNS, COSTS))
         for name in _RESULT_DIRS:
             table = CommittedDataset(loc.join(name)).read_results(_RESULT_COLUMNS, dates=dates)
             if table is not None:
                 found = True
                 if table.num_rows:
                     # results/ has no ``analytics``: typed as transcripts/ has it, null
-                    results.append(_complete(table, _RESULT_COLUMNS, TRANSCRIPTS))
+                    out.results.append(_complete(table, _RESULT_COLUMNS, TRANSCRIPTS))
         for s in read_summaries(loc):
             found = True
-            summaries[s["run_id"]] = s
-            where[s["run_id"]] = loc
+            out.summaries.append(s)
         if not found:
-            raise InputNotFound(
-                f"{storage.scrub_secrets(url)!r} holds no costs/, transcripts/, results/ or runs/"
-            )
+            raise InputNotFound(f"{shown!r} holds no costs/, transcripts/, results/ or runs/")
+        read.append(out)
+    # The runs of one id in more than one output, each keyed by its output's first name.
+    names: dict[str, str] = {}
+    ids_of: dict[str, set[str]] = defaultdict(set)
+    for out in read:
+        names.setdefault(out.identity, out.shown)
+        ids_of[out.identity] |= out.run_ids()
+    counts: dict[str, int] = defaultdict(int)
+    for ids in ids_of.values():
+        for run in ids:
+            counts[run] += 1
+    ledgers, results, summaries, where, run_ids = [], [], {}, {}, {}
+    skipped: set[str] = set()
+    for out in read:
+        keys = {
+            run: f"{run} ({names[out.identity]})" for run in ids_of[out.identity] if counts[run] > 1
+        }
+        ledgers += [_rekey(t, keys) for t in out.ledgers]
+        results += [_rekey(t, keys) for t in out.results]
+        for s in out.summaries:
+            run = s["run_id"]
+            key = keys.get(run, run)
+            if key != run:
+                run_ids[key] = run
+            why = summary_problem(s)
+            if why is not None:
+                if key not in skipped:  # the same output given twice: one warning
+                    console.event(
+                        "skipped_run",
+                        f"warning: skipped the summary of run {run} in {out.shown}: {why}; "
+                        "its reserved time and cost are not in the report",
+                        level="warning",
+                        run_id=run,
+                        source=out.shown,
+                    )
+                skipped.add(key)
+                continue
+            summaries[key] = s
+            where[key] = out.loc
     ledger = (
         pa.concat_tables(ledgers, promote_options="default")
         if ledgers
@@ -173,7 +283,15 @@ def load(
         if results
         else _complete(None, _RESULT_COLUMNS, TRANSCRIPTS)
     )
-    return Sources(shown, _with_order(ledger), _with_order(result), summaries, where)
+    return Sources(
+        [out.shown for out in read],
+        _with_order(ledger),
+        _with_order(result),
+        summaries,
+        where,
+        run_ids,
+        skipped,
+    )
 
 
 def listed_uris(sources: Sources, wanted: dict[str, list[str]]) -> pa.Table:
@@ -191,7 +309,8 @@ def listed_uris(sources: Sources, wanted: dict[str, list[str]]) -> pa.Table:
         if output is None:
             continue
         try:
-            data = storage.read_location(output.join("_manifests", f"{run}.parquet"))
+            run_id = sources.run_ids.get(run, run)  # its manifest is named by its run id
+            data = storage.read_location(output.join("_manifests", f"{run_id}.parquet"))
             table = pq.read_table(io.BytesIO(data), columns=["item_id", "uri"])
         except FileNotFoundError:
             continue  # an older output's run, or a vacuumed one's
@@ -205,27 +324,40 @@ def listed_uris(sources: Sources, wanted: dict[str, list[str]]) -> pa.Table:
 def parse_until(text: str | None, now: datetime | None = None) -> datetime | None:
     """The exclusive end of ``--until``: a date counts whole (``2026-12-01`` ends at the next
     midnight UTC); a date-time or a span back from now (``1d``) ends there."""
-    end = parse_since(text, now)
+    end = parse_since(text, now, "--until")
     if end is not None and text is not None and re.fullmatch(r"\s*\d{4}-\d{2}-\d{2}\s*", text):
         end += timedelta(days=1)
     return end
 
 
-def parse_since(text: str | None, now: datetime | None = None) -> datetime | None:
-    """``2026-12-01``, an ISO date-time, or a span back from now (``7d``, ``12h``); UTC."""
+# A span as ``plan``'s ``parse_duration`` reads one (7d, 12h, 1h30m, 90s, 7D): the report
+# took only one number with d, h or m, and refused the others that plan's flags take.
+_SPAN = re.compile(r"\s*(?:(?:\d+(?:\.\d*)?|\.\d+)\s*[dhms]\s*)+", re.IGNORECASE)
+
+
+def parse_since(
+    text: str | None, now: datetime | None = None, what: str = "--since"
+) -> datetime | None:
+    """``2026-12-01``, an ISO date-time, or a span back from now (``7d``, ``1h30m``); UTC."""
     if text is None:
         return None
-    if re.fullmatch(r"\s*\d+(\.\d+)?\s*[dhm]\s*", text):
+    if _SPAN.fullmatch(text):
         from overnight.jobs.ops.plan import span_back
 
-        return span_back(text, "--since", now)
+        return span_back(text, what, now)
     try:
         parsed = datetime.fromisoformat(text.strip())
     except ValueError:
         raise ConfigError(
-            f"--since {text!r}: write a date (2026-12-01), a date-time, or a span like 7d"
+            f"{what} {text!r}: write a date (2026-12-01), a date-time, or a span like 7d"
         ) from None
     return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+
+
+def stamp(when: datetime) -> str:
+    """A window's bound as the header states it: to the second where it has seconds (a span
+    back from now), so that the time said is the time counted."""
+    return f"{when:%Y-%m-%d %H:%M:%S}" if when.second else f"{when:%Y-%m-%d %H:%M}"
 
 
 @dataclass(frozen=True)
@@ -234,20 +366,41 @@ class Scope:
 
     A row of a ``run_date=`` partition is of its run's date (the night it belongs to, which
     a backfill sets: its rows are recorded today), and counts when that date is in the
-    window's dates; a row of an older output's flat files, of the time it was recorded."""
+    window's dates; on a night where the window starts or ends (a date-time or a span, not
+    midnight), only when the row's time is inside it too: widened to whole nights, a report
+    ``--since 16:03`` counted a run that ended at 16:01 under a header saying 16:03. A row of
+    an older output's flat files counts by the time it was recorded. The tenant
+    ``(none)``, as the report labels items without one, selects those."""
 
     since: datetime | None = None
     until: datetime | None = None  # exclusive
     tenant: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.since is not None and self.until is not None and self.since >= self.until:
+            raise ConfigError(
+                f"--since {stamp(self.since)} UTC is not before --until "
+                f"{stamp(self.until)} UTC (exclusive): no row can be in that window"
+            )
+
     def keeps(self, when: datetime | None, tenant: str | None, night: date | None = None) -> bool:
-        if self.tenant is not None and tenant != self.tenant:
+        if self.tenant == NONE_LABEL:
+            if tenant:
+                return False
+        elif self.tenant is not None and tenant != self.tenant:
             return False
         if self.since is None and self.until is None:
             return True
         if night is not None:
             first, last = self.dates() or (None, None)
-            return (first is None or night >= first) and (last is None or night <= last)
+            if (first is not None and night < first) or (last is not None and night > last):
+                return False
+            if when is None:  # no time to place it within its night: the night decides
+                return True
+            since, until = self.cuts()
+            return (since is None or night != first or when >= since) and (
+                until is None or night != last or when < until
+            )
         if when is None:
             return False
         return (self.since is None or when >= self.since) and (
@@ -260,6 +413,15 @@ class Scope:
             return None
         last = None if self.until is None else (self.until - timedelta(microseconds=1)).date()
         return (None if self.since is None else self.since.date(), last)
+
+    def cuts(self) -> tuple[datetime | None, datetime | None]:
+        """``since`` and ``until`` where they cut a night (not at midnight), else None."""
+
+        def cut(when: datetime | None) -> datetime | None:
+            midnight = when is not None and when.astimezone(UTC).time() == time(0)
+            return None if when is None or midnight else when
+
+        return cut(self.since), cut(self.until)
 
 
 # -- aggregation ------------------------------------------------------------------------------
@@ -308,12 +470,21 @@ def _ts(when: datetime) -> str:
 def _in_scope(scope: Scope, when: str, tenant: str, night: str) -> str:
     """``Scope.keeps`` as SQL (the tenant compared with the one-row table ``scope_tenant``)."""
     parts = []
-    if scope.tenant is not None:
+    if scope.tenant == NONE_LABEL:
+        parts.append(f"coalesce({tenant}, '') = ''")
+    elif scope.tenant is not None:
         parts.append(f"{tenant} = (SELECT tenant FROM scope_tenant)")
     if scope.since is not None or scope.until is not None:
         first, last = scope.dates() or (None, None)
+        since, until = scope.cuts()
         on_date = [f"{night} >= DATE '{first}'"] if first else []
         on_date += [f"{night} <= DATE '{last}'"] if last else []
+        if since is not None:
+            on_date.append(
+                f"({night} <> DATE '{first}' OR {when} IS NULL OR {when} >= {_ts(since)})"
+            )
+        if until is not None:
+            on_date.append(f"({night} <> DATE '{last}' OR {when} IS NULL OR {when} < {_ts(until)})")
         on_time = [f"{when} IS NOT NULL"]
         on_time += [f"{when} >= {_ts(scope.since)}"] if scope.since else []
         on_time += [f"{when} < {_ts(scope.until)}"] if scope.until else []
@@ -393,6 +564,9 @@ class _Engine:
             sources.ledger["model_stage"].null_count or sources.ledger["work"].null_count
         )
         flat = sources.results.num_rows and sources.results[PARTITION].null_count
+        # A result row's time, where a flat file or a window cutting a night needs one: its
+        # item's first ledger time (so that an item's outcome and cost fall on one side).
+        timed = flat or (sources.results.num_rows and any(self.scope.cuts()))
         # Rows of ledgers before schema 6: the role by stage name; a fetch was decode's (audio)
         # or extract's (documents), which its item's other rows tell.
         is_model = f"coalesce(model_stage, stage IN {_LEGACY_MODEL_STAGES})"
@@ -416,7 +590,7 @@ class _Engine:
                                                     AND audio_s IS NOT NULL),
                        arg_max(stage, audio_s) FILTER (WHERE audio_s IS NOT NULL)
                    ) AS carrier,
-                   {"arg_min(recorded_at, _ord) FILTER (WHERE recorded_at IS NOT NULL)" if flat else "NULL"} AS t,
+                   {"arg_min(recorded_at, _ord) FILTER (WHERE recorded_at IS NOT NULL)" if timed else "NULL"} AS t,
                    count(*) - count(DISTINCT stage) AS repeated
             FROM ledger_in GROUP BY run_id, item_id
         """)
@@ -465,7 +639,7 @@ class _Engine:
         if rows == "deduped":
             self._run("DROP TABLE deduped")
         times, when = "", "processed_at"
-        if flat:
+        if timed:
             times = "LEFT JOIN items USING (run_id, item_id)"
             when = "coalesce(items.t, processed_at)"
         self._run(f"""
@@ -929,6 +1103,25 @@ class Report:
         return self.tables["totals"].to_pylist()[0]
 
 
+def _nothing_selected(sources: Sources, scope: Scope) -> str:
+    """The one line of a report whose scope holds no row: which scope, over what was read."""
+    where = []
+    if scope.since is not None:
+        where.append(f"since {stamp(scope.since)} UTC")
+    if scope.until is not None:
+        where.append(f"before {stamp(scope.until)} UTC")
+    if scope.tenant is not None:
+        where.append(f"of tenant {scope.tenant!r}")
+    if not where:
+        return "nothing to report: the outputs hold no ledger or result row"
+    hint = (
+        f" (--by tenant lists the tenants; --tenant {NONE_LABEL!r} selects items without one)"
+        if scope.tenant is not None
+        else ""
+    )
+    return f"nothing to report: no ledger or result row read is {' and '.join(where)}{hint}"
+
+
 def build_report(
     sources: Sources,
     by: str = "day",
@@ -977,6 +1170,8 @@ def build_report(
     tables["totals"] = _table(totals, "group")
     first, last = engine.recorded()
     notes = []
+    if not totals[0]["runs"] and not totals[0]["items"]:
+        notes.append(_nothing_selected(sources, scope))
     if engine.duplicates:
         notes.append(
             f"{engine.duplicates} ledger rows given twice (the same output listed twice) were counted once"
@@ -992,7 +1187,10 @@ def build_report(
             "(error rows a later run redid, whose items have no ledger row of this run): they "
             "are not in its figures"
         )
-    unsummarized = sorted(r for r in run_items if r not in sources.summaries)
+    # A run whose summary was skipped had a warning saying so, not this note's guess.
+    unsummarized = sorted(
+        r for r in run_items if r not in sources.summaries and r not in sources.skipped
+    )
     if unsummarized:
         notes.append(
             f"{len(unsummarized)} run(s) without a summary (killed before the end; their items were priced by a later run): "

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from overnight.jobs.choices import REPORT_FORMATS as FORMATS
 from overnight.jobs.dataset import storage
-from overnight.jobs.errors import ConfigError
+from overnight.jobs.errors import ConfigError, OutputNotWritable
 from overnight.jobs.ops.report.aggregate import Report
 from overnight.jobs.ops.report.html import render_html
 
@@ -52,6 +53,12 @@ def write(report: Report, fmt: str, out: str | None) -> list[str]:
         )
     loc = storage.resolve(out)
     if fmt == "html":
+        if loc.scheme == "file" and os.path.isdir(loc.path):
+            # Renamed over a folder, the page was IsADirectoryError's traceback.
+            raise OutputNotWritable(
+                f"cannot write {loc.path}: it is a folder; --format html writes one file, "
+                "give its name (report.html)"
+            )
         storage.write_bytes_atomic(loc, render_html(report).encode())
         return [loc.url()]
     written = []

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable
 from typing import Any
 
 from overnight.jobs.accounting.money import money
-from overnight.jobs.ops.report.aggregate import Report
+from overnight.jobs.ops.report.aggregate import Report, stamp
 from overnight.jobs.run.console import printable
 
 
@@ -37,24 +38,38 @@ _SHOWN: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
 )
 
 
+def _width(text: str) -> int:
+    """The columns ``text`` takes on a terminal: two for a wide character (CJK, emoji), none
+    for a combining mark or a zero-width one. Padded by ``len``, a tenant named in CJK or
+    with an emoji shifted every column after it."""
+    return sum(
+        0
+        if unicodedata.combining(c) or unicodedata.category(c) in ("Mn", "Me", "Cf")
+        else 2
+        if unicodedata.east_asian_width(c) in ("W", "F")
+        else 1
+        for c in text
+    )
+
+
+def _pad(text: str, width: int, left: bool) -> str:
+    fill = " " * max(0, width - _width(text))
+    return text + fill if left else fill + text
+
+
 def _text_grid(headers: list[str], rows: list[list[str]]) -> str:
     rows = [[printable(c) for c in r] for r in rows]  # tenants, submissions: anyone's names
     widths = [
-        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
+        max(_width(h), *(_width(r[i]) for r in rows)) if rows else _width(h)
+        for i, h in enumerate(headers)
     ]
     lines = [
-        "  ".join(
-            h.ljust(w) if i == 0 else h.rjust(w)
-            for i, (h, w) in enumerate(zip(headers, widths, strict=True))
-        )
+        "  ".join(_pad(h, w, i == 0) for i, (h, w) in enumerate(zip(headers, widths, strict=True)))
     ]
     lines.append("  ".join("-" * w for w in widths))
     for r in rows:
         lines.append(
-            "  ".join(
-                c.ljust(w) if i == 0 else c.rjust(w)
-                for i, (c, w) in enumerate(zip(r, widths, strict=True))
-            )
+            "  ".join(_pad(c, w, i == 0) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
         )
     return "\n".join(lines)
 
@@ -119,8 +134,8 @@ def _scope_line(report: Report) -> str:
         span = (
             f", {report.first_recorded:%Y-%m-%d %H:%M} to {report.last_recorded:%Y-%m-%d %H:%M} UTC"
         )
-    since = f", since {report.since:%Y-%m-%d %H:%M} UTC" if report.since else ""
-    until = f", before {report.until:%Y-%m-%d %H:%M} UTC" if report.until else ""
+    since = f", since {stamp(report.since)} UTC" if report.since else ""
+    until = f", before {stamp(report.until)} UTC" if report.until else ""
     tenant = f", tenant {report.tenant}" if report.tenant else ""
     return printable(
         f"cost report by {report.by} over {', '.join(report.outputs)}{span}{since}{until}{tenant}"
