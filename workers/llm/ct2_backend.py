@@ -1,7 +1,8 @@
 """CTranslate2 backend: ``ctranslate2.Generator`` on CPU (int8) or CUDA (float16).
 
 No constrained decoding: ``json_schema`` replies are generated freely and validated by the
-task layer; ``choices`` are scored exactly with ``Generator.score_batch``.
+task layer; ``choices`` are scored exactly with ``Generator.score_batch``, each label's
+probability normalised over the label set.
 """
 
 from __future__ import annotations
@@ -398,57 +399,67 @@ class CTranslate2Backend:
     def choose_scored(
         self, conversations: list[list[dict[str, str]]], choices: Sequence[str]
     ) -> list[tuple[str, float | None, contract.Generation]]:
-        """The label of each conversation with the model's probability of it as the whole
-        reply (its tokens and the end-of-turn token), as vLLM's ``choose_scored`` gives it:
-        the classify task's ``label_score``, which was null on this backend. A prompt past
-        the context gets no label."""
+        """The label of each conversation (the likeliest as the whole reply), with its
+        probability normalised over the label set: the classify task's ``label_score``
+        (see :meth:`label_probabilities`). A prompt past the context gets no label."""
         prompts = [self._tokens(self.render_chat(c)) for c in conversations]
         runnable = [i for i, p in enumerate(prompts) if len(p) < self.context_length]
-        best = dict(
+        shares = dict(
             zip(
                 runnable,
-                self._best_choices([prompts[i] for i in runnable], tuple(choices)),
+                self._label_shares([prompts[i] for i in runnable], tuple(choices)),
                 strict=True,
             )
         )
         out: list[tuple[str, float | None, contract.Generation]] = []
         for i, prompt in enumerate(prompts):
-            if i not in best:
+            if i not in shares:
                 exceeded = contract.FINISH_CONTEXT_EXCEEDED
                 out.append(("", None, contract.Generation("", len(prompt), 0, exceeded)))
                 continue
-            label, log_prob = best[i]
+            label = max(shares[i], key=shares[i].__getitem__)  # first of equals: choices order
             reply = contract.Generation(
                 text=label,
                 input_tokens=len(prompt),
                 output_tokens=self.count_tokens(label) + 1,
                 finish_reason=contract.FINISH_STOP,
             )
-            out.append((label, math.exp(log_prob), reply))
+            out.append((label, shares[i][label], reply))
         return out
 
-    def _best_choices(
+    def label_probabilities(
+        self, conversations: list[list[dict[str, str]]], choices: Sequence[str]
+    ) -> list[dict[str, float]]:
+        """Per conversation, each label's probability normalised over the label set: the
+        softmax of the labels' log-probabilities as the whole reply (the label's tokens and
+        the end-of-turn token, so a label that is a prefix of another is not favoured). The
+        values sum to 1; a label's raw probability as the whole reply after a long prompt is
+        tiny (1e-6 to 3e-4 was seen on SmolLM2), not comparable with vLLM's or thresholdable."""
+        prompts = [self._tokens(self.render_chat(c)) for c in conversations]
+        return self._label_shares(prompts, tuple(choices))
+
+    def _label_shares(
         self, prompts: list[list[str]], choices: tuple[str, ...]
-    ) -> list[tuple[str, float]]:
-        """For each prompt, the choice with the highest log-probability as the whole reply:
-        its tokens followed by the end-of-turn token (so a label that is a prefix of another
-        is not favoured); with that log-probability."""
+    ) -> list[dict[str, float]]:
+        if not prompts:
+            return []
         end = self._end_tokens[0]
         continuations = [[*self._tokens(choice), end] for choice in choices]
         sequences = [prompt + cont for prompt in prompts for cont in continuations]
         scores = self._generator.score_batch(
             sequences, max_batch_size=MAX_BATCH_TOKENS, batch_type="tokens", max_input_length=0
         )
-        best: list[tuple[str, float]] = []
+        shares: list[dict[str, float]] = []
         for p in range(len(prompts)):
-            top_label, top_score = choices[0], -math.inf
-            for c, cont in enumerate(continuations):
-                log_probs = scores[p * len(choices) + c].log_probs
-                score = float(sum(log_probs[-len(cont) :]))
-                if score > top_score:
-                    top_label, top_score = choices[c], score
-            best.append((top_label, top_score))
-        return best
+            log_probs = [
+                float(sum(scores[p * len(choices) + c].log_probs[-len(cont) :]))
+                for c, cont in enumerate(continuations)
+            ]
+            top = max(log_probs)
+            weights = [math.exp(x - top) for x in log_probs]
+            total = sum(weights)
+            shares.append({c: w / total for c, w in zip(choices, weights, strict=True)})
+        return shares
 
 
 def _within_tokens(batch: list[int], lengths: list[int], budget: int) -> list[list[int]]:

@@ -642,8 +642,15 @@ class VLLMBackend:
     def choose_scored(
         self, conversations: list[list[dict[str, str]]], choices: Sequence[str]
     ) -> list[tuple[str, float | None, contract.Generation]]:
-        """The label of each conversation, decoded under a choice constraint (one pass over
-        the document whatever the number of labels), with the model's probability of it."""
+        """The label of each conversation, decoded greedily under a choice constraint (one
+        pass over the document whatever the number of labels), with the reply's cumulative
+        probability: a share of the label set. vLLM masks the logits with the constraint
+        before it takes log-probabilities (``apply_grammar_bitmask`` before the sampler's
+        ``raw_logprobs``), so each token's probability is among the tokens the labels allow
+        there: where the labels differ in their first token, the softmax over those first
+        tokens, the rest of the label and the end counting as certain. CTranslate2's
+        ``label_probabilities`` normalises the labels' whole-reply probabilities instead:
+        both sum to 1 over the set, but are not the same number (docs/how-to/llm-tasks.md)."""
         choices = tuple(choices)
         longest = max(self.count_tokens(c) for c in choices)
         params = contract.GenerationParams(max_new_tokens=longest + 8, choices=choices)
@@ -654,7 +661,8 @@ class VLLMBackend:
                 # Guided choice makes this impossible; if an engine change breaks it, fail
                 # loudly rather than write an out-of-set label.
                 raise RuntimeError(
-                    f"vLLM guided choice returned {generation.text!r}, not one of {choices}"
+                    f"vLLM guided choice returned a reply of {len(generation.text)} "
+                    f"characters, not one of {choices}"
                 )
             labels.append((label, score, generation))
         return labels

@@ -171,11 +171,36 @@ def test_choose_scored_gives_each_label_its_probability_as_the_whole_reply(
     assert label in {"yes", "no"} and reply.text == label
     assert score is not None and 0.0 < score <= 1.0
     assert backend.choose(convs, ["yes", "no"]) == [label]
-    # the label chosen is the likelier one: the other, scored alone, is no likelier
-    [(_, other_score, _)] = backend.choose_scored(  # type: ignore[attr-defined]
-        convs, ["no" if label == "yes" else "yes"]
+    # the label chosen is the likelier one
+    [shares] = backend.label_probabilities(convs, ["yes", "no"])  # type: ignore[attr-defined]
+    assert shares[label] == score and score >= shares["no" if label == "yes" else "yes"]
+
+
+def test_label_score_is_the_labels_probability_normalised_over_the_label_set(
+    backend: LLMBackend,
+) -> None:
+    # The score was the label's raw probability as the whole reply: after a real prompt,
+    # 1e-6 to 3e-4 (printed "(0.00)" by `overnight show`), while vLLM's guided choice gives
+    # a share of the label set (0.17 to 0.65 on the same documents). Now both are shares.
+    from overnight.workers.llm.tasks.prompts import classify_messages
+    from overnight.workers.llm.tasks.spec import TaskSpec
+
+    labels = ("refund", "complaint", "other")
+    spec = TaskSpec(kind="classify", labels=labels)
+    document = (
+        "Customer called about invoice 42. He was angry about late delivery and wants a "
+        "refund of 300 dollars."
     )
-    assert other_score is not None and other_score <= score
+    convs = [classify_messages(spec, document)]
+    [(label, score, _)] = backend.choose_scored(convs, labels)  # type: ignore[attr-defined]
+    [shares] = backend.label_probabilities(convs, labels)  # type: ignore[attr-defined]
+    assert set(shares) == set(labels)
+    assert abs(sum(shares.values()) - 1.0) < 1e-6
+    assert score == max(shares.values()) == shares[label]
+    assert score is not None and score >= 1 / len(labels)  # the likeliest of three
+    # The order of the labels changes nothing.
+    [shares_reversed] = backend.label_probabilities(convs, labels[::-1])  # type: ignore[attr-defined]
+    assert all(abs(shares[k] - shares_reversed[k]) < 1e-6 for k in labels)
 
 
 def test_render_chat_uses_the_models_own_template(backend: LLMBackend) -> None:
@@ -342,10 +367,13 @@ def test_on_cpu_a_long_document_is_cut_into_chunks_whose_prefill_memory_stays_sm
     from overnight.workers.llm.tasks.spec import TaskSpec
 
     # The model's context would take 7.9k document tokens a call (3.6 GB of attention
-    # scores in CTranslate2's CPU prefill); the cap keeps a call at 2k (0.7 GB).
+    # scores in CTranslate2's CPU prefill); the cap keeps a summary's chunk at 2k (0.7 GB).
     assert backend.context_length == 8192
-    budget = _prompt_budget(backend, TaskSpec(kind="summarize"), overhead=60)
+    budget = _prompt_budget(backend, TaskSpec(kind="summarize"), overhead=60, chunked=True)
     assert budget == ct2_backend.CPU_CHUNK_TOKENS == 2048
+    # A task that reads the document whole cannot cut it: it gets the model's context.
+    spec = TaskSpec(kind="classify", labels=("refund", "other"))
+    assert _prompt_budget(backend, spec, overhead=60) == 8192 - spec.new_tokens - 60 - 8
 
 
 def _field_notes() -> str:

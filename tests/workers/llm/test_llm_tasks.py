@@ -410,10 +410,10 @@ def test_validator_reports_each_violation_with_its_path() -> None:
         "required": ["n"],
     }
     assert validate({"n": 2, "ok": True, "tags": ["a"]}, schema) == []
-    assert validate({"n": True}, schema) == ["$.n: True is not of type 'integer'"]
+    assert validate({"n": True}, schema) == ["$.n: expected type 'integer', got boolean"]
     assert validate({"tags": ["c"]}, schema) == [
-        "$: 'n' is a required property",
-        "$.tags[0]: 'c' is not one of ['a', 'b']",
+        "$: missing required property 'n'",
+        '$.tags[0]: a string of 1 characters that is not one of the allowed values ["a", "b"]',
     ]
     assert conform({"n": "3", "ok": "false", "tags": None, "x": 1}, schema) == {"n": 3, "ok": False}
 
@@ -592,7 +592,7 @@ def test_a_schema_referring_outside_itself_is_refused_before_the_job(ref):
         "required": ["a"],
     }
     TaskSpec(kind="extract", json_schema=local)
-    assert validate({"a": 5}, local) == ["$.a: 5 is not of type 'string'"]
+    assert validate({"a": 5}, local) == ["$.a: expected type 'string', got number"]
 
 
 def test_validation_never_retrieves_a_reference(tmp_path):
@@ -624,3 +624,90 @@ def test_validation_never_retrieves_a_reference(tmp_path):
     finally:
         server.shutdown()
     assert hits == []
+
+
+# -- privacy: error messages never carry document or reply content ---------------------------
+
+_PII = "Zebulon Quartermaine 123-45-6789 4111 1111 1111 1111"
+_PII_WORDS = ("Zebulon", "Quartermaine", "123-45-6789", "4111")
+
+
+def _carries_no_pii(message: str | None) -> bool:
+    return message is not None and not any(w in message for w in _PII_WORDS)
+
+
+def test_an_extraction_that_fails_validation_says_what_is_wrong_without_quoting_the_reply() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "customer_name": {"type": "string"},
+            "amount": {"type": "number"},
+            "category": {"type": "string", "enum": ["refund", "complaint", "other"]},
+        },
+        "required": ["customer_name", "amount", "category"],
+        "additionalProperties": False,
+    }
+    # A reply copying the document into every field: a wrong-typed number, a value outside
+    # the enum, a missing key; and one that is not JSON at all but the document itself.
+    copied = '{"customer_name": "Zebulon Quartermaine, SSN 123-45-6789", "amount": "4111 1111"}'
+    wrong_enum = '{"customer_name": "Zebulon", "amount": 300, "category": "Quartermaine"}'
+    replies = {"a": copied, "b": wrong_enum, "c": f"Sure! {_PII} wants a refund."}
+    for structured in (False, True):
+        fake = ScriptedBackend(
+            lambda conv: replies[_document(conv).split()[0]], structured_outputs=structured
+        )
+        outs = run_task(fake, TaskSpec(kind="extract", json_schema=schema), _items("a", "b", "c"))
+        assert [o.error_code for o in outs] == ["invalid_output"] * 3
+        for out in outs:
+            assert _carries_no_pii(out.error_message), out.error_message
+        # What is wrong is still said, from the schema's side.
+        assert "$.amount: expected type 'number'" in (outs[0].error_message or "")
+        assert "missing required property 'category'" in (outs[0].error_message or "")
+        assert '["refund", "complaint", "other"]' in (outs[1].error_message or "")
+        assert "no JSON object" in (outs[2].error_message or "")
+        assert "tokens" in (outs[0].error_message or "")  # the reply's size, not its text
+
+
+def test_an_unusable_free_text_reply_is_an_error_that_does_not_quote_the_reply() -> None:
+    loop = f"{_PII} is angry. " * 3 + f"{_PII} {_PII} {_PII}"
+    for kind, spec in (
+        ("summarize", TaskSpec(kind="summarize", summary_words=20)),
+        ("prompt", TaskSpec(kind="prompt", template="Answer: {text}")),
+        ("cut off", TaskSpec(kind="summarize", max_new_tokens=6)),
+        ("empty", TaskSpec(kind="prompt", template="Answer: {text}")),
+    ):
+        reply = "" if kind == "empty" else loop
+        [out] = run_task(ScriptedBackend(lambda conv, r=reply: r), spec, _items(_PII))
+        assert out.error_code == "invalid_output", kind
+        assert _carries_no_pii(out.error_message), (kind, out.error_message)
+
+
+# -- the backend's chunk cap is for chunks ----------------------------------------------------
+
+
+def test_a_whole_document_task_reads_a_document_longer_than_the_backends_chunk_cap() -> None:
+    # CTranslate2 on CPU caps a summary's map chunks at 2,048 tokens (max_chunk_tokens); a
+    # classify, extract or prompt task cannot cut its document, so that cap refused every
+    # document over it (context_exceeded) although the model's context held it.
+    class ChunkCapped(ScriptedBackend):
+        max_chunk_tokens = 100
+
+    document = "word " * 300  # 300 tokens: over the chunk cap, well within the 4,096 context
+    tasks = {
+        "classify": TaskSpec(kind="classify", labels=("refund", "other")),
+        "extract": TaskSpec(kind="extract", json_schema=NAME_AMOUNT),
+        "prompt": TaskSpec(kind="prompt", template="Answer: {text}"),
+    }
+    replies = {"classify": "refund", "extract": '{"name": "Bo", "amount": 1}', "prompt": "Done."}
+    for kind, spec in tasks.items():
+        fake = ChunkCapped(lambda conv, k=kind: replies[k])
+        [out] = run_task(fake, spec, _items(document))
+        assert out.status == "ok", (kind, out.error_message)
+        assert out.num_chunks == 1
+    # A summary is still cut into chunks of at most the cap.
+    fake = ChunkCapped(lambda conv: "A short summary.")
+    [out] = run_task(fake, TaskSpec(kind="summarize", summary_words=10), _items(document))
+    assert out.status == "ok" and out.num_chunks >= 3
+    # Past the model's context a whole-document task still fails, naming that budget.
+    [out] = run_task(ChunkCapped(lambda conv: "refund"), tasks["classify"], _items("w " * 5000))
+    assert out.error_code == "context_exceeded" and "100-token" not in (out.error_message or "")

@@ -71,7 +71,7 @@ def degenerate(reply: str, scaffolding: str) -> str | None:
         run = tuple(words[i : i + _LOOP_WORDS])
         runs[run] = runs.get(run, 0) + 1
         if runs[run] >= 3:
-            return f"the reply repeats itself ({' '.join(run)!r} three times)"
+            return f"the reply repeats itself (a run of {_LOOP_WORDS} words three times)"
     sentences = [" ".join(re.findall(r"\w+", x.lower())) for x in re.split(r"[.!?\n]+", reply)]
     sentences = [x for x in sentences if len(x.split()) >= 4]
     if len(sentences) != len(set(sentences)):
@@ -220,10 +220,17 @@ def _generate(
     return out
 
 
-def _prompt_budget(backend: LLMBackend, spec: TaskSpec, overhead: int) -> int:
-    """Document tokens that fit next to the prompt scaffolding and the reply."""
+def _prompt_budget(
+    backend: LLMBackend, spec: TaskSpec, overhead: int, *, chunked: bool = False
+) -> int:
+    """Document tokens that fit next to the prompt scaffolding and the reply: the model's
+    context less both, capped by the task's ``chunk_tokens``. The backend's own chunk cap
+    (``max_chunk_tokens``: CTranslate2 on CPU keeps a summary's map chunks to 2,048 tokens
+    for memory) applies only where the task can cut a document (``chunked``: summarize); a
+    task that reads the document whole (extract, classify, prompt) gets the model's context,
+    as it does on vLLM."""
     budget = backend.context_length - spec.new_tokens - overhead - _CONTEXT_MARGIN
-    for cap in (spec.chunk_tokens, backend.max_chunk_tokens):
+    for cap in (spec.chunk_tokens, backend.max_chunk_tokens if chunked else None):
         if cap is not None:
             budget = min(budget, cap)
     return budget
@@ -312,12 +319,21 @@ def _fits(backend: LLMBackend, spec: TaskSpec, text: str, overhead: int) -> bool
     return backend.count_tokens(defuse(text)) <= _prompt_budget(backend, spec, overhead)
 
 
-def _too_long(state: _Item, backend: LLMBackend, spec: TaskSpec, text: str, overhead: int) -> None:
+def _too_long(
+    state: _Item,
+    backend: LLMBackend,
+    spec: TaskSpec,
+    text: str,
+    overhead: int,
+    *,
+    chunked: bool = False,
+) -> None:
     state.num_chunks = 0
     state.fail(
         ErrorCode.CONTEXT_EXCEEDED,
         f"document of {backend.count_tokens(text)} tokens does not fit the "
-        f"{_prompt_budget(backend, spec, overhead)}-token budget of task {spec.task_name}",
+        f"{_prompt_budget(backend, spec, overhead, chunked=chunked)}-token budget of task "
+        f"{spec.task_name}",
     )
 
 
@@ -347,7 +363,7 @@ def _run_summarize(
     words = spec.summary_words
     params = spec.free_text_params()
     overhead = scaffolding_tokens(backend, spec)
-    budget = _prompt_budget(backend, spec, overhead)
+    budget = _prompt_budget(backend, spec, overhead, chunked=True)
     if budget < MIN_DOCUMENT_TOKENS:
         for state in states:
             state.fail(
@@ -403,7 +419,7 @@ def _run_summarize(
                 continue
             groups = _group(backend, parts, budget)
             if len(groups) >= len(parts) and len(parts) > 1:
-                _too_long(states[index], backend, spec, "\n\n".join(parts), overhead)
+                _too_long(states[index], backend, spec, "\n\n".join(parts), overhead, chunked=True)
                 continue
             for g, group in enumerate(groups):
                 jobs.append((index, reduce_messages(spec, group, words)))
@@ -490,6 +506,12 @@ def _unusable(
     return text, problem
 
 
+def _reply_size(result: Generation) -> str:
+    """What an error message says of a reply: its size, never its text (a reply copies the
+    document, and error messages are shown by `overnight show` and kept in the results)."""
+    return f"the reply had {result.output_tokens} tokens, {len(result.text)} characters"
+
+
 def _free_text(
     state: _Item,
     conv: list[dict[str, str]],
@@ -502,9 +524,7 @@ def _free_text(
         return None  # the item's error is recorded already
     text, problem = _unusable(result, conv, sentences=sentences)
     if problem is not None:
-        state.fail(
-            ErrorCode.INVALID_OUTPUT, f"{problem}; reply: {result.text.strip()[:_ERROR_SNIPPET]!r}"
-        )
+        state.fail(ErrorCode.INVALID_OUTPUT, f"{problem}; {_reply_size(result)}")
         return None
     return text
 
@@ -549,7 +569,7 @@ def _run_extract(
             # Decoding followed the schema, so the reply was cut short: a retry would be too.
             states[index].fail(
                 ErrorCode.INVALID_OUTPUT,
-                f"reply failed validation: {problem}; reply: {result.text[:_ERROR_SNIPPET]!r}",
+                f"reply failed validation: {problem}; {_reply_size(result)}",
             )
         elif problem is not None:
             # One retry with the validation error in the prompt, after the model's own reply.
@@ -572,7 +592,7 @@ def _run_extract(
         if problem is not None:
             states[index].fail(
                 ErrorCode.INVALID_OUTPUT,
-                f"reply failed validation after a retry: {problem}; reply: {result.text[:_ERROR_SNIPPET]!r}",
+                f"reply failed validation after a retry: {problem}; {_reply_size(result)}",
             )
 
 
@@ -640,7 +660,8 @@ def _run_classify(
         elif label not in labels:
             # Both backends guarantee membership; never let a broken engine write a new label.
             states[index].fail(
-                ErrorCode.INVALID_OUTPUT, f"backend chose {label!r}, not one of {list(labels)}"
+                ErrorCode.INVALID_OUTPUT,
+                f"backend chose a label of {len(str(label))} characters, not one of {list(labels)}",
             )
         else:
             states[index].label, states[index].label_score = label, score

@@ -26,9 +26,72 @@ def validate(value: Any, schema: Mapping[str, Any], path: str = "$") -> list[str
     errors = sorted(checker.iter_errors(value), key=lambda e: list(map(str, e.absolute_path)))
     out = []
     for error in errors:
-        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
-        out.append(f"{path}{where}: {error.message}")
+        where = "".join(
+            f"[{p}]" if isinstance(p, int) else f".{_name(p)}" for p in error.absolute_path
+        )
+        line = f"{path}{where}: {_violation(error)}"
+        if line not in out:  # one error per missing property, all saying the same
+            out.append(line)
     return out
+
+
+# What a violation message may quote of the schema's side (a pattern, an enum) at most.
+_SCHEMA_QUOTE_CHARS = 120
+
+
+def _name(key: Any) -> str:
+    """A key on an error's path, as the schema spells it; a key the schema does not declare
+    (which only the reply spelled) is not written out."""
+    return key if isinstance(key, str) and key.isidentifier() and len(key) <= 64 else "<key>"
+
+
+def _violation(error: Any) -> str:
+    """What is wrong at one place of a reply, said from the schema's side only: its keyword,
+    the expected type, the allowed values, the missing property. Never the reply's value:
+    jsonschema's own messages quote it ("'4111 1111' is not of type 'number'"), and a reply
+    copies the document, whose content must not reach an error message (`overnight show`
+    prints those). The type of the value is said, as JSON names it."""
+    keyword, expected, instance = error.validator, error.validator_value, error.instance
+    got = _json_type(instance)
+    if keyword == "required" and isinstance(instance, dict):
+        missing = [p for p in expected if p not in instance]
+        return f"missing required {'property' if len(missing) == 1 else 'properties'} " + (
+            ", ".join(_quote(p) for p in missing)
+        )
+    if keyword == "type":
+        return f"expected type {_quote(expected)}, got {got}"
+    if keyword == "enum":
+        return f"a {got} that is not one of the allowed values {_quote(expected)}"
+    if keyword == "const":
+        return f"a {got} that is not the required constant {_quote(expected)}"
+    if keyword == "additionalProperties":
+        return "properties the schema does not declare"
+    if keyword == "format":
+        return f"a {got} that is not a valid {_quote(expected)}"
+    return f"a {got} that fails the schema's {keyword} = {_quote(expected)}"
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return f"string of {len(value)} characters"
+    if isinstance(value, list):
+        return f"array of {len(value)} items"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def _quote(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else repr(value)
+    if len(text) > _SCHEMA_QUOTE_CHARS:
+        text = text[: _SCHEMA_QUOTE_CHARS - 3] + "..."
+    return text
 
 
 def conform(value: Any, schema: Mapping[str, Any]) -> Any:
