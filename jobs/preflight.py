@@ -310,6 +310,7 @@ def llm_model(
     need = "model.bin" if backend == "ctranslate2" else "config.json"
     kind = "CTranslate2" if backend == "ctranslate2" else "Hugging Face"
     if path.is_file() and path.suffix == ".gguf":
+        _check_gguf(path)
         return None
     if path.is_dir():
         if not (path / need).is_file():
@@ -339,6 +340,18 @@ def llm_model(
         instead="--backend vllm for a Hugging Face model",
     )
     return str(local)
+
+
+def _check_gguf(path: Path) -> None:
+    """A damaged or truncated ``.gguf`` file stops the job here, before Ray starts (exit 5),
+    not in the actors' conversion (it was "the pipeline failed: SystemException: ."). The
+    header alone is read (its size, not the weights', sets the time)."""
+    from overnight.workers.llm.prepare import ModelPreparationError, check_gguf
+
+    try:
+        check_gguf(path)
+    except ModelPreparationError as exc:
+        raise ModelNotFound(f"{exc} Nothing was run or written.") from None
 
 
 # -- the hub --------------------------------------------------------------------------------

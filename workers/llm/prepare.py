@@ -60,6 +60,31 @@ _GGUF_SCALARS = {
     12: "<d",
 }
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
+# ggml tensor types: (elements per block, bytes per block), as gguf.GGML_QUANT_SIZES states
+# them (gguf 0.19), so the driver's header check needs no gguf import; a type not listed
+# here is checked by where its data starts.
+_GGML_BLOCKS = {
+    0: (1, 4),  # F32
+    1: (1, 2),  # F16
+    2: (32, 18),  # Q4_0
+    3: (32, 20),  # Q4_1
+    6: (32, 22),  # Q5_0
+    7: (32, 24),  # Q5_1
+    8: (32, 34),  # Q8_0
+    9: (32, 40),  # Q8_1
+    10: (256, 84),  # Q2_K
+    11: (256, 110),  # Q3_K
+    12: (256, 144),  # Q4_K
+    13: (256, 176),  # Q5_K
+    14: (256, 210),  # Q6_K
+    15: (256, 292),  # Q8_K
+    24: (1, 1),  # I8
+    25: (1, 2),  # I16
+    26: (1, 4),  # I32
+    27: (1, 8),  # I64
+    28: (1, 8),  # F64
+    30: (1, 2),  # BF16
+}
 _ACCEPTED_QUANTIZATIONS = CT2_COMPUTE_TYPES
 
 
@@ -301,6 +326,124 @@ def gguf_context_length(gguf_path: str | Path) -> int | None:
     return _GGUF_DEFAULT_CONTEXT
 
 
+class _BadGGUF(ValueError):
+    """The header walk found no valid GGUF file; the message says where it broke."""
+
+
+def invalid_gguf_message(gguf_path: str | Path, why: str) -> str:
+    """The one paragraph for a ``.gguf`` model file that cannot be read as GGUF."""
+    return (
+        f"the LLM model {gguf_path} is not a valid GGUF file ({why}): it is damaged, "
+        "truncated (an interrupted download?) or not a GGUF model at all. Download it again, "
+        "or give a CTranslate2 or Hugging Face model folder or a hub id."
+    )
+
+
+def check_gguf(gguf_path: str | Path) -> None:
+    """Raise ``ModelPreparationError`` (one paragraph) unless ``gguf_path`` reads as a GGUF
+    file: the magic and version, every metadata entry, every tensor's description, and the
+    tensors' data inside the file.
+
+    The header alone, as ``gguf_context_length``: the driver runs this before every job, so
+    a damaged file stops it there (exit 5) instead of failing inside the actors' conversion
+    (gguf's reader raised a bare IndexError there, which reached the user as "SystemException:
+    ."). About 0.1 s on the bundled model (its vocabulary is most of it), and without
+    importing ``gguf`` (half a second).
+    """
+    gguf_path = Path(gguf_path)
+    try:
+        size = gguf_path.stat().st_size
+        with open(gguf_path, "rb") as f:
+            _walk_gguf(f, size)
+    except _BadGGUF as exc:
+        raise ModelPreparationError(invalid_gguf_message(gguf_path, str(exc))) from None
+    except OSError as exc:
+        raise ModelPreparationError(
+            f"the LLM model {gguf_path} cannot be read: {exc.strerror or exc}."
+        ) from None
+
+
+def _walk_gguf(f: Any, size: int) -> None:
+    """Walk a GGUF header to its end, raising ``_BadGGUF`` where it breaks; lengths and
+    counts are checked against the file's ``size`` before anything is read or allocated."""
+
+    def read(fmt: str) -> Any:
+        data = f.read(struct.calcsize(fmt))
+        if len(data) != struct.calcsize(fmt):
+            raise _BadGGUF(f"it ends inside its header, after {size} bytes")
+        return struct.unpack(fmt, data)[0]
+
+    def room(n: int, what: str) -> int:
+        if n < 0 or f.tell() + n > size:
+            raise _BadGGUF(f"{what} runs past the end of the file ({size} bytes)")
+        return n
+
+    def string(what: str) -> bytes:
+        return f.read(room(read("<Q"), what))
+
+    def value(kind: int, what: str, depth: int = 0) -> Any:
+        if kind in _GGUF_SCALARS:
+            return read(_GGUF_SCALARS[kind])
+        if kind == _GGUF_STRING:
+            return string(what)
+        if kind == _GGUF_ARRAY and depth < 4:
+            inner, count = read("<I"), read("<Q")
+            if inner in _GGUF_SCALARS:
+                f.seek(room(struct.calcsize(_GGUF_SCALARS[inner]) * count, what), os.SEEK_CUR)
+            elif inner == _GGUF_STRING:  # a vocabulary: tens of thousands, so inline
+                room(8 * count, what)
+                length = struct.Struct("<Q")
+                for _ in range(count):
+                    data = f.read(8)
+                    n = length.unpack(data)[0] if len(data) == 8 else size
+                    if n >= size or f.seek(n, os.SEEK_CUR) > size:
+                        room(size + 1, what)  # raises
+
+            else:
+                room(count, what)  # each element takes a byte at least
+                for _ in range(count):
+                    value(inner, what, depth + 1)
+            return None
+        raise _BadGGUF(f"{what} has the unknown value type {kind}")
+
+    if f.read(4) != b"GGUF":
+        raise _BadGGUF("it does not start with the GGUF magic bytes")
+    version = read("<I")
+    if version not in (2, 3):
+        raise _BadGGUF(f"GGUF version {version}; versions 2 and 3 are read")
+    n_tensors, n_fields = read("<Q"), read("<Q")
+    room(n_tensors + n_fields, "the header's entry counts")
+    alignment = 32  # GGUF's default
+    for i in range(n_fields):
+        key = string(f"metadata entry {i}'s key")
+        what = f"the metadata entry {key.decode('utf-8', 'replace')!r}"
+        got = value(read("<I"), what)
+        if key == b"general.alignment":
+            if not isinstance(got, int) or got <= 0 or got & (got - 1):
+                raise _BadGGUF(f"general.alignment is {got!r}, not a power of two")
+            alignment = got
+    tensors = []
+    for i in range(n_tensors):
+        name = string(f"tensor {i}'s name").decode("utf-8", "replace")
+        n_dims = read("<I")
+        if n_dims > 8:
+            raise _BadGGUF(f"the tensor {name!r} states {n_dims} dimensions")
+        elements = 1
+        for _ in range(n_dims):
+            elements *= read("<Q")
+        kind, offset = read("<I"), read("<Q")
+        tensors.append((name, elements, kind, offset))
+    data_start = -(-f.tell() // alignment) * alignment
+    for name, elements, kind, offset in tensors:
+        if kind in _GGML_BLOCKS:
+            block, nbytes = _GGML_BLOCKS[kind]
+            end = data_start + offset + elements * nbytes // block
+        else:  # a type not listed: its first byte
+            end = data_start + offset + 1
+        if end > size:
+            raise _BadGGUF(f"the tensor {name!r} runs past the end of the file ({size} bytes)")
+
+
 def _field(reader: Any, key: str, default: Any = None) -> Any:
     field = reader.fields.get(key)
     if field is None:
@@ -342,7 +485,11 @@ class _LlamaGGUF:
             ) from None
 
         self.path = gguf_path
-        self.reader = reader = gguf.GGUFReader(str(gguf_path))
+        try:
+            self.reader = reader = gguf.GGUFReader(str(gguf_path))
+        except Exception as exc:  # a damaged file: an IndexError, a ValueError, ...
+            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            raise ModelPreparationError(invalid_gguf_message(gguf_path, why)) from exc
         arch = _require(reader, "general.architecture")
         if arch != "llama":
             raise ModelPreparationError(
