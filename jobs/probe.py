@@ -122,7 +122,7 @@ class ProbeJob(Job[Prepared]):
         job = self.spec.job
         preflight.check_output(job.output)
         selection = Selection.of(MEDIA_EXTENSIONS, "media", job.include, job.exclude)
-        listing = select_items(job.input, selection)
+        listing = select_items(job.input, selection, output=job.output)
         return Prepared(listing.items, listing.skipped, listing.skipped_examples)
 
     def pool(self, device: str, nodes: list[sizing.Node]) -> sizing.Pool:

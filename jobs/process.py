@@ -385,7 +385,7 @@ class ProcessJob(Job[ProcessPrepared]):
             )
         job = self.spec.job
         selection = Selection.of(DOCUMENT_EXTENSIONS, "document", job.include, job.exclude)
-        listing = select_items(self.input_url, selection)
+        listing = select_items(self.input_url, selection, output=job.output)
         return ProcessPrepared(
             documents.document_records(listing, self.task_name),
             listing.skipped,

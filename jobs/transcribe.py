@@ -395,7 +395,7 @@ class TranscribeJob(Job[TranscribePrepared]):
         download = not dry and on_ray.local_run(job.ray_address)
         model = preflight.whisper_model(self.opts.model, download=download, progress=job.progress)
         selection = Selection.of(MEDIA_EXTENSIONS, "media", job.include, job.exclude)
-        listing = select_items(job.input, selection)
+        listing = select_items(job.input, selection, output=job.output)
         with_channel_labels(listing.items, self.opts.channel_labels)
         announce(listing.items, self.opts, job.progress)
         return TranscribePrepared(

@@ -15,6 +15,7 @@ import fnmatch
 import hashlib
 import io
 import json
+import os
 import posixpath
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -222,10 +223,20 @@ def list_items(input_url: str, defaults: dict[str, Any] | None = None) -> list[d
 
 
 def select_items(
-    input_url: str, selection: Selection | None, defaults: dict[str, Any] | None = None
+    input_url: str,
+    selection: Selection | None,
+    defaults: dict[str, Any] | None = None,
+    output: str | None = None,
 ) -> Listing:
     """The items of an input: a manifest's rows, or the files under a folder or prefix that
     ``selection`` takes (None: every file), or the one file ``input_url`` names.
+
+    A folder listing leaves out every file inside an overnight output (``INSIDE_OUTPUT``):
+    the job's own ``output`` where it lies under the input, and any folder the listing
+    shows holding an output's bookkeeping (``_manifests/*.parquet``, ``_claims/*.json``,
+    ``_index/*/seg-*.parquet``).
+    Else ``overnight process IN IN/out`` read back its own ``runs/*.json`` as documents, one
+    more each run, and never reached "nothing to do".
 
     Duplicate items (the same object listed twice with the same ids) are kept once. A
     listing that leaves no item but skipped files is an ``InputNotFound`` that says why.
@@ -238,8 +249,17 @@ def select_items(
         root = storage.resolve(input_url).url().rstrip("/")
         records = []
         hidden: list[str] = []
-        for o in storage.list_objects(input_url, hidden):
+        listed = storage.list_objects(input_url, hidden)
+        outputs = _output_roots(hidden)
+        mine = _output_under(input_url, output) if output is not None else None
+        if mine is not None:
+            outputs.add(mine)
+        inside = 0
+        for o in listed:
             relative = o.uri[len(root) :].lstrip("/") if o.uri.startswith(root) else o.uri
+            if relative and _under(relative, outputs):
+                inside += 1
+                continue
             reason = selection.skip_reason(relative) if selection and relative else None
             if reason is not None:
                 skipped[reason] += 1
@@ -247,18 +267,35 @@ def select_items(
                     examples.append(relative)
                 continue
             records.append(_record(dict(defaults or {}), o.uri, o.size, o.etag))
+        hidden_inside = [h for h in hidden if _under(h, outputs)]
+        hidden = [h for h in hidden if not _under(h, outputs)]
         if hidden:
             # Left out without a row: the summary and the dry run say how many, and which.
             skipped[HIDDEN] = len(hidden)
             examples += hidden[:3]
+        if inside or hidden_inside:
+            # Counted with their bookkeeping; the examples name the output folders ("out/",
+            # "" for the input itself), which skipped_lines tells apart by the slash.
+            skipped[INSIDE_OUTPUT] = inside + len(hidden_inside)
+            examples += [f"{r}/" for r in sorted(outputs)[:3]]
         if not records and skipped and selection is not None:
-            fix = (
-                "rename them (or their folder) to start otherwise"
-                if set(skipped) == {HIDDEN}
-                else "--include GLOB takes other files ('*': every file)"
-            )
+            kinds = _KINDS.get(selection.kind, selection.kind)
+            if "" in outputs:  # the input is itself an output: say that, not its files
+                raise InputNotFound(
+                    f"input {storage.scrub_secrets(input_url)!r} holds no {kinds}: it is an "
+                    f"overnight output folder ({skipped[INSIDE_OUTPUT]} files: results, run "
+                    "summaries, bookkeeping), which is never input. Give the folder of the "
+                    "files to read (`overnight process OUT OUT` reads a transcribe output's "
+                    "transcripts as a dataset)."
+                )
+            if set(skipped) == {HIDDEN}:
+                fix = "rename them (or their folder) to start otherwise"
+            elif set(skipped) == {INSIDE_OUTPUT}:
+                fix = "give the folder of the files to read, not one that holds only outputs"
+            else:
+                fix = "--include GLOB takes other files ('*': every file)"
             raise InputNotFound(
-                f"input {storage.scrub_secrets(input_url)!r} holds no {_KINDS.get(selection.kind, selection.kind)}: "
+                f"input {storage.scrub_secrets(input_url)!r} holds no {kinds}: "
                 f"{sum(skipped.values())} skipped ({_reasons(skipped)}), e.g. "
                 f"{', '.join(examples[:3])}. {fix}"
             )
@@ -276,20 +313,94 @@ _KINDS = {"media": "audio or video files", "document": "documents"}
 # The skip reason of files whose name or folder starts with . or _ (storage.is_hidden).
 HIDDEN = "hidden"
 _HIDDEN_MEANS = "whose name or folder starts with . or _"
+# The skip reason of files inside an overnight output folder under the input.
+INSIDE_OUTPUT = "inside_output"
+_INSIDE_OUTPUT_MEANS = "inside an overnight output folder"
+# The files only an overnight output holds, its bookkeeping (write_manifest; the commits'
+# claims and index), as their path under the output: a folder holding one is an output,
+# whoever wrote it; a user's own ``_index/`` of other files is not.
+_OUTPUT_MARKERS = (
+    ("_manifests", "*.parquet"),
+    ("_claims", "*.json"),
+    ("_index", "*", "seg-*.parquet"),
+)
+
+
+def _output_roots(hidden: Iterable[str]) -> set[str]:
+    """The folders (under the input; "" the input itself) that the hidden files of a
+    listing show to be overnight outputs: those holding an ``_OUTPUT_MARKERS`` file."""
+    roots = set()
+    for relative in hidden:
+        parts = relative.split("/")
+        for marker in _OUTPUT_MARKERS:
+            tail = parts[-len(marker) :]
+            if len(parts) >= len(marker) and all(
+                fnmatch.fnmatchcase(p, m) for p, m in zip(tail, marker, strict=True)
+            ):
+                roots.add("/".join(parts[: -len(marker)]))
+    return roots
+
+
+# What overnight writes under OUTPUT (docs/reference/outputs.md), beside its ``_`` bookkeeping.
+OUTPUT_FOLDERS = (
+    "transcripts",
+    "results",
+    "probes",
+    "costs",
+    "run_table",
+    "runs",
+    "transcripts_unredacted",
+    "redacted_audio",
+)
+
+
+def _under(relative: str, roots: Iterable[str]) -> bool:
+    """Whether ``relative`` is an output's file: anything under an output folder below the
+    input, and where the input is itself an output (root ""), what that output writes (its
+    ``OUTPUT_FOLDERS`` and ``_`` bookkeeping): ``overnight transcribe IN IN`` keeps the
+    recordings beside them as items."""
+    top = relative.split("/", 1)[0]
+    return any(
+        (top in OUTPUT_FOLDERS or top.startswith("_"))
+        if r == ""
+        else relative == r or relative.startswith(r + "/")
+        for r in roots
+    )
+
+
+def _output_under(input_url: str, output_url: str) -> str | None:
+    """Where ``output_url`` lies under ``input_url`` ("" the same folder), else None.
+
+    Compared as the storage locations they resolve to: ``file://``, relative and ``..``
+    spellings of a local folder are the same folder, and so are symlinked ones (their real
+    paths); an object store's by bucket and key, ``s3://b/in`` never containing
+    ``s3://b/input2``.
+    """
+    inp, out = storage.resolve(input_url), storage.resolve(output_url)
+    if inp.scheme != out.scheme:
+        return None
+    a, b = inp.path.rstrip("/"), out.path.rstrip("/")
+    if inp.scheme == "file":
+        a, b = os.path.realpath(a), os.path.realpath(b)
+    if b == a:
+        return ""
+    if b.startswith(a.rstrip("/") + "/"):
+        return b[len(a.rstrip("/")) + 1 :]
+    return None
 
 
 def _reasons(skipped: Counter[str]) -> str:
-    return ", ".join(
-        f"{n} {_HIDDEN_MEANS if reason == HIDDEN else reason}"
-        for reason, n in sorted(skipped.items())
-    )
+    means = {HIDDEN: _HIDDEN_MEANS, INSIDE_OUTPUT: _INSIDE_OUTPUT_MEANS}
+    return ", ".join(f"{n} {means.get(reason, reason)}" for reason, n in sorted(skipped.items()))
 
 
 def skipped_lines(skipped: dict[str, int], examples: list[str]) -> list[str]:
     """The summary's and the dry run's lines on the files of a listing that are not items:
     those a selection left out, and apart, those never read for their name (``HIDDEN``)."""
     lines = []
-    chosen = {k: v for k, v in skipped.items() if k != HIDDEN}
+    folders = [e for e in examples if e.endswith("/")]  # INSIDE_OUTPUT's output folders
+    examples = [e for e in examples if not e.endswith("/")]
+    chosen = {k: v for k, v in skipped.items() if k not in (HIDDEN, INSIDE_OUTPUT)}
     if chosen:
         n = sum(chosen.values())
         reasons = ", ".join(f"{v} {k}" for k, v in chosen.items())
@@ -306,6 +417,13 @@ def skipped_lines(skipped: dict[str, int], examples: list[str]) -> list[str]:
             f"skipped      {n} file(s) {_HIDDEN_MEANS}"
             f"{' (e.g. ' + shown + (', ...' if n > 3 else '') + ')' if shown else ''}: such "
             "names are never input (they are bookkeeping: _manifests, _SUCCESS, .DS_Store)"
+        )
+    if skipped.get(INSIDE_OUTPUT):
+        n = skipped[INSIDE_OUTPUT]
+        where = ", ".join(f if f != "/" else "the input itself" for f in folders)
+        lines.append(
+            f"skipped      {n} file(s) {_INSIDE_OUTPUT_MEANS}{' (' + where + ')' if where else ''}: "
+            "a job's results, run summaries and bookkeeping are never its input"
         )
     return lines
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from overnight.jobs.choices import EXPORT_FORMATS as FORMATS
 from overnight.jobs.dataset import storage
+from overnight.jobs.dataset.manifest import OUTPUT_FOLDERS
 from overnight.jobs.errors import ConfigError, InputNotFound, OutputNotWritable, OvernightError
 
 COLUMNS = [
@@ -344,16 +345,7 @@ def file_names(rows: list[Mapping[str, Any]], fmt: str) -> list[str]:
 # What overnight writes under OUTPUT (docs/reference/outputs.md). Files exported into one of
 # them break its readers (pyarrow, pandas, DuckDB and Polars read every file of a dataset's
 # folder; ``runs/`` is read as run summaries).
-_OUTPUT_FOLDERS = (
-    "transcripts",
-    "results",
-    "probes",
-    "costs",
-    "run_table",
-    "runs",
-    "transcripts_unredacted",
-    "redacted_audio",
-)
+_OUTPUT_FOLDERS = OUTPUT_FOLDERS
 
 
 def _normalised(loc: storage.Location) -> storage.Location:
