@@ -260,15 +260,59 @@ def summarize_run(
     return summary
 
 
+# A run's figures that add up over its attempts (``earlier_attempts``): what reports take
+# from summaries beside the ledger, whose rows of every attempt carry the run id.
+ATTEMPT_SUMS = ("accelerator_reserved_seconds", "reserved_cost_usd", "pipeline_seconds")
+
+
 def write_summary(
     output: storage.Location, summary: dict[str, Any], run_date: date | None = None
 ) -> str:
     """``runs/<run_id>.json``, and the run's row in the ``run_table/`` (one file a run, under
-    its date's partition; a rerun of the same run id replaces it). Returns the JSON's URL."""
+    its date's partition). A run id that already has a summary (a scheduled run's fixed id
+    rerun with --retry-errors, a cluster job's retry, a user's reuse) is another attempt of
+    that run: the earlier summaries go into this one's ``earlier_attempts``; replaced, their
+    reserved time and cost left every report (25% utilization read as 42%). Returns the
+    JSON's URL."""
     loc = output.join("runs", f"{summary['run_id']}.json")
+    earlier = _earlier_attempts(loc, summary["run_id"])
+    if earlier:
+        summary["earlier_attempts"] = earlier
     storage.write_bytes_atomic(loc, json.dumps(summary, indent=2, sort_keys=True).encode())
     _write_run_row(output, summary, run_date or datetime.now(UTC).date())
     return loc.url()
+
+
+def _earlier_attempts(loc: storage.Location, run_id: str) -> list[dict[str, Any]]:
+    """The summaries of ``run_id``'s attempts so far, oldest first, from its summary file."""
+    try:
+        old = json.loads(storage.read_location(loc))
+    except FileNotFoundError:
+        return []
+    except ValueError:  # not JSON: nothing of it can be kept
+        return []
+    if not isinstance(old, dict) or old.get("run_id") != run_id:
+        return []
+    before = [a for a in old.get("earlier_attempts") or [] if isinstance(a, dict)]
+    return [*before, {k: v for k, v in old.items() if k != "earlier_attempts"}]
+
+
+def with_attempts(summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary with its ``ATTEMPT_SUMS`` over every attempt of its run id (itself when it
+    has none), as a report counts a run. A figure that is not a number stays in the sum, for
+    the report's checks to refuse it."""
+    attempts = [a for a in summary.get("earlier_attempts") or [] if isinstance(a, dict)]
+    if not attempts:
+        return summary
+    out = dict(summary)
+    for key in ATTEMPT_SUMS:
+        values = [s.get(key) for s in (summary, *attempts) if s.get(key) is not None]
+        if values:
+            try:
+                out[key] = sum(values)
+            except TypeError:
+                out[key] = next(v for v in values if not isinstance(v, int | float))
+    return out
 
 
 def _write_run_row(output: storage.Location, summary: dict[str, Any], run_date: date) -> None:

@@ -668,7 +668,13 @@ def profiles_from_runs(
     with figures out of range are skipped with a warning (``usable_runs``).
     """
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
-    for s in usable_runs(summaries, source):
+    # A run id run again keeps its earlier attempts in its summary: each was measured.
+    attempts = [
+        a
+        for s in summaries
+        for a in (*(x for x in s.get("earlier_attempts") or [] if isinstance(x, dict)), s)
+    ]
+    for s in usable_runs(attempts, source):
         if (s.get("accelerator_seconds") or 0) > 0:
             groups[_option_key(s)].append(s)
     out = []

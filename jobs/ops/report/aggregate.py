@@ -40,6 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from overnight.jobs.accounting.ledger import with_attempts
 from overnight.jobs.choices import REPORT_GROUPS as GROUPS
 from overnight.jobs.dataset import storage
 from overnight.jobs.dataset.commits import PARTITION, CommittedDataset
@@ -258,6 +259,7 @@ def load(
             key = keys.get(run, run)
             if key != run:
                 run_ids[key] = run
+            s = with_attempts(s)  # a run id run again: its attempts' reserved time, summed
             why = summary_problem(s)
             if why is not None:
                 if key not in skipped:  # the same output given twice: one warning
