@@ -14,6 +14,9 @@ class ErrorCode(StrEnum):
     TOO_LARGE = "too_large"  # larger than the configured maximum size in bytes
     NOT_A_FILE = "not_a_file"  # a folder, FIFO, device or socket where a file was expected
     FETCH_TIMEOUT = "fetch_timeout"  # reading the object exceeded its time limit
+    # the object's size changed between the listing and the read (rewritten, still being
+    # uploaded): what was read is not the item listed; the next run lists it as a new item
+    CHANGED_SINCE_LISTED = "changed_since_listed"
     # Audio
     NOT_AUDIO = "not_audio"  # bytes are not a media container FFmpeg recognises
     NO_AUDIO_STREAM = "no_audio_stream"  # a media container without an audio stream

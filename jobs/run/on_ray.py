@@ -296,9 +296,23 @@ def fetch_item(
                 error_message=f"file is {row['size']} bytes; the job's maximum is {max_bytes}",
             )
             return None
-        return storage.read_bytes(
+        data = storage.read_bytes(
             row["uri"], storage_config, max_bytes=max_bytes, timeout_s=timeout_s, within=within
         )
+        if row["size"] and len(data) != row["size"]:
+            # The item's id is of the object as listed; stored under it, the new content
+            # was written twice (under the old id now, under the new one on the next run).
+            row.update(
+                status="error",
+                error_code=ErrorCode.CHANGED_SINCE_LISTED.value,
+                error_message=(
+                    f"the file was {row['size']} bytes when listed and {len(data)} when read: it "
+                    "changed during the run (rewritten, or still being written); the next run "
+                    "takes it as a new item"
+                ),
+            )
+            return None
+        return data
     except storage.Unreadable as exc:
         row.update(
             status="error",
