@@ -305,6 +305,10 @@ def select_items(
         if r["item_id"] not in seen:
             seen.add(r["item_id"])
             unique.append(r)
+    if len(unique) < len(records):
+        # Said, not silent: "3 listed" of a manifest of 4 rows, the second row's metadata
+        # (another tenant, other labels) dropped without a word.
+        skipped[DUPLICATE_ROW] = len(records) - len(unique)
     return Listing(unique, dict(sorted(skipped.items())), examples)
 
 
@@ -313,6 +317,9 @@ _KINDS = {"media": "audio or video files", "document": "documents"}
 # The skip reason of files whose name or folder starts with . or _ (storage.is_hidden).
 HIDDEN = "hidden"
 _HIDDEN_MEANS = "whose name or folder starts with . or _"
+# The skip reason of manifest rows that repeat an earlier row's item (the same object and
+# ids): the first row is the item, with its metadata.
+DUPLICATE_ROW = "duplicate_row"
 # The skip reason of files inside an overnight output folder under the input.
 INSIDE_OUTPUT = "inside_output"
 _INSIDE_OUTPUT_MEANS = "inside an overnight output folder"
@@ -400,7 +407,7 @@ def skipped_lines(skipped: dict[str, int], examples: list[str]) -> list[str]:
     lines = []
     folders = [e for e in examples if e.endswith("/")]  # INSIDE_OUTPUT's output folders
     examples = [e for e in examples if not e.endswith("/")]
-    chosen = {k: v for k, v in skipped.items() if k not in (HIDDEN, INSIDE_OUTPUT)}
+    chosen = {k: v for k, v in skipped.items() if k not in (HIDDEN, INSIDE_OUTPUT, DUPLICATE_ROW)}
     if chosen:
         n = sum(chosen.values())
         reasons = ", ".join(f"{v} {k}" for k, v in chosen.items())
@@ -417,6 +424,12 @@ def skipped_lines(skipped: dict[str, int], examples: list[str]) -> list[str]:
             f"skipped      {n} file(s) {_HIDDEN_MEANS}"
             f"{' (e.g. ' + shown + (', ...' if n > 3 else '') + ')' if shown else ''}: such "
             "names are never input (they are bookkeeping: _manifests, _SUCCESS, .DS_Store)"
+        )
+    if skipped.get(DUPLICATE_ROW):
+        n = skipped[DUPLICATE_ROW]
+        lines.append(
+            f"skipped      {n} manifest row(s) repeating an earlier row's item (the same uri, "
+            "size and ids): each is one item, with the first row's metadata"
         )
     if skipped.get(INSIDE_OUTPUT):
         n = skipped[INSIDE_OUTPUT]

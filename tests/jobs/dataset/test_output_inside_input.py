@@ -169,3 +169,27 @@ def test_an_input_that_is_also_the_output_keeps_its_own_files_and_leaves_out_the
         assert listing.skipped == {INSIDE_OUTPUT: len(_OUTPUT)}
         [line] = skipped_lines(listing.skipped, listing.skipped_examples)
         assert "(the input itself)" in line, line
+
+
+def test_a_manifest_row_repeating_an_earlier_rows_item_is_counted_and_said(tmp_path):
+    # "3 listed" of 4 rows, the second row's tenant dropped without a word.
+    import json
+
+    (tmp_path / "a.wav").write_bytes(b"RIFF")
+    (tmp_path / "b.wav").write_bytes(b"RIFF")
+    rows = [
+        {"uri": "a.wav", "tenant": "acme"},
+        {"uri": "b.wav", "tenant": "acme"},
+        {"uri": "a.wav", "tenant": "globex"},
+    ]
+    manifest = tmp_path / "calls.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    listing = select_items(str(manifest), MEDIA)
+    assert [(os.path.basename(i["uri"]), i["tenant"]) for i in listing.items] == [
+        ("a.wav", "acme"),
+        ("b.wav", "acme"),
+    ]
+    assert listing.skipped == {"duplicate_row": 1}
+    [line] = skipped_lines(listing.skipped, listing.skipped_examples)
+    assert "1 manifest row(s) repeating an earlier row's item" in line
+    assert "first row's metadata" in line
