@@ -793,7 +793,11 @@ def features_of(extractor: FeatureExtractor, speech: np.ndarray) -> np.ndarray:
 
 
 def to_original_time(clips: list[tuple[float, float]], t: float) -> float:
-    """Map a time inside a chunk (seconds of concatenated speech) to the recording's time."""
+    """Map a time inside a chunk (seconds of concatenated speech) to the recording's time.
+
+    A time on the seam of two clips maps to the end of the earlier one. A span's two ends
+    mapped apart here can land on either side of a pause: words and segments map with
+    :func:`span_to_original_time`, which keeps a span inside the clips it was spoken in."""
     elapsed = 0.0
     for start, end in clips:
         length = end - start
@@ -801,3 +805,57 @@ def to_original_time(clips: list[tuple[float, float]], t: float) -> float:
             return start + (t - elapsed)
         elapsed += length
     return clips[-1][1] if clips else t
+
+
+def clip_index(clips: list[tuple[float, float]], t: float, is_end: bool = False) -> int:
+    """The clip a chunk time falls in. On the seam of two clips a start (``is_end`` False)
+    belongs to the later clip and an end to the earlier, as faster-whisper's
+    ``SpeechTimestampsMap.get_chunk_index``; times past the last clip belong to it."""
+    elapsed = 0.0
+    for i, (start, end) in enumerate(clips):
+        elapsed += end - start
+        if t < elapsed or (is_end and t == elapsed):
+            return i
+    return max(len(clips) - 1, 0)
+
+
+def _through_clip(clips: list[tuple[float, float]], index: int, t: float) -> float:
+    """Chunk time ``t`` mapped through clip ``index``, kept inside that clip: a time that
+    ran past the clip's edge lands on the edge, never in the silence beside it."""
+    elapsed = sum(end - start for start, end in clips[:index])
+    start, end = clips[index]
+    return min(max(start + (t - elapsed), start), end)
+
+
+def span_to_original_time(
+    clips: list[tuple[float, float]], start: float, end: float, whole: bool = False
+) -> tuple[float, float]:
+    """Map a span of a chunk (a word, or a segment) to the recording's time without
+    stretching it across the silence the VAD cut out.
+
+    The VAD concatenates speech clips that lie seconds apart, and Whisper's alignment places
+    words on that concatenation: a word can cross the seam of two clips by a few frames.
+    Mapping its start and its end apart then spans the whole gap (a 0.9 s word became a 21 s
+    one, and took that speaker's turn, talk time and interruptions with it).
+
+    - A word (``whole`` False) is mapped through one clip, the one its midpoint falls in,
+      and clipped to it, as faster-whisper's ``restore_speech_timestamps`` does (it maps by
+      the midpoint too, without the clipping). The midpoint's clip holds part of the word
+      (at least half of one that crosses a single seam), so a word keeps a length, where the
+      clip of its start would cut a word that begins on a clip's last frames to nothing; and
+      a word Whisper started early, in the pause before it, goes with most of it. (A first
+      word aligned mostly before the seam still stays in the earlier clip, at its end.)
+    - A segment without words (``whole`` True) may rightly run over several clips: its start
+      maps through the clip it falls in, its end through the clip it ends in (a seam is the
+      end of the earlier clip), each kept inside its clip. Only a span whose ends fall in
+      clips the wrong way round (a span of no length on a seam) maps as a word.
+
+    Empty ``clips``: the chunk's times are the recording's."""
+    if not clips:
+        return start, end
+    if whole:
+        first, last = clip_index(clips, start), clip_index(clips, end, is_end=True)
+        if first <= last:
+            return _through_clip(clips, first, start), _through_clip(clips, last, end)
+    index = clip_index(clips, (start + end) / 2)
+    return _through_clip(clips, index, start), _through_clip(clips, index, end)

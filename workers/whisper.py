@@ -35,7 +35,7 @@ import pyarrow as pa
 from overnight.schemas import ErrorCode
 from overnight.schemas.stages import WHISPER_OUTPUT
 from overnight.workers.analytics import call_analytics
-from overnight.workers.audio import FRAMES_PER_SECOND, features_of, to_original_time
+from overnight.workers.audio import FRAMES_PER_SECOND, features_of, span_to_original_time
 from overnight.workers.devices import resolve_device, worker_id
 from overnight.workers.whisper_guard import (
     BEST_OF,
@@ -1001,8 +1001,10 @@ class WhisperWorker:
             speaker = f"ch{chunk.channel}"
         result = []
 
-        def at(t: float) -> float:  # chunk time → recording time (this channel's)
-            return round(to_original_time(chunk.clips, t), 3)
+        def at(start: float, end: float, whole: bool = False) -> tuple[float, float]:
+            # chunk times → recording times (this channel's), a word inside one VAD clip
+            a, b = span_to_original_time(chunk.clips, start, end, whole)
+            return round(a, 3), round(b, 3)
 
         voiced = voiced_frames(chunk.features) if opts.word_timestamps else None
         for seg in output:
@@ -1013,14 +1015,19 @@ class WhisperWorker:
                 and seg["avg_logprob"] < opts.log_prob_threshold
             ):
                 continue
+            words: list[tuple[dict, float, float]] | None = None
             if opts.word_timestamps:
                 trim_to_speech(seg["words"], voiced)
-                if seg["words"]:
-                    seg["start"], seg["end"] = seg["words"][0]["start"], seg["words"][-1]["end"]
+                # Each word through the clip it was spoken in, never across a VAD gap.
+                words = [(w, *at(w["start"], w["end"])) for w in seg["words"]]
+            if words:  # the segment is its words, in the recording's time too
+                start, end = words[0][1], words[-1][2]
+            else:
+                start, end = at(seg["start"], seg["end"], whole=True)
             result.append(
                 {
-                    "start": at(seg["start"]),
-                    "end": at(seg["end"]),
+                    "start": start,
+                    "end": end,
                     "text": text,
                     "channel": chunk.channel,
                     "speaker": speaker,
@@ -1030,13 +1037,13 @@ class WhisperWorker:
                     "words": [
                         {
                             "word": w["word"].strip(),
-                            "start": at(w["start"]),
-                            "end": at(w["end"]),
+                            "start": w_start,
+                            "end": w_end,
                             "probability": float(w["probability"]),
                         }
-                        for w in seg["words"]
+                        for w, w_start, w_end in words
                     ]
-                    if opts.word_timestamps
+                    if words is not None
                     else None,
                 }
             )

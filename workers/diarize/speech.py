@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from overnight.workers.audio import Chunk, to_original_time
+from overnight.workers.audio import Chunk, span_to_original_time
 from overnight.workers.diarize.diarize import Diarization, Diarizer, Turn
 from overnight.workers.diarize.regions import voice_regions
 
@@ -36,7 +36,9 @@ def diarize_chunks(diarizer: Diarizer, chunks: Sequence[Chunk], channel: int = 0
     found = diarizer(audio, _within(voice_regions(audio), clip_regions) or clip_regions)
     found.turns = _merged(
         [
-            Turn(t.speaker, to_original_time(clips, t.start), to_original_time(clips, t.end))
+            # Both ends through the clips they were found in: a turn starting on a seam
+            # mapped back to the earlier clip's end and spanned the pause before it.
+            Turn(t.speaker, *span_to_original_time(clips, t.start, t.end, whole=True))
             for t in found.turns
         ]
     )
