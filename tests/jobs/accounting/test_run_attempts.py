@@ -56,8 +56,9 @@ def test_an_attempt_with_a_damaged_figure_makes_the_runs_sum_one_the_report_refu
 
 
 @pytest.fixture(scope="module")
-def attempted(tmp_path_factory):
-    """Two attempts of one run id into one output, each over its own recording."""
+def attempted(tmp_path_factory, ray_local):
+    """Two attempts of one run id into one output, each over its own recording (on the
+    session's Ray: one the job started would be stopped under a later test's own)."""
     from overnight.jobs.ops.demo import espeak_available
 
     if not espeak_available():
