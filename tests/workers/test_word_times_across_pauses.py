@@ -13,7 +13,6 @@ from __future__ import annotations
 import io
 import itertools
 import random
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -22,6 +21,7 @@ import pytest
 
 from overnight.workers.audio import clip_index, span_to_original_time, to_original_time
 from overnight.workers.whisper import WhisperOptions, WhisperWorker, WhisperWorkerConfig
+from tests.conftest import SHARED_DATA
 
 # The clips of the tester's recording (one utterance, 20 s of zeros, another, ...), as the
 # VAD found them, in seconds of the recording; their seams in the chunk are at 6.59, 11.78
@@ -132,7 +132,7 @@ def test_segments_without_word_timestamps_keep_their_span():
 
 # The real tiny.en model on the tester's recording: two LibriSpeech utterances, each
 # followed by 20 s of zeros, twice (103 s).
-SHARED = Path("/work/shared/data/audio")
+SHARED = SHARED_DATA / "audio"
 
 
 @pytest.fixture(scope="module")
