@@ -342,12 +342,6 @@ def file_names(rows: list[Mapping[str, Any]], fmt: str) -> list[str]:
     return out
 
 
-# What overnight writes under OUTPUT (docs/reference/outputs.md). Files exported into one of
-# them break its readers (pyarrow, pandas, DuckDB and Polars read every file of a dataset's
-# folder; ``runs/`` is read as run summaries).
-_OUTPUT_FOLDERS = OUTPUT_FOLDERS
-
-
 def _normalised(loc: storage.Location) -> storage.Location:
     """``loc`` as the store will name it: on a disk its real path (a link to OUTPUT/transcripts
     is OUTPUT/transcripts), in an object store its key with ``//`` and ``./`` collapsed, so
@@ -367,7 +361,9 @@ def _check_destination(output: str, dest: str, config: storage.StorageConfig | N
     top = out.path.rstrip("/") + "/"
     if out.scheme == to.scheme and to.path.startswith(top):
         folder = to.path[len(top) :].split("/", 1)[0]
-        if folder in _OUTPUT_FOLDERS or folder.startswith(("_", ".")):
+        # Files exported into what overnight writes break its readers (pyarrow, pandas,
+        # DuckDB and Polars read every file of a dataset's folder; runs/ as run summaries).
+        if folder in OUTPUT_FOLDERS or folder.startswith(("_", ".")):
             raise ConfigError(
                 f"DEST {storage.scrub_secrets(dest)!r} is inside {folder}/ of OUTPUT "
                 f"({storage.scrub_secrets(to.url())}), which overnight owns: files there break "

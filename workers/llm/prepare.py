@@ -287,42 +287,15 @@ def gguf_context_length(gguf_path: str | Path) -> int | None:
 
     Read from the header alone, which the driver can afford before every job: gguf's reader
     maps every tensor and took 3 s on the bundled 98 MB model. The key sits among the first
-    few, before the vocabulary's arrays.
+    few, before the vocabulary's arrays. The walk is ``check_gguf``'s.
     """
-
-    def read(f: Any, fmt: str) -> Any:
-        data = f.read(struct.calcsize(fmt))
-        if len(data) != struct.calcsize(fmt):
-            raise EOFError
-        return struct.unpack(fmt, data)[0]
-
-    def skip(f: Any, kind: int) -> None:
-        if kind == _GGUF_STRING:
-            f.seek(read(f, "<Q"), os.SEEK_CUR)
-        elif kind == _GGUF_ARRAY:
-            inner, count = read(f, "<I"), read(f, "<Q")
-            if inner in _GGUF_SCALARS:
-                f.seek(struct.calcsize(_GGUF_SCALARS[inner]) * count, os.SEEK_CUR)
-            else:
-                for _ in range(count):
-                    skip(f, inner)
-        else:
-            f.seek(struct.calcsize(_GGUF_SCALARS[kind]), os.SEEK_CUR)
-
     try:
         with open(gguf_path, "rb") as f:
-            # Versions 2 and 3 (64-bit counts), little-endian: what llama.cpp writes.
-            if f.read(4) != b"GGUF" or read(f, "<I") not in (2, 3):
-                return None
-            read(f, "<Q")  # the tensors
-            for _ in range(read(f, "<Q")):
-                key = f.read(read(f, "<Q"))
-                kind = read(f, "<I")
-                if key == b"llama.context_length" and kind in _GGUF_SCALARS:
-                    return int(read(f, _GGUF_SCALARS[kind]))
-                skip(f, kind)
-    except (OSError, EOFError, KeyError, RecursionError, struct.error):
+            found = _walk_gguf(f, os.fstat(f.fileno()).st_size, stop_at=b"llama.context_length")
+    except (OSError, _BadGGUF):
         return None
+    if found is not None:
+        return int(found)
     return _GGUF_DEFAULT_CONTEXT
 
 
@@ -363,9 +336,11 @@ def check_gguf(gguf_path: str | Path) -> None:
         ) from None
 
 
-def _walk_gguf(f: Any, size: int) -> None:
+def _walk_gguf(f: Any, size: int, stop_at: bytes | None = None) -> Any:
     """Walk a GGUF header to its end, raising ``_BadGGUF`` where it breaks; lengths and
-    counts are checked against the file's ``size`` before anything is read or allocated."""
+    counts are checked against the file's ``size`` before anything is read or allocated.
+    ``stop_at``: a metadata key whose number is returned as soon as it is read (None when
+    the header has no such key), the rest of the header unread."""
 
     def read(fmt: str) -> Any:
         data = f.read(struct.calcsize(fmt))
@@ -417,11 +392,16 @@ def _walk_gguf(f: Any, size: int) -> None:
     for i in range(n_fields):
         key = string(f"metadata entry {i}'s key")
         what = f"the metadata entry {key.decode('utf-8', 'replace')!r}"
-        got = value(read("<I"), what)
+        kind = read("<I")
+        got = value(kind, what)
+        if stop_at is not None and key == stop_at and kind in _GGUF_SCALARS:
+            return got
         if key == b"general.alignment":
             if not isinstance(got, int) or got <= 0 or got & (got - 1):
                 raise _BadGGUF(f"general.alignment is {got!r}, not a power of two")
             alignment = got
+    if stop_at is not None:
+        return None  # the key is not in the header; its tensors are not what was asked
     tensors = []
     for i in range(n_tensors):
         name = string(f"tensor {i}'s name").decode("utf-8", "replace")
