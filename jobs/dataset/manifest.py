@@ -15,7 +15,6 @@ import fnmatch
 import hashlib
 import io
 import json
-import os
 import posixpath
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -383,12 +382,10 @@ def _output_under(input_url: str, output_url: str) -> str | None:
     paths); an object store's by bucket and key, ``s3://b/in`` never containing
     ``s3://b/input2``.
     """
-    inp, out = storage.resolve(input_url), storage.resolve(output_url)
+    inp, out = storage.resolve(input_url).canonical(), storage.resolve(output_url).canonical()
     if inp.scheme != out.scheme:
         return None
     a, b = inp.path.rstrip("/"), out.path.rstrip("/")
-    if inp.scheme == "file":
-        a, b = os.path.realpath(a), os.path.realpath(b)
     if b == a:
         return ""
     if b.startswith(a.rstrip("/") + "/"):

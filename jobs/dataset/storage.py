@@ -108,6 +108,15 @@ class Location:
     def join(self, *parts: str) -> Location:
         return Location(self.fs, posixpath.join(self.path, *parts), self.scheme)
 
+    def canonical(self) -> Location:
+        """This location as the store names it, so two spellings of one place compare equal:
+        on a disk its real path (a symlink or ``..`` is where it leads), in an object store
+        its key with ``//`` and ``./`` collapsed. Export's guard, the listing's output-inside-
+        input check and the report's one-output-once rule all compare through this."""
+        if self.scheme == "file":
+            return Location(self.fs, os.path.realpath(self.path), self.scheme)
+        return Location(self.fs, posixpath.normpath(self.path).lstrip("/"), self.scheme)
+
 
 @dataclass(frozen=True)
 class StorageConfig:

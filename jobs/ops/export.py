@@ -15,8 +15,6 @@ import functools
 import hashlib
 import html
 import json
-import os
-import posixpath
 import re
 import textwrap
 import threading
@@ -342,22 +340,13 @@ def file_names(rows: list[Mapping[str, Any]], fmt: str) -> list[str]:
     return out
 
 
-def _normalised(loc: storage.Location) -> storage.Location:
-    """``loc`` as the store will name it: on a disk its real path (a link to OUTPUT/transcripts
-    is OUTPUT/transcripts), in an object store its key with ``//`` and ``./`` collapsed, so
-    that the guard below compares what is written, not how it was spelt."""
-    if loc.scheme == "file":
-        return storage.Location(loc.fs, os.path.realpath(loc.path), loc.scheme)
-    return storage.Location(loc.fs, posixpath.normpath(loc.path).lstrip("/"), loc.scheme)
-
-
 def _check_destination(output: str, dest: str, config: storage.StorageConfig | None) -> None:
     """``ConfigError`` for a DEST inside OUTPUT's datasets or bookkeeping (``_claims/``, ...);
     ``OutputNotWritable`` for a DEST that cannot take files (a file in the way)."""
     from overnight.jobs import preflight
 
-    out = _normalised(storage.resolve(output, config))
-    to = _normalised(storage.resolve(dest, config))
+    out = storage.resolve(output, config).canonical()
+    to = storage.resolve(dest, config).canonical()
     top = out.path.rstrip("/") + "/"
     if out.scheme == to.scheme and to.path.startswith(top):
         folder = to.path[len(top) :].split("/", 1)[0]
@@ -413,7 +402,7 @@ def _write_batch(
 ) -> dict[str, Any]:
     """Ray Data stage: render and write one batch of rows (each row carries its file name).
     DEST is resolved once a batch: each resolve of an S3 URL makes a new client."""
-    base = _normalised(storage.resolve(dest, config))
+    base = storage.resolve(dest, config).canonical()
     rows = table.to_pylist()
     for row in rows:
         _write_one(base, row["file_name"], render(row, fmt))
@@ -533,7 +522,7 @@ def export(
     names = file_names(rows, fmt)
     # Resolved once: each resolve of an S3 URL builds a new client (about 0.23 s of CPU),
     # which per file made 2,000 files take 18 minutes.
-    base = _normalised(storage.resolve(dest, config))
+    base = storage.resolve(dest, config).canonical()
     shown = storage.scrub_secrets(base.url())
     progress = _Progress(len(rows), shown)
     try:

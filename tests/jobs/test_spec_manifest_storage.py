@@ -481,3 +481,15 @@ def test_a_job_file_is_read_by_its_suffix_whatever_its_case(tmp_path, name):
     else:
         path.write_text('[job]\ninput = "calls/"\noutput = "out/"\n')
     assert read_job_file(path) == {"job": JOB}
+
+
+def test_one_place_spelt_two_ways_is_one_canonical_location(tmp_path):
+    real = tmp_path / "out"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    by_link = storage.resolve(str(tmp_path / "link")).canonical()
+    by_dots = storage.resolve(str(tmp_path / "x" / ".." / "out")).canonical()
+    assert by_link.url() == by_dots.url() == storage.resolve(str(real)).canonical().url()
+    s3 = storage.resolve("s3://bucket//calls/./out/").canonical()
+    assert s3.url() == "s3://bucket/calls/out"
+    assert storage.resolve("s3://bucket/calls/out2").canonical().url() != s3.url()

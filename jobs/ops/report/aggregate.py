@@ -130,7 +130,7 @@ def _complete(table: pa.Table | None, columns: list[str], schema: pa.Schema) -> 
 def _identity(loc: storage.Location) -> str:
     """What tells two OUTPUTs apart. One folder under two paths (a symlink) is one output, whose
     rows the report counts once; two outputs are two, whatever their runs are called."""
-    return os.path.realpath(loc.path) if loc.scheme == "file" else loc.url()
+    return loc.canonical().url()
 
 
 def summary_problem(summary: dict[str, Any]) -> str | None:
