@@ -52,8 +52,8 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument(
         "--startup",
-        default="0s",
-        help="start-up time of a worker (node, image, model load), e.g. 5m",
+        help="start-up time of a worker (node, image, model load), e.g. 5m (default: none "
+        "counted, and the plan says so)",
     )
     p.add_argument("--max-workers", type=int, help="at most this many workers are available")
     add_json_flag(p, "the plan")
@@ -90,7 +90,9 @@ def handle(args: argparse.Namespace) -> int:
         parse_duration(args.deadline, "--deadline"),
         headroom=args.headroom,
         utilization=args.utilization,
-        startup_s=0.0 if args.startup in ("0", "0s") else parse_duration(args.startup, "--startup"),
+        startup_s=0.0
+        if args.startup in (None, "0", "0s")
+        else parse_duration(args.startup, "--startup"),
         max_workers=args.max_workers,
     ).check(lambda field: "--" + field.replace("_", "-"))
     for flag, value, bounds in (
@@ -108,6 +110,13 @@ def handle(args: argparse.Namespace) -> int:
         cpu_price=args.cpu_price,
         throughput=args.throughput,
     )
+    if args.startup is None:
+        # A stated throughput has no start-up in it; a measured profile's utilization holds
+        # its short run's start-up, not a night's fresh nodes. Zero was assumed without a word.
+        notes.append(
+            "note: no worker start-up counted; a GPU node's start, image pull and model load "
+            "usually take minutes: state them with --startup (e.g. 5m)"
+        )
     plan = make_plan(profiles, backlog, unit, sizing, notes)
     if args.json:
         print_json(plan.to_dict())

@@ -69,6 +69,8 @@ UNITS = ("audio_s", "documents")
 SHORT_MEASUREMENT_S = 600.0
 # A ratio like 30.000000000004 from float division must not become 31 workers.
 _CEIL_SLACK = 1e-9
+# Above this many workers without --max-workers, the plan says the count is unlikely to be had.
+MANY_WORKERS = 1000
 
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(d|h|m|s)", re.IGNORECASE)
 _SECONDS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
@@ -433,7 +435,16 @@ def make_plan(
             "of this workload first (overnight tune) or point --profile at past runs of it"
         )
     options = tuple(size_option(p, backlog, sizing) for p in usable)
-    return Plan(options, cheapest(options), tuple(notes))
+    best = cheapest(options)
+    notes = list(notes)
+    if best is not None and sizing.max_workers is None and (best.workers or 0) > MANY_WORKERS:
+        # The arithmetic holds for any count, but a plan of 166,666,667 GPUs (a deadline of
+        # a fraction of a second) was printed as if it could be had.
+        notes.append(
+            f"note: {best.workers:,} workers is more than a cluster is usually granted; plan "
+            "within the quota you have with --max-workers N, or extend the deadline"
+        )
+    return Plan(options, best, tuple(notes))
 
 
 # -- profiles -------------------------------------------------------------------------------

@@ -365,3 +365,16 @@ def test_no_option_meeting_the_deadline_advises_only_what_applies(capsys):
     assert main([*night, "--throughput", "50", "--startup", "7h"]) == 13
     advice = capsys.readouterr().out.splitlines()[-1]
     assert "worker limit" not in advice and "start-up" in advice, advice
+
+
+def test_a_plan_says_when_it_counts_no_start_up_or_needs_more_workers_than_a_cluster_gets(capsys):
+    backlog = ["plan", "--audio-hours", "1000", "--gpu", "h100", "--throughput", "300"]
+    assert main([*backlog, "--deadline", "0.0001s", "--json"]) == 0
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert any("166,666,667 workers" in n and "--max-workers" in n for n in notes), notes
+    assert any("no worker start-up counted" in n and "--startup" in n for n in notes), notes
+    assert main([*backlog, "--deadline", "6h", "--startup", "5m"]) == 0
+    out = capsys.readouterr().out
+    assert "start-up counted" not in out and "usually granted" not in out
+    assert main([*backlog, "--deadline", "0.0001s", "--max-workers", "10"]) == 13
+    assert "usually granted" not in capsys.readouterr().out
