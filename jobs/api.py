@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from overnight.jobs.errors import ErrorRateExceeded
+from overnight.jobs.errors import ConfigError, ErrorRateExceeded
 
 if TYPE_CHECKING:
     from overnight.jobs.spec import JobSpec, ProcessOptions, TranscribeOptions
@@ -37,13 +37,18 @@ class RunSummary:
     wall_seconds: float | None
     errors_by_code: dict[str, int] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
-    # A chained or multi-task job's stages, each its own summary (the figures above add
-    # them up); empty for a single-stage job.
+    # A chained or multi-task job's stages, each its own summary (the counts above add
+    # them up: a recording transcribed and summarized is 2 items); empty for a single-stage
+    # job.
     stages: tuple[RunSummary, ...] = ()
 
     @property
     def error_rate(self) -> float:
-        """Failed items over the items this run processed (0.0 when it processed none)."""
+        """Failed items over the items this run processed (0.0 when it processed none); for a
+        chained or multi-task job, its worst stage's, as ``max_error_rate`` judges it: pooled,
+        a task failing on 30 of 100 documents read 15% beside a clean transcription stage."""
+        if self.stages:
+            return max(s.error_rate for s in self.stages)
         return self.failed / self.items if self.items else 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -178,9 +183,17 @@ def _failed_share(stage: Mapping[str, Any]) -> float:
 
 
 def _spec(
-    kind: str, input: str, output: str, config: str | Path | None, options: Mapping[str, Any]
+    kind: str, input: Any, output: Any, config: str | Path | None, options: Mapping[str, Any]
 ) -> JobSpec:
     from overnight.jobs.spec import build_spec, overrides, read_job_file
+
+    for name, value in (("input", input), ("output", output)):
+        # ``str(None)`` was looked for as a file named "None".
+        if not isinstance(value, (str, Path)) or not str(value).strip():
+            raise ConfigError(
+                f"overnight.{kind}(): {name} must be a path or URL (a str or Path), got {value!r}"
+            )
+    input, output = str(input), str(output)
 
     file_data = read_job_file(config) if config is not None else None
     over = overrides(kind, options, input=input, output=output, who=f"overnight.{kind}()")
@@ -203,7 +216,7 @@ def transcribe(
     (``settings=TranscribeOptions(batch_size=32, diarize=True)``, checked by a type checker
     and validated where it is built); the fields it sets, then ``options``, override the job file.
     """
-    return run(_spec("transcribe", str(input), str(output), config, _typed(settings, options)))
+    return run(_spec("transcribe", input, output, config, _typed(settings, options)))
 
 
 def process(
@@ -219,12 +232,23 @@ def process(
     OUTPUT/transcripts as its input). ``settings``: the ``[process]`` section as its typed
     model, as ``transcribe``'s."""
     chosen = {"task": task, **_typed(settings, options)}
-    return run(_spec("process", str(input), str(output), config, chosen))
+    return run(_spec("process", input, output, config, chosen))
 
 
 def _typed(settings: Any, options: Mapping[str, Any]) -> dict[str, Any]:
-    """The fields a typed section model sets (not its defaults), under the keyword options."""
-    given = settings.model_dump(exclude_unset=True) if settings is not None else {}
+    """The fields a typed section model sets (not its defaults), under the keyword options.
+    A plain mapping is taken as those fields (it was an AttributeError)."""
+    if settings is None:
+        given: dict[str, Any] = {}
+    elif isinstance(settings, Mapping):
+        given = dict(settings)
+    elif hasattr(settings, "model_dump"):
+        given = settings.model_dump(exclude_unset=True)
+    else:
+        raise ConfigError(
+            "settings must be the section's options model (TranscribeOptions or "
+            f"ProcessOptions) or a mapping of its fields, got {type(settings).__name__}"
+        )
     return {**given, **options}
 
 
@@ -235,8 +259,13 @@ def run(spec: JobSpec | str | Path | Mapping[str, Any]) -> RunSummary:
 
     if isinstance(spec, (str, Path)):
         spec = build_spec(read_job_file(spec))
-    elif not isinstance(spec, JobSpec):
+    elif isinstance(spec, Mapping):
         spec = build_spec(overrides=dict(spec))
+    elif not isinstance(spec, JobSpec):
+        raise ConfigError(
+            "overnight.run() takes a JobSpec, a job file's path or its sections as a mapping "
+            f"({{'job': {{...}}, 'transcribe': {{...}}}}), got {type(spec).__name__}"
+        )
     return RunSummary.from_dict(finish(spec))
 
 

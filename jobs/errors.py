@@ -31,6 +31,12 @@ class OvernightError(Exception):
             cls.exit_code = exit_code
 
     def __init__(self, message: str = ""):
+        # Scrubbed where it is made, not only where the command line prints it: the Python
+        # API raises it to a scheduler, which writes ``str(exc)`` to its task log (an input
+        # URL's ``https://alice:password@...`` was there whole).
+        from overnight.jobs.dataset.storage import scrub_secrets
+
+        message = scrub_secrets(message)
         super().__init__(message)
         # Kept apart from ``args``: Ray Data appends its retry advice to ``args`` when the
         # error leaves a task, and the user should read only what we wrote.

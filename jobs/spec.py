@@ -55,6 +55,14 @@ def ray_host_port(address: str | None) -> tuple[str, int] | None:
     none, ``auto`` or ``local`` (Ray's to resolve); ``ValueError`` for any other form."""
     if not address or address in ("auto", "local"):
         return None
+    if address.startswith(("http://", "https://")):
+        # The dashboard's URL, which ``overnight submit`` takes: read as HOST:PORT it was
+        # "cannot reach the Ray cluster at 'http://...' (Name or service not known)".
+        raise ValueError(
+            f"is the Ray Jobs API (dashboard) address: a run joins a cluster at {RAY_ADDRESS_FORMS}; "
+            "to run the job on the cluster from here, use `overnight submit JOBFILE --address "
+            f"{address}`"
+        )
     host, sep, port = address.removeprefix("ray://").rpartition(":")
     if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
         raise ValueError(f"is not {RAY_ADDRESS_FORMS}")
@@ -712,6 +720,11 @@ def overrides(
     sections: dict[str, Any] = {"job": {"kind": kind, "input": input, "output": output}}
     for name, value in options.items():
         if name == "prices":
+            if not isinstance(value, Mapping):  # dict(1.0) was a TypeError
+                raise ConfigError(
+                    f"{who}: prices must be a mapping of the [prices] fields "
+                    f"(prices={{'h100': 2.69, 'cpu': 0.0425}}: USD per hour per unit), got {value!r}"
+                )
             sections["prices"] = dict(value)
             continue
         if name not in known:

@@ -209,7 +209,8 @@ def resolve(url: str, config: StorageConfig | None = None) -> Location:
             ) from None
         _quiet_orphaned_requests()
         return Location(fs, rest, "gs")
-    raise StorageUnavailable(
+    # A scheme we do not read is the spec's mistake, not an outage to retry (it was exit 3).
+    raise ConfigError(
         f"unsupported URL scheme {scheme!r} in {url!r}: use a path, file://, s3:// or gs://"
     )
 

@@ -53,6 +53,7 @@ _RAY_NOTICES = (
 # True while this process runs a local Ray that ensure_ray started quietly: the command
 # line stops it with stop_local_ray.
 _STARTED_HERE = False
+_RAY_START = threading.Lock()
 
 # A local Ray's raylet connects to its own object store as soon as it has started the
 # store's thread. When the store's socket is not listening yet (about every second start
@@ -119,27 +120,13 @@ def ensure_ray(address: str | None, verbose: bool = False) -> None:
 
     for name in _RAY_NOTICES:
         logging.getLogger(name).setLevel(logging.NOTSET if verbose else logging.ERROR)
-    global _STARTED_HERE
-    if not ray.is_initialized():
-        term = _python_handler(signal.SIGTERM)
-        if address:
-            check_reachable(address)
-            ray.init(address=address, log_to_driver=verbose)
+    # One start per process: two scheduler threads calling the API at once both saw no Ray
+    # and the second ray.init raised "Perhaps you called ray.init twice by accident?".
+    with _RAY_START:
+        if ray.is_initialized():
+            _check_connected(address)
         else:
-            # Under Ray Jobs, RAY_ADDRESS names the cluster and ray.init joins it: Ray refuses
-            # a _system_config there, and the cluster is not this process's to stop.
-            joining = bool(os.environ.get("RAY_ADDRESS"))
-            ray.init(
-                include_dashboard=False,
-                log_to_driver=verbose,
-                configure_logging=verbose,
-                _system_config=None if joining else LOCAL_RAY_SYSTEM_CONFIG,
-            )
-            _STARTED_HERE = not verbose and not joining
-        # Ray's core worker takes SIGTERM (what Airflow, Kubernetes and systemd send to stop a
-        # job) for a C++ stack dump; the command's own handler stops it as Ctrl-C does.
-        if term is not None:
-            signal.signal(signal.SIGTERM, term)
+            _start(address, verbose)
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False
     # Ray Data stops a job in which no block moved for 30 minutes. One item may take longer
@@ -167,6 +154,67 @@ def ensure_ray(address: str | None, verbose: bool = False) -> None:
         )
         if terminal and _below_error not in handler.filters:
             handler.addFilter(_below_error)
+
+
+def _start(address: str | None, verbose: bool) -> None:
+    """Join ``address`` or start Ray here (``ensure_ray``, under its lock)."""
+    import ray
+
+    global _STARTED_HERE
+    term = _python_handler(signal.SIGTERM)
+    if address:
+        check_reachable(address)
+        ray.init(address=address, log_to_driver=verbose)
+    else:
+        # Under Ray Jobs, RAY_ADDRESS names the cluster and ray.init joins it: Ray refuses
+        # a _system_config there, and the cluster is not this process's to stop.
+        joining = bool(os.environ.get("RAY_ADDRESS"))
+        ray.init(
+            include_dashboard=False,
+            log_to_driver=verbose,
+            configure_logging=verbose,
+            _system_config=None if joining else LOCAL_RAY_SYSTEM_CONFIG,
+        )
+        _STARTED_HERE = not verbose and not joining
+    # Ray's core worker takes SIGTERM (what Airflow, Kubernetes and systemd send to stop a
+    # job) for a C++ stack dump; the command's own handler stops it as Ctrl-C does.
+    if term is not None:
+        signal.signal(signal.SIGTERM, term)
+
+
+def _check_connected(address: str | None) -> None:
+    """``ConfigError`` when this process's Ray is not the cluster ``address`` names. A
+    process holds one Ray: after a first API call started one here (or the caller's own
+    ``ray.init``), a later call's ``ray_address`` was ignored and the job ran on the Ray
+    already there, saying nothing."""
+    import ray
+
+    from overnight.jobs.spec import ray_host_port
+
+    try:
+        target = ray_host_port(address)
+    except ValueError as exc:
+        raise ConfigError(f"Ray address {address!r} {exc}") from None
+    if target is None or address is None or address.startswith("ray://"):
+        return  # auto, local, or a client connection: Ray's to resolve
+    try:
+        connected = ray.get_runtime_context().gcs_address
+    except Exception:  # an older Ray or a client session: nothing to compare
+        return
+    host, _, port = connected.rpartition(":")
+
+    def ip(name: str) -> str:
+        try:
+            return socket.gethostbyname(name)
+        except OSError:
+            return name
+
+    if (ip(target[0]), target[1]) != (ip(host), int(port) if port.isdigit() else -1):
+        raise ConfigError(
+            f"this process is already connected to the Ray at {connected}, not {address!r}: a "
+            "process holds one Ray. Run the job against the cluster from a new process (or "
+            "call ray.shutdown() first); nothing was started"
+        )
 
 
 def stop_local_ray() -> None:

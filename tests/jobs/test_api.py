@@ -285,3 +285,57 @@ def test_typed_settings_build_the_same_spec_as_keyword_options(monkeypatch):
     assert built[0].transcribe.word_timestamps  # diarize's own consequence, as either way
     overnight.process("in", "out", settings=overnight.ProcessOptions(max_new_tokens=64))
     assert built[2].process.max_new_tokens == 64 and built[2].process.task == "summarize"
+
+
+def test_a_chained_jobs_error_rate_is_its_worst_stages_as_max_error_rate_judges_it():
+    from overnight.jobs.api import RunSummary
+
+    stage = {"run_id": "r", "items": 100, "items_already_done": 0}
+    summary = {
+        "stages": [
+            {**stage, "kind": "transcribe", "succeeded": 100, "failed": 0},
+            {**stage, "kind": "process", "succeeded": 70, "failed": 30},
+        ]
+    }
+    assert RunSummary.from_dict(summary).error_rate == pytest.approx(0.30)  # pooled: 0.15
+
+
+@pytest.mark.parametrize(
+    ("call", "says"),
+    [
+        (lambda: overnight_api.transcribe(None, "out/"), "input must be a path or URL"),
+        (lambda: overnight_api.process("docs/", 7), "output must be a path or URL"),
+        (lambda: overnight_api.run(42), "overnight.run() takes a JobSpec"),
+        (lambda: overnight_api.transcribe("in/", "out/", prices=1.0), "prices must be a mapping"),
+        (lambda: overnight_api.transcribe("in/", "out/", settings=[4]), "settings must be"),
+        (
+            lambda: overnight_api.transcribe("in/", "out/", ray_address="http://127.0.0.1:8265"),
+            "overnight submit",
+        ),
+        (
+            lambda: overnight_api.transcribe("ftp://alice:S3cretPw@host/calls/", "out/"),
+            "unsupported URL scheme 'ftp'",
+        ),
+    ],
+)
+def test_bad_api_arguments_are_config_errors_that_say_what_to_give(call, says):
+    from overnight.jobs.errors import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        call()
+    assert says in str(caught.value), str(caught.value)
+    assert "S3cretPw" not in str(caught.value)
+
+
+def test_settings_given_as_a_mapping_are_the_sections_fields(monkeypatch):
+    monkeypatch.setattr(api, "run", lambda spec: spec)  # the spec the API would run
+    spec = overnight_api.transcribe("calls/", "out/", settings={"batch_size": 4})
+    assert spec.transcribe.batch_size == 4
+
+
+def test_an_error_scrubs_the_credentials_its_message_quotes_where_it_is_raised():
+    from overnight.jobs.errors import InputNotFound
+
+    # The API raises to a scheduler, which logs str(exc): not only the CLI's print scrubs.
+    exc = InputNotFound("input 's3://AKIAABCDEFGHIJKLMNOP:sEcReT/x+y@bucket/in' does not exist")
+    assert "AKIA" not in str(exc) and "sEcReT" not in str(exc) and "bucket/in" in str(exc)
