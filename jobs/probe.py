@@ -12,9 +12,10 @@ sized from a probe prices the audio the transcription will see.
 
 from __future__ import annotations
 
+import io
 import json
 import time
-from typing import Any
+from typing import IO, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -71,9 +72,11 @@ class Prober:
                     ErrorCode.TOO_LARGE,
                     f"file is {row['size']} bytes; the job's maximum is {self.max_bytes}",
                 )
-            if row["size"] == 0:
-                raise ProbeError(ErrorCode.EMPTY_FILE, "the file is empty (0 bytes)")
+            # Opened before its size is read, as the transcription job fetches before it
+            # decodes: a FIFO or /dev/zero lists as 0 bytes, and is not_a_file there.
             with storage.open_object(row["uri"], self.storage_config, within=self.within) as f:
+                if _is_empty(f):
+                    raise ProbeError(ErrorCode.EMPTY_FILE, "the file is empty (0 bytes)")
                 header = read_header(f)
             out.update(
                 duration_s=header.duration_s,
@@ -92,6 +95,13 @@ class Prober:
             out.update(on_ray.read_failed(exc))
         out["probe_s"] = time.perf_counter() - t0
         return out
+
+
+def _is_empty(f: IO[bytes]) -> bool:
+    """The open object holds no byte (seeking to its end reads nothing)."""
+    end = f.seek(0, io.SEEK_END)
+    f.seek(0)
+    return end == 0
 
 
 def probe_pool(nodes: list[sizing.Node]) -> sizing.Pool:

@@ -19,9 +19,17 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from overnight.jobs.config_model import ConfigModel, config_error
+from overnight.jobs.config_model import ConfigModel, config_error, reject_boolean_numbers
 from overnight.jobs.errors import ConfigError
 from overnight.schemas.errors import ERROR_CODES
 from overnight.workers.llm.engine_options import EngineOptions
@@ -77,6 +85,11 @@ class TranscribeOptions(DecodingOptions):
     model_config = ConfigDict(
         extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False
     )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        return reject_boolean_numbers(cls, value, info)
 
     chunk_length_s: int = Field(
         30, ge=5, le=30, description="longest chunk of speech fed to the model"
@@ -334,6 +347,11 @@ class ProcessOptions(EngineOptions):
     model_config = ConfigDict(
         extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False
     )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        return reject_boolean_numbers(cls, value, info)
 
     task: str | list[str] = Field(
         "summarize",

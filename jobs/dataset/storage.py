@@ -463,11 +463,22 @@ def _etag(info: dict) -> str | None:
 def stat(uri: str, config: StorageConfig | None = None) -> ObjectInfo:
     """Size and ETag (or mtime) of one object; (None, None) when it does not exist."""
     loc = resolve(uri, config)
+
+    def info() -> dict:
+        try:
+            return loc.fs.info(loc.path)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                # A link that loops back on itself is the item's (fetch_failed when it is
+                # read, as in a listed folder), not an outage to retry and stop the job on.
+                raise FileNotFoundError(errno.ELOOP, os.strerror(errno.ELOOP), uri) from None
+            raise
+
     try:
-        info = with_retries(f"stat {uri}", lambda: loc.fs.info(loc.path))
+        found = with_retries(f"stat {uri}", info)
     except (FileNotFoundError, PermissionError):
         return ObjectInfo(uri, None, None)
-    return ObjectInfo(uri, int(info.get("size") or 0), _etag(info))
+    return ObjectInfo(uri, int(found.get("size") or 0), _etag(found))
 
 
 def is_hidden(relative: str) -> bool:

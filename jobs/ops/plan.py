@@ -613,6 +613,12 @@ def _unit_of_work(kind: str | None) -> str:
     return "audio_s" if kind in ("transcribe", "chain", None) else "documents"
 
 
+# Runs that read no audio and no document through a model: a probe reads container headers,
+# and its items per second were taken for a documents profile (a plan for --documents from
+# header-reading speed, named "None None batch None beam None on cpu").
+_NO_THROUGHPUT = ("probe",)
+
+
 def run_problem(summary: dict[str, Any]) -> str | None:
     """Why a past run's figures cannot go into a profile (a number that is not a finite one
     in its range, as ``check_number`` says it), or None when they can."""
@@ -685,7 +691,8 @@ def profiles_from_runs(
         for s in summaries
         for a in (*(x for x in s.get("earlier_attempts") or [] if isinstance(x, dict)), s)
     ]
-    for s in usable_runs(attempts, source):
+    measured = [a for a in attempts if a.get("kind") not in _NO_THROUGHPUT]
+    for s in usable_runs(measured, source):
         if (s.get("accelerator_seconds") or 0) > 0:
             groups[_option_key(s)].append(s)
     out = []
@@ -754,6 +761,7 @@ def load_profiles(paths: list[str]) -> list[WorkerProfile]:
     """Profiles from ``profile.json`` files and/or OUTPUT folders holding runs/*.json."""
     out: list[WorkerProfile] = []
     skipped = []  # outputs with runs skipped for their figures
+    probed = []  # outputs with probe runs, which measure no throughput
     for path in paths:
         loc = storage.resolve(path)
         if path.endswith(".json"):
@@ -772,13 +780,21 @@ def load_profiles(paths: list[str]) -> list[WorkerProfile]:
             )
         shown = storage.scrub_secrets(path)
         out.extend(profiles_from_runs(summaries, source=shown))
-        if any(run_problem(s) for s in summaries):
+        if any(run_problem(s) for s in summaries if s.get("kind") not in _NO_THROUGHPUT):
             skipped.append(shown)
-    if not out and skipped:
+        if any(s.get("kind") in _NO_THROUGHPUT for s in summaries):
+            probed.append(shown)
+    if not out and (skipped or probed):
+        why = []
+        if skipped:
+            why.append("runs with a figure out of range were skipped, each with a warning")
+        if probed:
+            why.append("probe runs read headers and measure no throughput")
+        why.append("any others processed nothing")
         raise InputNotFound(
-            f"no past run in {', '.join(skipped)} has figures a plan can use (runs with a "
-            "figure out of range were skipped, each with a warning; any others processed "
-            "nothing): tune on a sample of this workload (overnight tune) or give a profile.json"
+            f"no past run in {', '.join(dict.fromkeys(skipped + probed))} has figures a plan "
+            f"can use ({'; '.join(why)}): tune on a sample of this workload (overnight tune) or "
+            "give a profile.json"
         )
     return out
 

@@ -10,7 +10,10 @@ names every column of the current schema, and matches file columns by name:
 
 * DuckDB: ``read_parquet(..., hive_partitioning = true, union_by_name = true)``, under a typed
   empty row set (``UNION ALL BY NAME``), so that a column is there, null, even while no file
-  of the output has it yet.
+  of the output has it yet. The pattern names only ``run_date=YYYY-MM-DD`` folders, as
+  overnight's own readers take only those, with ``run_date`` typed DATE: a copy in
+  ``run_date=garbage/`` was read as rows, made ``run_date`` text (so the docs' own date filter
+  failed), and a plain ``backup/`` folder failed every query as a Hive partition mismatch.
 * Athena, Glue and Trino read Parquet columns by name (their default): a column a file lacks
   reads as null. ``run_date`` is projected (``yyyy-MM-dd``, one a day from the first night up
   to NOW), so no ``MSCK REPAIR`` or crawler is needed after a night.
@@ -19,6 +22,7 @@ names every column of the current schema, and matches file columns by name:
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from datetime import date
 
@@ -46,9 +50,10 @@ _NOTES = {
     "duckdb": (
         "Each view binds when it is created (OUTPUT/<dataset>/ must hold a file then: by\n"
         "default the datasets OUTPUT holds) and reads at query time: `where run_date >= DATE\n"
-        "'2026-12-01'` opens only those partitions. s3:// and gs:// need DuckDB's httpfs and a\n"
-        "secret. Flat files of outputs older than partitions are not read (pyarrow.dataset\n"
-        "reads them: docs/reading-outputs.md)."
+        "'2026-12-01'` opens only those partitions. Only run_date=YYYY-MM-DD folders are read,\n"
+        "as overnight reads them (a copy beside them is not). s3:// and gs:// need DuckDB's\n"
+        "httpfs and a secret. Flat files of outputs older than partitions are not read\n"
+        "(pyarrow.dataset reads them: docs/reading-outputs.md)."
     ),
 }
 _NOTES["athena"] = _NOTES["trino"] = (
@@ -85,6 +90,8 @@ def ddl(
 
     # A line break in the location would end the header comment and start a statement.
     where = _location(output, engine)
+    if engine == "duckdb" and os.path.isfile(where):
+        raise _a_file(output)
     if not datasets:
         datasets = partitioned(output) if engine == "duckdb" else VIEW_DATASETS
     parts = [
@@ -115,22 +122,65 @@ def partitioned(output: str) -> list[str]:
     found = [
         name
         for name in VIEW_DATASETS
-        if any(
-            d.rpartition("/")[2].startswith("run_date=") for d in storage.list_dirs(root.join(name))
-        )
+        if any(_is_partition(d.rpartition("/")[2]) for d in storage.list_dirs(root.join(name)))
     ]
     if not found:
         raise InputNotFound(
-            f"views: {output} holds no run_date= partition of {', '.join(VIEW_DATASETS)}; "
-            "name the datasets with --dataset to print their views anyway"
+            f"views: {storage.scrub_secrets(output)} holds no run_date= partition of "
+            f"{', '.join(VIEW_DATASETS)}; name the datasets with --dataset to print their views "
+            "anyway"
         )
     return found
+
+
+def _a_file(output: str) -> InputNotFound:
+    # Listed as a folder, a file was NotADirectoryError retried as storage trouble (exit 3,
+    # "check the endpoint, network"), when the command was only given the wrong path; the
+    # same words as report's.
+    from overnight.jobs.dataset.storage import scrub_secrets
+
+    return InputNotFound(
+        f"views: {scrub_secrets(output)!r} is a file: OUTPUT must be an output folder (or "
+        "prefix) that a run wrote, holding transcripts/, results/, costs/, probes/ or "
+        "run_table/"
+    )
+
+
+# A partition overnight writes and reads (``commits.partition_date``), spelled as it writes it:
+# the folders the DuckDB pattern below matches.
+_PARTITION = re.compile(r"run_date=(\d{4}-\d{2}-\d{2})")
+_PARTITION_GLOB = "run_date=[0-9][0-9][0-9][0-9]-[01][0-9]-[0-3][0-9]"
+
+
+def _is_partition(name: str) -> bool:
+    match = _PARTITION.fullmatch(name)
+    if match is None:
+        return False
+    try:
+        date.fromisoformat(match[1])
+    except ValueError:
+        return False
+    return True
 
 
 def _location(output: str, engine: str) -> str:
     """OUTPUT as the engine reads it: a local path made absolute (DuckDB), an object-store
     URL without its trailing slash; Athena reads only s3://, Trino only a URL."""
     scheme = output.split("://", 1)[0] if "://" in output else ""
+    if scheme not in ("", "file"):
+        from overnight.jobs.dataset.storage import looks_like_credentials, scrub_secrets
+
+        if looks_like_credentials(output):
+            # Written into the SQL, a key and secret in the URL (or a presigned query string,
+            # pasted into the path) were printed, then kept in the engine's catalog; as
+            # storage.resolve refuses such a URL for every other command.
+            raise ConfigError(
+                f"views: {scrub_secrets(output)!r} carries credentials in the URL, which "
+                "overnight does not read and would print into the SQL: give the plain URL "
+                "(s3://bucket/prefix), and the engine its own credentials (Athena: the "
+                "workgroup's role; Trino: the Hive connector's S3 settings; DuckDB: CREATE "
+                "SECRET)"
+            )
     if scheme in ("", "file"):
         if engine != "duckdb":
             raise ConfigError(
@@ -148,6 +198,18 @@ def _location(output: str, engine: str) -> str:
 
 def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
+
+
+def _glob_escaped(path: str) -> str:
+    """``path`` as a DuckDB file pattern that matches only itself: each of ``[ * ?`` inside
+    brackets. Unescaped, ``out [x]`` matched nothing and ``out?q`` a sibling ``outZq`` too."""
+    if "\\" in path:
+        # No DuckDB pattern matches a backslash (2.0: neither \\ nor [\] does).
+        raise ConfigError(
+            f"views: DuckDB's file patterns cannot name {path!r}, whose path holds a "
+            "backslash: give OUTPUT by a path without one (a symbolic link to it)"
+        )
+    return re.sub(r"([\[*?])", r"[\1]", path)
 
 
 # -- DuckDB -----------------------------------------------------------------------------------
@@ -170,8 +232,9 @@ def _duckdb_view(name: str, schema: pa.Schema, folder: str) -> str:
         f"SELECT\n    {body}\nWHERE false\n"
         "UNION ALL BY NAME\n"
         "SELECT * FROM read_parquet(\n"
-        f"    {_literal(folder + '/*/*.parquet')},\n"
+        f"    {_literal(_glob_escaped(folder) + '/' + _PARTITION_GLOB + '/*.parquet')},\n"
         "    hive_partitioning = true,\n"
+        "    hive_types = {'run_date': DATE},\n"
         "    union_by_name = true\n"
         ");\n"
     )

@@ -143,7 +143,7 @@ def _check(rows: list[dict], dataset: str) -> None:
 def test_duckdb_read_parquet_with_union_by_name_keeps_the_new_columns(output: Path, dataset):
     duckdb = pytest.importorskip("duckdb")
     rel = duckdb.sql(
-        f"select * from read_parquet('{output}/{dataset}/*/*.parquet', "
+        f"select * from read_parquet('{output}/{dataset}/run_date=*/*.parquet', "
         "hive_partitioning = true, union_by_name = true)"
     )
     _check(rel.to_arrow_table().to_pylist(), dataset)
@@ -183,7 +183,7 @@ def test_a_duckdb_view_has_the_current_columns_before_any_file_has_them(
     _write(out, "costs", OLD, COSTS_V5, [_cost("old")])
     monkeypatch.chdir(tmp_path)  # a relative OUTPUT is written in as an absolute path
     sql = _views(capsys, "out", "--engine", "duckdb", "--dataset", "costs")
-    assert f"'{out}/costs/*/*.parquet'" in sql
+    assert f"'{out}/costs/run_date=[0-9][0-9][0-9][0-9]-[01][0-9]-[0-3][0-9]/*.parquet'" in sql
     con = duckdb.connect()
     con.execute(sql)
     rows = con.sql("select * from costs").to_arrow_table().to_pylist()
@@ -196,7 +196,7 @@ def test_polars_scan_with_the_current_schema_inserts_missing_columns(output: Pat
     pl = pytest.importorskip("polars")
     schema = TRANSCRIPTS if dataset == "transcripts" else COSTS
     frame = pl.scan_parquet(
-        f"{output}/{dataset}/*/*.parquet",
+        f"{output}/{dataset}/run_date=*/*.parquet",
         hive_partitioning=True,
         schema=pl.from_arrow(schema.empty_table()).schema,
         missing_columns="insert",
@@ -211,12 +211,12 @@ def test_polars_scan_with_the_current_schema_inserts_missing_columns(output: Pat
 def test_polars_without_a_schema_fails_as_the_issue_says(output: Path):
     pl = pytest.importorskip("polars")
     with pytest.raises(pl.exceptions.SchemaError):
-        pl.scan_parquet(f"{output}/costs/*/*.parquet", hive_partitioning=True).collect()
+        pl.scan_parquet(f"{output}/costs/run_date=*/*.parquet", hive_partitioning=True).collect()
 
 
 @pytest.mark.parametrize("dataset", ["transcripts", "costs"])
 def test_pyarrow_dataset_with_the_unified_schema_reads_both_versions(output: Path, dataset):
-    files = sorted(glob.glob(f"{output}/{dataset}/*/*.parquet"))
+    files = sorted(glob.glob(f"{output}/{dataset}/run_date=*/*.parquet"))
     unified = pa.unify_schemas([pq.read_schema(f) for f in files], promote_options="permissive")
     table = ds.dataset(
         f"{output}/{dataset}",

@@ -493,3 +493,26 @@ def test_one_place_spelt_two_ways_is_one_canonical_location(tmp_path):
     s3 = storage.resolve("s3://bucket//calls/./out/").canonical()
     assert s3.url() == "s3://bucket/calls/out"
     assert storage.resolve("s3://bucket/calls/out2").canonical().url() != s3.url()
+
+
+def test_a_boolean_is_no_number_in_any_section_of_a_job_file(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text(
+        '[job]\ninput = "in"\noutput = "out"\nmax_items = true\n'
+        "[transcribe]\nbeam_size = true\n[process]\nmax_new_tokens = false\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        build_spec(read_job_file(job))
+    message = str(caught.value)
+    for field in ("job.max_items", "transcribe.beam_size", "process.max_new_tokens"):
+        assert f"{field}: Value error, takes a number, not the boolean" in message, message
+
+
+def test_yaml_text_read_as_a_date_or_a_boolean_is_told_to_be_quoted(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text("job:\n  input: in\n  output: out\n  run_id: 2026-12-01\n")
+    with pytest.raises(ConfigError, match=r"write it in quotes \('2026-12-01'\)"):
+        build_spec(read_job_file(job))
+    job.write_text("job:\n  input: in\n  output: out\ntranscribe:\n  language: no\n")
+    with pytest.raises(ConfigError, match="YAML reads yes, no, on and off as booleans"):
+        build_spec(read_job_file(job))
