@@ -16,7 +16,11 @@ def add_parser(subparsers) -> None:
         "killed is finished by the next one. Not while a job writes to OUTPUT.",
     )
     p.add_argument("output", metavar="OUTPUT", help="output folder or prefix")
-    p.add_argument("--older-than", required=True, help="a span back from today (UTC): 90d")
+    p.add_argument(
+        "--older-than",
+        required=True,
+        help="whole days or weeks back from today (UTC): 90d, 13w",
+    )
     p.add_argument("--dry-run", action="store_true", help="list what would go, remove nothing")
     p.set_defaults(handler=handle)
 
@@ -24,12 +28,11 @@ def add_parser(subparsers) -> None:
 def handle(args: argparse.Namespace) -> int:
     import sys
 
-    from overnight.jobs.ops.plan import span_back
-    from overnight.jobs.ops.vacuum import vacuum
+    from overnight.jobs.ops.vacuum import cutoff, vacuum
 
-    before = span_back(args.older_than, "--older-than").date()
+    before = cutoff(args.older_than, "--older-than")
     done = vacuum(args.output, before, dry_run=args.dry_run)
-    for partition in done.partitions:
-        print(partition)
+    for line in done.listing():
+        print(line)
     print(f"[overnight] {done.describe(args.dry_run)}", file=sys.stderr)
     return 0
