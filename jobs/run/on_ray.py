@@ -162,20 +162,43 @@ def _start(address: str | None, verbose: bool) -> None:
 
     global _STARTED_HERE
     term = _python_handler(signal.SIGTERM)
-    if address:
-        check_reachable(address)
-        ray.init(address=address, log_to_driver=verbose)
-    else:
-        # Under Ray Jobs, RAY_ADDRESS names the cluster and ray.init joins it: Ray refuses
-        # a _system_config there, and the cluster is not this process's to stop.
-        joining = bool(os.environ.get("RAY_ADDRESS"))
-        ray.init(
-            include_dashboard=False,
-            log_to_driver=verbose,
-            configure_logging=verbose,
-            _system_config=None if joining else LOCAL_RAY_SYSTEM_CONFIG,
+    joining = bool(address or os.environ.get("RAY_ADDRESS"))
+    try:
+        if address:
+            check_reachable(address)
+            ray.init(address=address, log_to_driver=verbose)
+        else:
+            # Under Ray Jobs, RAY_ADDRESS names the cluster and ray.init joins it: Ray refuses
+            # a _system_config there, and the cluster is not this process's to stop.
+            ray.init(
+                include_dashboard=False,
+                log_to_driver=verbose,
+                configure_logging=verbose,
+                _system_config=None if joining else LOCAL_RAY_SYSTEM_CONFIG,
+            )
+            _STARTED_HERE = not verbose and not joining
+    except (OvernightError, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        # On a loaded machine the local node's start timed out ("The current node timed out
+        # during startup"), a 41-line traceback from inside ray.init.
+        first = storage.one_line(str(exc).strip().splitlines()[0] if str(exc).strip() else "")
+        where = (
+            f"join the Ray cluster at {address or os.environ.get('RAY_ADDRESS')!r}"
+            if joining
+            else "start on this machine"
         )
-        _STARTED_HERE = not verbose and not joining
+        raise ClusterUnreachable(
+            f"Ray could not {where} ({type(exc).__name__}: {first[:300]}). Nothing was run; "
+            "finished items are kept. "
+            + (
+                "Check that the cluster's Ray version matches this one and that it is up, then "
+                "rerun."
+                if joining
+                else "A machine under heavy load or with a full /tmp is the usual cause: rerun "
+                "when it is quieter; Ray's own logs are under /tmp/ray/session_latest/logs."
+            )
+        ) from None
     # Ray's core worker takes SIGTERM (what Airflow, Kubernetes and systemd send to stop a
     # job) for a C++ stack dump; the command's own handler stops it as Ctrl-C does.
     if term is not None:

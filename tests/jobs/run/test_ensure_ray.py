@@ -51,3 +51,20 @@ def test_two_threads_starting_ray_at_once_share_one_start():
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=180
     )
     assert "failures: [] initialized: True" in done.stdout, done.stdout + done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("address", [None, "auto"])
+def test_a_ray_that_fails_to_start_is_one_paragraph_saying_what_to_do(monkeypatch, address):
+    import ray
+
+    from overnight.jobs.errors import ClusterUnreachable
+
+    def timed_out(**_: object) -> None:
+        raise Exception("The current node timed out during startup. This could happen because")
+
+    monkeypatch.setattr(ray, "init", timed_out)
+    with pytest.raises(ClusterUnreachable) as caught:
+        on_ray._start(address, verbose=False)
+    message = str(caught.value)
+    assert "timed out during startup" in message and "rerun" in message, message
+    assert ("start on this machine" in message) is (address is None), message
