@@ -42,7 +42,8 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             )
     else:
         print(
-            f"{result.submission_id} already exists on {address}: {result.status}; not submitted again"
+            f"{result.submission_id} already exists on {address}: {result.status} (run "
+            f"{result.run_id}); not submitted again"
         )
         if result.status in ("FAILED", "STOPPED"):
             print("  resubmit with --retry-failed to resume it (finished items are kept)")
@@ -66,6 +67,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
+    from overnight.jobs.errors import ClusterJobFailed
     from overnight.jobs.ops.remote import status
 
     st = status(args.address, args.submission_id)
@@ -73,7 +75,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
         print_json(st)
     else:
         _print_status(st)
-    return 0
+    # A cron wrapper branches on the exit status alone: a job that ended badly is 9, as with
+    # `submit --wait`; an unknown id is 4 (InputNotFound), raised by status().
+    return ClusterJobFailed.exit_code if st["status"] in ("FAILED", "STOPPED") else 0
 
 
 def _cmd_logs(args: argparse.Namespace) -> int:
@@ -96,11 +100,15 @@ def add_parser(subparsers) -> None:
     s.add_argument("job_file", help="job spec file (TOML or YAML), validated before it is sent")
     s.add_argument("--address", help=address_help)
     s.add_argument(
-        "--submission-id", help="default: overnight-<job file name>-<run id or run date>"
+        "--submission-id",
+        help="default: overnight-<job file name>-<run id or run date>-<digest of kind, input "
+        "and output>",
     )
     s.add_argument("--run-id", help="run id inside the job; also names the submission")
     s.add_argument(
-        "--date", help="run date YYYY-MM-DD (UTC) that names the submission; default today"
+        "--date",
+        help="run date YYYY-MM-DD (UTC): the job's run_date (its rows' partition) and the night "
+        "in the submission's name; default the job file's run_date, else today",
     )
     s.add_argument(
         "--retry-failed",
@@ -117,7 +125,11 @@ def add_parser(subparsers) -> None:
     )
     s.set_defaults(handler=_cmd_submit)
 
-    st = subparsers.add_parser("status", help="status of a submitted job")
+    st = subparsers.add_parser(
+        "status",
+        help="status of a submitted job; exit 0 pending, running or succeeded, 9 failed or "
+        "stopped, 4 no such submission",
+    )
     st.add_argument("submission_id", help="the id `overnight submit` printed")
     st.add_argument("--address", help=address_help)
     add_json_flag(st, "the job's status")

@@ -460,6 +460,15 @@ def _etag(info: dict) -> str | None:
     return f"mtime:{int(float(mtime) * 1e9)}"
 
 
+def _where_relative(url: str) -> str:
+    """`` (in /abs/path)`` for a relative local path: a job file's paths are read from the
+    working directory (as the shell reads them), not from the file's folder, and a cron job's
+    working directory is seldom the one its author tried it in."""
+    if "://" in url or os.path.isabs(os.path.expanduser(url)):
+        return ""
+    return f" (relative to the working directory: {os.path.abspath(url)})"
+
+
 def stat(uri: str, config: StorageConfig | None = None) -> ObjectInfo:
     """Size and ETag (or mtime) of one object; (None, None) when it does not exist."""
     loc = resolve(uri, config)
@@ -507,7 +516,9 @@ def list_objects(url: str, hidden: list[str] | None = None) -> list[ObjectInfo]:
         try:
             info = with_retries(f"stat {url}", lambda: loc.fs.info(loc.path))
         except FileNotFoundError:
-            raise InputNotFound(f"input {url!r} does not exist or is empty") from None
+            raise InputNotFound(
+                f"input {url!r}{_where_relative(url)} does not exist or is empty"
+            ) from None
         if info.get("type") == "file":
             found = {loc.path: info}
         else:

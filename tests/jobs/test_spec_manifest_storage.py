@@ -516,3 +516,13 @@ def test_yaml_text_read_as_a_date_or_a_boolean_is_told_to_be_quoted(tmp_path):
     job.write_text("job:\n  input: in\n  output: out\ntranscribe:\n  language: no\n")
     with pytest.raises(ConfigError, match="YAML reads yes, no, on and off as booleans"):
         build_spec(read_job_file(job))
+
+
+def test_a_missing_relative_input_names_the_folder_it_was_looked_for_in(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputNotFound) as caught:
+        list_items("calls")
+    assert f"relative to the working directory: {tmp_path / 'calls'}" in str(caught.value)
+    with pytest.raises(InputNotFound) as caught:
+        list_items(str(tmp_path / "calls"))
+    assert "relative to" not in str(caught.value)
