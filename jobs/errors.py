@@ -55,7 +55,8 @@ class StorageUnavailable(OvernightError, exit_code=3):
 
 
 class InputNotFound(OvernightError, exit_code=4):
-    """The input location does not exist or holds nothing."""
+    """The input location does not exist or holds nothing (for `status`, `wait` and `logs`: no
+    submission has that id)."""
 
 
 class ModelNotFound(OvernightError, exit_code=5):
