@@ -58,6 +58,19 @@ _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 RAY_ADDRESS_FORMS = "HOST:PORT (the head node's GCS port, 6379 by default), ray://HOST:PORT or auto"
 
 
+def _comma_list(value: Any) -> Any:
+    """A list field given as one text, as its flag takes it (``channel_labels = "agent,customer"``
+    as ``--channel-labels agent,customer``): split at commas. It was "Input should be a valid
+    list" for these, while ``redact = "pci,ssn"`` was read."""
+    return value.split(",") if isinstance(value, str) else value
+
+
+def _one_item_list(value: Any) -> Any:
+    """A list field whose entries may hold commas (a glob, a phrase), given as one text: that
+    text is the one entry."""
+    return [value] if isinstance(value, str) else value
+
+
 def ray_host_port(address: str | None) -> tuple[str, int] | None:
     """The host and port of a Ray address (``HOST:PORT`` or ``ray://HOST:PORT``); None for
     none, ``auto`` or ``local`` (Ray's to resolve); ``ValueError`` for any other form."""
@@ -238,6 +251,10 @@ class TranscribeOptions(DecodingOptions):
         None,
         description="diarize: names for the speakers in the order they first speak, e.g. "
         "['agent', 'customer'] (the agent greets first); default SPEAKER_00, SPEAKER_01, ...",
+    )
+
+    _names_as_text = field_validator("channel_labels", "speaker_roles", mode="before")(
+        classmethod(lambda cls, value: _comma_list(value))
     )
 
     @field_validator("channel_labels", "speaker_roles")
@@ -461,6 +478,13 @@ class ProcessOptions(EngineOptions):
                 raise ValueError(f"unknown task {name!r}; use one of {', '.join(TASK_NAMES)}")
         return task
 
+    _labels_as_text = field_validator("labels", mode="before")(
+        classmethod(lambda cls, value: _comma_list(value))
+    )
+    _phrases_as_text = field_validator("required_phrases", mode="before")(
+        classmethod(lambda cls, value: _one_item_list(value))
+    )
+
     @field_validator("labels")
     @classmethod
     def _named_labels(cls, labels: list[str]) -> list[str]:
@@ -621,6 +645,13 @@ class RunOptions(_Model):
             # The value itself is not repeated: a webhook URL carries its token.
             raise ValueError("notify must be an http:// or https:// URL")
         return url
+
+    _codes_as_text = field_validator("retry_errors", mode="before")(
+        classmethod(lambda cls, value: _comma_list(value))
+    )
+    _globs_as_text = field_validator("include", "exclude", mode="before")(
+        classmethod(lambda cls, value: _one_item_list(value))
+    )
 
     @field_validator("retry_errors")
     @classmethod

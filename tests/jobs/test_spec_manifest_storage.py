@@ -526,3 +526,17 @@ def test_a_missing_relative_input_names_the_folder_it_was_looked_for_in(tmp_path
     with pytest.raises(InputNotFound) as caught:
         list_items(str(tmp_path / "calls"))
     assert "relative to" not in str(caught.value)
+
+
+def test_list_fields_given_as_one_text_in_a_job_file_read_as_their_flags_do(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text(
+        '[job]\ninput = "in"\noutput = "out"\nretry_errors = "fetch_failed,corrupt_audio"\n'
+        'include = "*.flac"\n[transcribe]\nchannel_labels = "agent,customer"\n'
+    )
+    spec = build_spec(read_job_file(job))
+    assert spec.job.retry_errors == ["fetch_failed", "corrupt_audio"]
+    assert spec.job.include == ["*.flac"]
+    assert spec.transcribe.channel_labels == ["agent", "customer"]
+    with pytest.raises(ConfigError, match="channel_labels"):
+        build_spec(read_job_file(job), overrides={"transcribe": {"channel_labels": "a,,b"}})
