@@ -11,12 +11,16 @@ that finishes returns its summary, also when some items failed (see ``RunSummary
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from overnight.jobs.errors import ConfigError, ErrorRateExceeded
+
+# The webhook of runs whose spec names none (``[job] notify`` and ``--notify`` win).
+NOTIFY_ENV = "OVERNIGHT_NOTIFY_URL"
 
 if TYPE_CHECKING:
     from overnight.jobs.spec import JobSpec, ProcessOptions, TranscribeOptions
@@ -131,12 +135,15 @@ def finish(spec: JobSpec, show: Callable[[dict[str, Any]], None] | None = None) 
 def _notify(
     spec: JobSpec, summary: dict[str, Any] | None = None, error: BaseException | None = None
 ) -> None:
-    if not spec.job.notify:
+    # A webhook URL holds its token: in a job file or a command line it sits in a ConfigMap, a
+    # RayJob's entrypoint and the dashboard; the environment can take it from a Secret.
+    url = spec.job.notify or os.environ.get(NOTIFY_ENV, "").strip()
+    if not url:
         return
     from overnight.jobs.ops import notify
 
     body = notify.payload(summary=summary, error=error, spec_kind=spec.job.kind, run_id=spec.run_id)
-    notify.post(spec.job.notify, body)
+    notify.post(url, body)
 
 
 def check_error_rate(spec: JobSpec, summary: Mapping[str, Any]) -> None:

@@ -134,11 +134,14 @@ def _interrupt_within_grace() -> None:
         while data := os.read(read_fd, 64):
             if signal.SIGINT in data or signal.SIGTERM in data:
                 time.sleep(INTERRUPT_GRACE_S)
-                print(
+                from overnight.jobs.run import console
+
+                console.say(
+                    "interrupted",
                     f"overnight: still winding down {INTERRUPT_GRACE_S:.0f} s after the "
                     "interrupt; exiting now (finished items are committed, rerun to resume)",
-                    file=sys.stderr,
-                    flush=True,
+                    level="warning",
+                    exit_code=130,
                 )
                 os._exit(130)
 
@@ -211,7 +214,10 @@ def _main(argv: list[str] | None) -> int:
         print(f"overnight: error: {printable(message)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print(
-            "overnight: interrupted; finished items are committed, rerun to resume", file=sys.stderr
+        console.say(
+            "interrupted",
+            "overnight: interrupted; finished items are committed, rerun to resume",
+            level="warning",
+            exit_code=130,
         )
         return 130

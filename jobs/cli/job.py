@@ -235,7 +235,8 @@ def _notify_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--notify",
         metavar="URL",
-        help="POST a JSON note of the run's end (summary, or error and exit status) to URL",
+        help="POST a JSON note of the run's end (summary, or error and exit status) to URL "
+        "(default: $OVERNIGHT_NOTIFY_URL, which keeps a webhook's token out of job files)",
     )
 
 

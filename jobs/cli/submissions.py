@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import sys
 
 from overnight.jobs.cli.output import add_json_flag, print_json
 from overnight.jobs.errors import EXIT_SUBMISSION_FAILED
@@ -50,6 +49,7 @@ def _cmd_add(args: argparse.Namespace) -> int:
 
 def _cmd_process(args: argparse.Namespace) -> int:
     from overnight.jobs.ops.submissions import FAILED, load_config, process
+    from overnight.jobs.run import console
     from overnight.jobs.run.console import quiet_native_stderr
 
     config = load_config(args.config)
@@ -61,14 +61,17 @@ def _cmd_process(args: argparse.Namespace) -> int:
             ray_address=args.address,
             progress=not args.quiet,
             verbose=args.verbose,
-            echo=lambda line: print(line, file=sys.stderr, flush=True),
+            echo=lambda line: console.say("submission", line),
         )
     # JSON Lines, one submission a line as each is handled: not print_json's one document.
     for r in records:
         print(json.dumps({k: r.get(k) for k in (*_COLUMNS, "reason", "output")}, sort_keys=True))
     failed = [r for r in records if r["status"] == FAILED]
-    print(
-        f"[submissions] {len(records)} submission(s) handled, {len(failed)} failed", file=sys.stderr
+    console.say(
+        "submissions_done",
+        f"[submissions] {len(records)} submission(s) handled, {len(failed)} failed",
+        handled=len(records),
+        failed=len(failed),
     )
     return EXIT_SUBMISSION_FAILED if failed else 0
 

@@ -13,7 +13,6 @@ one line on stderr, and the run's own exit status stands.
 from __future__ import annotations
 
 import json
-import sys
 import time
 import urllib.error
 import urllib.parse
@@ -84,7 +83,14 @@ def post(
     echo: Callable[[str], None] | None = None,
 ) -> bool:
     """POST ``body`` as JSON; True when an endpoint answered 2xx. Never raises."""
-    say = echo or (lambda line: print(line, file=sys.stderr, flush=True))
+    say: Callable[[str], None]
+    if echo is None:
+        from overnight.jobs.run import console
+
+        def say(line: str) -> None:
+            console.say("notify_failed", line, level="warning")
+    else:
+        say = echo
     data = json.dumps(body, default=str).encode()
     deadline = time.monotonic() + budget_s
     last = "not tried"

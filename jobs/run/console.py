@@ -211,6 +211,18 @@ def events_logger() -> logging.Logger:
     return _events
 
 
+def say(name: str, line: str, *, level: str = "info", **fields: object) -> None:
+    """A line for the operator written as it is in text (``line`` carries its own prefix:
+    ``overnight: interrupted ...``, ``[submissions] ...``), and as the event ``name`` in JSON:
+    under ``--log-format json`` such lines, printed directly, came between the JSON objects a
+    log collector parses."""
+    if log_format() == "json":
+        text = re.sub(r"^(\[[a-z]+\] |overnight: )", "", line)
+        event(name, text, level=level, **fields)
+    else:
+        print(printable(line), file=sys.stderr, flush=True)
+
+
 def event(name: str, message: str, *, level: str = "info", **fields: object) -> None:
     """Tell the operator: ``name`` is the event's kind (start, progress, worker_died, ...),
     ``message`` the sentence a person reads, ``fields`` the figures a machine reads."""

@@ -145,3 +145,35 @@ def test_a_job_that_stops_notifies_its_error_and_still_raises_it(endpoint, tmp_p
     [body] = e.bodies
     assert body["event"] == "run_failed" and body["exit_code"] == 4
     assert body["run_id"] == "nightly-x" and body["error"] == "InputNotFound"
+
+
+def test_the_environments_webhook_is_told_when_the_spec_names_none(
+    endpoint, tmp_path, monkeypatch
+):
+    """A webhook's token belongs in a Secret the pods read as OVERNIGHT_NOTIFY_URL, not in a
+    job file's ConfigMap or a RayJob's entrypoint."""
+    from overnight.jobs.api import finish
+    from overnight.jobs.errors import InputNotFound
+    from overnight.jobs.spec import build_spec
+
+    e = endpoint()
+    monkeypatch.setenv("OVERNIGHT_NOTIFY_URL", e.url)
+    job = {"input": str(tmp_path / "missing"), "output": str(tmp_path / "out")}
+    with pytest.raises(InputNotFound):
+        finish(build_spec({}, {"job": {**job, "run_id": "nightly-env"}}))
+    [body] = e.bodies
+    assert body["event"] == "run_failed" and body["run_id"] == "nightly-env"
+
+
+def test_a_failed_notification_under_json_logs_is_one_json_event(capsys, monkeypatch):
+    from overnight.jobs.run import console
+
+    monkeypatch.setenv("OVERNIGHT_LOG_FORMAT", "json")
+    monkeypatch.setattr(console, "_events", None)  # set up again for the format
+    try:
+        assert not notify.post("http://127.0.0.1:9/hook", {"a": 1}, tries=1, budget_s=2)
+        [line] = capsys.readouterr().err.strip().splitlines()
+        event = json.loads(line)
+        assert event["event"] == "notify_failed" and event["level"] == "warning"
+    finally:
+        console._events = None
