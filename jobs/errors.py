@@ -34,7 +34,7 @@ class OvernightError(Exception):
         # Scrubbed where it is made, not only where the command line prints it: the Python
         # API raises it to a scheduler, which writes ``str(exc)`` to its task log (an input
         # URL's ``https://alice:password@...`` was there whole).
-        from overnight.jobs.dataset.storage import scrub_secrets
+        from overnight.jobs.secrets import scrub_secrets
 
         message = scrub_secrets(message)
         super().__init__(message)

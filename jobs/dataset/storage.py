@@ -34,63 +34,20 @@ from overnight.jobs.errors import (
     OutputNotWritable,
     StorageUnavailable,
 )
+
+# Re-exported: callers name them storage.scrub_secrets and storage.looks_like_credentials.
+from overnight.jobs.secrets import USER_INFO
+from overnight.jobs.secrets import looks_like_credentials as looks_like_credentials
+from overnight.jobs.secrets import scrub_secrets as scrub_secrets
 from overnight.schemas import ErrorCode
 
 T = TypeVar("T")
 _log = logging.getLogger(__name__)
 
-_SECRET_ENV = (
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-    "AWS_ACCESS_KEY_ID",
-    "GOOGLE_APPLICATION_CREDENTIALS",
-    "OVERNIGHT_PDF_PASSWORD",
-    "RAY_AUTH_TOKEN",
-    "HF_TOKEN",
-)
-# A URL's user-info after its ``scheme://``: ``user:secret@`` (the secret may hold ``/``) or
-# ``user@`` (no ``/`` before the ``@``, so that a path's ``agent@example.com.wav`` is not one).
-_USER_INFO = r"(?:[^\s/@:\"']+:[^\s@\"']*|[^\s/@\"']+)@"
-# Looks like a key even when we did not get it from the environment.
-# (pattern, replacement): whole access-key ids go; for key=value pairs the name stays.
-_SECRET_PATTERNS = (
-    (re.compile(r"(?:AKIA|ASIA)[0-9A-Z]{16}"), "***"),
-    (
-        re.compile(
-            r"(?i)((?:secret|token|password|signature|credential)[\"']?\s*[=:]\s*)[^\s&,;\"']+"
-        ),
-        r"\1***",
-    ),
-    (re.compile(r"(?i)(X-Amz-[A-Za-z-]+=)[^&\s]+"), r"\1***"),
-    # An Azure SAS token's signature (``?sv=...&sig=...``).
-    (re.compile(r"(?i)([?&]sig=)[^&\s\"']+"), r"\1***"),
-    # A URL's user-info (``s3://KEY:SECRET@bucket``), whole: a secret access key holds ``/``
-    # and ``+``, so it ends at the ``@`` only; a user name alone goes too.
-    (re.compile(r"(?<=://)" + _USER_INFO), "***@"),
-)
-
 
 def one_line(text: str) -> str:
     """``text`` on one line: control characters (a newline in a name) as their escapes."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
-def looks_like_credentials(text: str) -> bool:
-    """``text`` holds something shaped like a credential (a key id, a signature, a URL's
-    user-info): the patterns ``scrub_secrets`` removes, not the environment's values, which
-    can be short words that a path holds too."""
-    return any(pattern.search(text) for pattern, _ in _SECRET_PATTERNS)
-
-
-def scrub_secrets(text: str) -> str:
-    """Remove credentials from a message: known secret values and key-like patterns."""
-    for name in _SECRET_ENV:
-        value = os.environ.get(name)
-        if value and len(value) >= 4:
-            text = text.replace(value, "***")
-    for pattern, replacement in _SECRET_PATTERNS:
-        text = pattern.sub(replacement, text)
-    return text
 
 
 @dataclass(frozen=True)
@@ -186,7 +143,7 @@ def resolve(url: str, config: StorageConfig | None = None) -> Location:
             # at ./localhost/x.
             rest = rest[len("localhost") :]
         return Location(fsspec.filesystem("file"), os.path.abspath(rest), "file")
-    if scheme in ("s3", "s3a", "gs", "gcs") and re.match(_USER_INFO, rest):
+    if scheme in ("s3", "s3a", "gs", "gcs") and re.match(USER_INFO, rest):
         # botocore refused it as a bucket name in a traceback that printed the secret.
         raise ConfigError(
             f"{scrub_secrets(url)!r} carries credentials in the URL, which overnight does not "

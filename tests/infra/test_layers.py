@@ -73,7 +73,9 @@ JOB_LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("dataset", ("overnight.jobs.dataset",)),
     (
         "base",
-        tuple(f"overnight.jobs.{m}" for m in ("spec", "config_model", "choices", "errors")),
+        tuple(
+            f"overnight.jobs.{m}" for m in ("spec", "config_model", "choices", "errors", "secrets")
+        ),
     ),
 ]
 

@@ -147,9 +147,7 @@ def test_a_job_that_stops_notifies_its_error_and_still_raises_it(endpoint, tmp_p
     assert body["run_id"] == "nightly-x" and body["error"] == "InputNotFound"
 
 
-def test_the_environments_webhook_is_told_when_the_spec_names_none(
-    endpoint, tmp_path, monkeypatch
-):
+def test_the_environments_webhook_is_told_when_the_spec_names_none(endpoint, tmp_path, monkeypatch):
     """A webhook's token belongs in a Secret the pods read as OVERNIGHT_NOTIFY_URL, not in a
     job file's ConfigMap or a RayJob's entrypoint."""
     from overnight.jobs.api import finish
