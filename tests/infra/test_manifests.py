@@ -41,6 +41,7 @@ API_VERSIONS = {
     "Kustomization": "kustomize.config.k8s.io/v1beta1",
     "PodMonitor": "monitoring.coreos.com/v1",
     "PrometheusRule": "monitoring.coreos.com/v1",
+    "NetworkPolicy": "networking.k8s.io/v1",
 }
 GPU = "nvidia.com/gpu"
 H100 = "accelerator_type:H100"
@@ -171,6 +172,8 @@ def test_the_expected_infra_files_exist():
         "kuberay/rayjob.yaml",
         "kuberay/cronjob.yaml",
         "kuberay/raycronjob.yaml",
+        "kuberay/networkpolicy.yaml",
+        "kuberay/monitoring.yaml",
         "cluster/aws-p5.yaml",
         "README.md",
     ]:
@@ -358,8 +361,14 @@ def test_rayjob_runs_the_overnight_cli_and_removes_its_cluster_afterwards():
     assert spec.get("entrypointNumCpus", 0) == 0
 
 
-def test_a_run_ends_within_a_day_so_nightly_runs_cannot_overlap():
-    assert 0 < one("RayJob")["spec"]["activeDeadlineSeconds"] < 24 * 3600
+@pytest.mark.parametrize("where", ["RayJob", "RayCronJob"])
+def test_a_run_with_all_its_retries_ends_within_a_day_so_nightly_runs_cannot_overlap(where):
+    # KubeRay starts activeDeadlineSeconds afresh on every retry (it resets the start time),
+    # so the bound of a night is the deadline times the attempts, not the deadline alone.
+    doc = one(where)["spec"]
+    spec = doc["jobTemplate"] if where == "RayCronJob" else doc
+    attempts = spec.get("backoffLimit", 0) + 1  # KubeRay's default is no retry
+    assert 0 < spec["activeDeadlineSeconds"] * attempts < 24 * 3600, (where, attempts)
 
 
 def test_rayjob_gets_a_fresh_name_per_one_off_run():
@@ -798,3 +807,248 @@ def test_prometheus_scrapes_the_metrics_port_of_every_ray_pod():
         assert text.count("{name: metrics, containerPort: 8080}") == pods, name
         for label, value in selector.items():
             assert text.count(f"{label}: {value}") >= pods, (name, label)
+
+
+# --- model cache, disk, network, alerts -----------------------------------------
+
+
+def dockerfile_env() -> dict[str, str]:
+    env = {}
+    for instruction, rest in dockerfile_instructions():
+        if instruction == "ENV":
+            env.update(re.findall(r"(\w+)=(\S+)", rest))
+    return env
+
+
+def ray_pod_templates() -> Iterator[tuple[str, dict[str, Any]]]:
+    for where, cluster in cluster_specs().items():
+        yield f"{where}/head", cluster["headGroupSpec"]["template"]
+        for group in cluster["workerGroupSpecs"]:
+            yield f"{where}/{group['groupName']}", group["template"]
+
+
+def submitter_pod_templates() -> dict[str, dict[str, Any]]:
+    return {
+        "RayJob": one("RayJob")["spec"]["submitterPodTemplate"],
+        "RayCronJob": one("RayCronJob")["spec"]["jobTemplate"]["submitterPodTemplate"],
+    }
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Kubernetes label-selector semantics (matchLabels and matchExpressions)."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expression in selector.get("matchExpressions", []):
+        key, operator, values = expression["key"], expression["operator"], expression.get("values")
+        if operator == "In" and labels.get(key) not in values:
+            return False
+        if operator == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if operator == "Exists" and key not in labels:
+            return False
+        if operator == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+def test_label_selector_check_follows_kubernetes_semantics():
+    selector = {
+        "matchLabels": {"a": "1"},
+        "matchExpressions": [{"key": "b", "operator": "In", "values": ["x", "y"]}],
+    }
+    assert selects(selector, {"a": "1", "b": "y", "c": "z"})
+    assert not selects(selector, {"a": "1"})
+    assert not selects(selector, {"a": "2", "b": "x"})
+    assert selects({}, {"anything": "goes"})
+
+
+def test_no_pod_volume_hides_the_models_the_image_baked_into_its_cache():
+    """The image prepares the speaker encoder under $OVERNIGHT_CACHE/models; a volume mounted
+    there or above it would replace that folder with an empty one (--diarize exits 5)."""
+    models = Path(dockerfile_env()["OVERNIGHT_CACHE"]) / "models"
+    for where, spec in all_pod_specs():
+        for container in spec["containers"] + spec.get("initContainers", []):
+            for mount in container.get("volumeMounts", []):
+                path = Path(mount["mountPath"])
+                assert path != models and path not in models.parents, (where, mount)
+
+
+def test_the_model_cache_volume_holds_the_images_hub_cache():
+    hf_home = dockerfile_env()["HF_HOME"]
+    for where, spec in all_pod_specs():
+        for container in spec["containers"]:
+            for mount in container.get("volumeMounts", []):
+                if mount["name"] == "model-cache":
+                    assert mount["mountPath"] == hf_home, where
+
+
+def test_every_container_bounds_the_node_disk_it_may_fill():
+    for where, spec in all_pod_specs():
+        for container in spec["containers"]:
+            assert "ephemeral-storage" in container["resources"]["limits"], where
+    for where, cluster in cluster_specs().items():
+        assert "ephemeral-storage" in cluster["autoscalerOptions"]["resources"]["limits"], where
+
+
+def _quantity_gi(quantity: str) -> float:
+    number, unit = re.fullmatch(r"(\d+)(Mi|Gi|Ti)", quantity).groups()
+    return int(number) * {"Mi": 1 / 1024, "Gi": 1, "Ti": 1024}[unit]
+
+
+def test_a_ray_pods_disk_limit_leaves_room_beyond_its_disk_backed_volumes():
+    # emptyDirs on disk count against the pod's ephemeral storage; a limit below them would
+    # get the pod evicted when its cache fills as allowed.
+    for where, template in ray_pod_templates():
+        spec = template["spec"]
+        on_disk = sum(
+            _quantity_gi(v["emptyDir"]["sizeLimit"])
+            for v in spec["volumes"]
+            if "emptyDir" in v and v["emptyDir"].get("medium") != "Memory"
+        )
+        limit = sum(
+            _quantity_gi(c["resources"]["limits"]["ephemeral-storage"]) for c in spec["containers"]
+        )
+        assert limit > on_disk, where
+
+
+def network_policy() -> dict[str, Any]:
+    [policy] = load(KUBERAY / "networkpolicy.yaml")
+    return policy
+
+
+def _ingress_rules_admitting(labels: dict[str, str]) -> list[dict[str, Any]]:
+    """The ingress rules that admit a pod with these labels from the overnight namespace."""
+    return [
+        rule
+        for rule in network_policy()["spec"]["ingress"]
+        for peer in rule["from"]
+        if "namespaceSelector" not in peer and selects(peer["podSelector"], labels)
+    ]
+
+
+def test_network_policy_covers_every_ray_pod_and_admits_their_peers_on_every_port():
+    policy = network_policy()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    for where, template in ray_pod_templates():
+        labels = template["metadata"]["labels"]
+        assert selects(policy["spec"]["podSelector"], labels), where
+        # Ray's raylet, object manager, agents and worker processes listen on random ports.
+        assert any("ports" not in rule for rule in _ingress_rules_admitting(labels)), where
+
+
+def test_network_policy_admits_the_submitter_and_the_operator_to_the_jobs_api_only():
+    for where, template in submitter_pod_templates().items():
+        labels = template.get("metadata", {}).get("labels", {})
+        assert labels, f"{where}: the submitter pod has no labels to be admitted by"
+        assert not selects(network_policy()["spec"]["podSelector"], labels), where
+        rules = _ingress_rules_admitting(labels)
+        assert rules and all(r["ports"] == [{"protocol": "TCP", "port": 8265}] for r in rules)
+    operator = [
+        rule
+        for rule in network_policy()["spec"]["ingress"]
+        for peer in rule["from"]
+        if "namespaceSelector" in peer
+        and selects(peer.get("podSelector", {}), {"app.kubernetes.io/name": "kuberay-operator"})
+        and "podSelector" in peer
+    ]
+    assert [r["ports"] for r in operator] == [[{"protocol": "TCP", "port": 8265}]]
+
+
+def test_network_policy_admits_nothing_else_from_other_pods_or_namespaces():
+    # The nightly CronJob's pods talk to the Kubernetes API server only.
+    cronjob_labels = one("CronJob")["spec"]["jobTemplate"]["spec"]["template"]["metadata"]
+    assert _ingress_rules_admitting(cronjob_labels["labels"]) == []
+    assert _ingress_rules_admitting({"app": "something-else"}) == []
+    metrics_ports = {
+        p["containerPort"]
+        for _, template in ray_pod_templates()
+        for p in template["spec"]["containers"][0]["ports"]
+        if p["name"] == "metrics"
+    }
+    for rule in network_policy()["spec"]["ingress"]:
+        assert rule["from"], "a rule without sources admits every pod"
+        for peer in rule["from"]:
+            if "namespaceSelector" in peer:
+                assert peer["namespaceSelector"]["matchLabels"], "every namespace"
+                if "podSelector" not in peer:  # a whole namespace: Prometheus's
+                    assert {p["port"] for p in rule["ports"]} == metrics_ports
+
+
+def monitoring(kind: str) -> dict[str, Any]:
+    [doc] = [d for d in load(KUBERAY / "monitoring.yaml") if d["kind"] == kind]
+    return doc
+
+
+def test_prometheus_objects_carry_the_label_kube_prometheus_stack_selects():
+    for kind in ("PodMonitor", "PrometheusRule"):
+        assert monitoring(kind)["metadata"]["labels"].get("release"), kind
+
+
+def _alerts() -> dict[str, str]:
+    return {
+        rule["alert"]: rule["expr"]
+        for group in monitoring("PrometheusRule")["spec"]["groups"]
+        for rule in group["rules"]
+    }
+
+
+def test_alerts_cover_failing_items_a_failed_rayjob_and_a_missed_night():
+    exprs = " ".join(_alerts().values())
+    assert "ray_overnight_items_total" in exprs
+    assert 'kuberay_job_deployment_status{namespace="overnight", deployment_status="Failed"}' in (
+        exprs
+    )
+    assert "kube_cronjob_status_last_successful_time" in exprs
+    assert "26 * 3600" in exprs
+
+
+def test_failing_items_alert_counts_a_series_that_appears_with_its_whole_count():
+    # increase() needs two samples, so the errors of a night's first batch (a series that
+    # appears already counted) must come from the series itself.
+    expr = " ".join(_alerts()["OvernightItemsFailing"].split())
+    assert "increase(" in expr
+    assert re.search(
+        r"or \( ray_overnight_items_total\{[^}]*\} unless ray_overnight_items_total", expr
+    )
+
+
+def test_dockerfile_exports_ray_counters_once():
+    assert dockerfile_env().get("RAY_EXPORT_COUNTER_AS_GAUGE") == "0"
+
+
+def test_dockerfile_has_what_the_ray_cluster_launcher_runs_in_the_container():
+    runs = " ".join(rest for instruction, rest in dockerfile_instructions() if instruction == "RUN")
+    for package in ("rsync", "openssh-client"):
+        assert re.search(rf"apt-get install [^&]*\b{package}\b", runs), package
+    assert "grep -E '^(boto3|s3transfer)==' requirements/dev.txt" in runs
+
+
+def _pins(name: str) -> dict[str, str]:
+    lines = (REPO / "requirements" / name).read_text().splitlines()
+    return dict(re.findall(r"^([\w.-]+)==(\S+)", "\n".join(lines), re.M))
+
+
+def test_launcher_boto3_taken_from_the_dev_lock_fits_the_images_botocore():
+    dev, gpu = _pins("dev.txt"), _pins("gpu.txt")
+    assert "boto3" not in gpu  # else the image would install it twice, maybe at two versions
+    assert dev["botocore"] == gpu["botocore"]
+    # boto3 X.Y.Z requires botocore >= X.Y.Z, < X.(Y+1).0.
+    boto3 = tuple(int(p) for p in dev["boto3"].split("."))
+    botocore = tuple(int(p) for p in gpu["botocore"].split("."))
+    assert boto3[:2] == botocore[:2] and boto3 <= botocore
+
+
+def test_documented_minimum_kuberay_has_every_rayjob_field_the_manifests_use():
+    # backoffLimit first exists in KubeRay v1.2.0.
+    for path in (INFRA / "README.md", KUBERAY / "raycluster.yaml"):
+        found = re.findall(r"KubeRay >= (\d+)\.(\d+)", path.read_text())
+        assert found, path
+        assert (int(found[0][0]), int(found[0][1])) >= (1, 2), path
+
+
+def test_readme_triggers_an_early_night_under_a_name_never_used_before():
+    readme = (INFRA / "README.md").read_text()
+    assert "overnight-nightly-now" not in readme
+    assert "create job --from=cronjob/overnight-nightly overnight-nightly-manual-$(date -u" in (
+        readme
+    )
