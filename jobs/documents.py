@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
 
 from overnight.jobs.dataset import commits, storage
-from overnight.jobs.dataset.manifest import Listing
+from overnight.jobs.dataset.manifest import Listing, item_id
 from overnight.jobs.run import on_ray
 from overnight.jobs.spec import ProcessOptions
 from overnight.schemas import ErrorCode
@@ -43,10 +44,39 @@ def transcripts_dataset(url: str) -> storage.Location | None:
     return None
 
 
+def _call_key(row: dict[str, Any]) -> str:
+    """What one call is across its transcript rows: the id its recording had while missing
+    (``jobs.dataset.manifest``), the same for every size and ETag the recording had."""
+    return item_id(row["source_uri"], None, None, row["submission_id"], row["external_id"])
+
+
+def _newest_per_call(rows: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list[str]]]:
+    """Each call's newest transcript row, with the ids its results may stand under from
+    before: the id it had while missing (a ``fetch_failed`` row that ``--retry-errors``
+    replaced) and its older failed transcripts (a broken file fixed in place is new work
+    for the transcription, so its failed row stays there). A result row of those is
+    ``transcript_failed``, retired once the call has a transcript to process: each call
+    keeps one row per task, the newest transcript's. An older transcript that was fine is
+    not one of them: a recording replaced by another is new work."""
+    calls: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        calls.setdefault(_call_key(row), []).append(row)
+    newest = []
+    epoch = datetime.min.replace(tzinfo=UTC)
+    for key, same in calls.items():
+        same.sort(key=lambda r: (r["processed_at"] or epoch, r["status"] == "ok"))
+        last = same[-1]
+        older = [r["item_id"] for r in same[:-1] if r["status"] != "ok"]
+        newest.append((last, [i for i in (key, *older) if i != last["item_id"]]))
+    return newest
+
+
 def transcript_records(dataset: storage.Location, task: str) -> list[dict[str, Any]]:
+    """One record per call (``_newest_per_call``) from its newest transcript row."""
     table = commits.CommittedDataset(dataset).read_results(
         [
             "item_id",
+            "processed_at",
             "source_uri",
             "source_size",
             "source_etag",
@@ -62,7 +92,7 @@ def transcript_records(dataset: storage.Location, task: str) -> list[dict[str, A
         ],
     )
     records = []
-    for row in table.to_pylist() if table is not None else []:
+    for row, earlier in _newest_per_call(table.to_pylist() if table is not None else []):
         text, status, code, message = row["text"], "ok", None, None
         if row["status"] != "ok":
             status, code = "error", ErrorCode.TRANSCRIPT_FAILED.value
@@ -77,6 +107,8 @@ def transcript_records(dataset: storage.Location, task: str) -> list[dict[str, A
             {
                 "item_id": result_id(row["item_id"], task),
                 "source_item_id": row["item_id"],
+                # Read by ``jobs.run.runner.record_ids``: not a manifest column.
+                "replaces": [result_id(i, task) for i in earlier],
                 "uri": row["source_uri"],
                 "size": row["source_size"],
                 "etag": row["source_etag"],

@@ -104,7 +104,8 @@ def task_spec(name: str, opts: ProcessOptions) -> TaskSpec:
     params = TaskParams(
         max_new_tokens=opts.max_new_tokens,
         instructions=opts.instructions,
-        summary_words=opts.summary_words,
+        # Unset, each task keeps its own length (call_summary 80 words, summarize 100).
+        summary_words=opts.summary_words if "summary_words" in opts.model_fields_set else None,
         json_schema=None if opts.schema_ is None else _load_json_or_path(opts.schema_, "schema"),
         labels=tuple(opts.labels),
         template=template,
@@ -201,13 +202,56 @@ def check_reply_room(opts: ProcessOptions, model_path: str | None) -> None:
     actor checks it at load, before any document, with the prompt's own tokens too. A cap
     of 100,000 tokens on an 8,192-token model made every document a context_exceeded row,
     each counted done until --retry-errors."""
-    context = known_context_length(**opts.engine_only().model_dump(), model_path=model_path)
+    engine = opts.engine_only()
+    asked = _asked_max_model_len(opts)
+    if asked is not None:
+        own = _vllm_own_context(opts, model_path)
+        if own is not None and asked > own:
+            # vLLM refused it at load, after Ray and the actor had started: exit 5, blaming
+            # the model's files.
+            raise ConfigError(
+                f"process.max_model_len: {asked} exceeds the model's {own}-token context; "
+                f"lower it to {own} or less, or leave it out to take the model's own"
+            )
+    context = known_context_length(**engine.model_dump(), model_path=model_path)
     if context is None:
         return
+    setting = f"max_model_len = {asked}" if asked is not None else ""
     for name in opts.tasks:
-        problem = reply_room_problem(task_spec(name, opts), context)
+        problem = reply_room_problem(task_spec(name, opts), context, context_setting=setting)
         if problem is not None:
             raise ConfigError(f"process.{problem}")
+
+
+def _asked_max_model_len(opts: ProcessOptions) -> int | None:
+    """The context the job asks of vLLM (``max_model_len``, or in ``engine_kwargs``)."""
+    if opts.backend != "vllm":
+        return None
+    engine = opts.engine_only()
+    asked = (engine.engine_kwargs or {}).get("max_model_len", engine.max_model_len)
+    try:
+        return None if asked is None else int(asked)
+    except (TypeError, ValueError):
+        return None  # vLLM's load says what is wrong with it
+
+
+def _vllm_own_context(opts: ProcessOptions, model_path: str | None) -> int | None:
+    """The vLLM model's own context where its files on this machine tell it; None for the
+    default model before the device is known, or a hub model not fetched here."""
+    from overnight.workers.llm import prepare, vllm_backend
+    from overnight.workers.llm.contract import DEFAULT_VLLM_MODEL
+
+    model = opts.model
+    if model is not None and model_path is not None and os.path.isdir(model_path):
+        model = model_path
+    if model is None:
+        if opts.device == "auto":
+            return None
+        model = str(prepare.smollm2_gguf_path()) if opts.device == "cpu" else DEFAULT_VLLM_MODEL
+    try:
+        return vllm_backend.own_context_length(model)
+    except Exception:  # an unreadable model: its load says what is wrong, in its own words
+        return None
 
 
 # What the extract stage adds to a document's row: the same for every task over it.

@@ -98,9 +98,15 @@ def claim_and_subtract(job: Job[P], prepared: P) -> Claimed:
 
 
 def record_ids(record: dict[str, Any]) -> set[str]:
-    """The ids under which a listed record's row may be committed: its own, and the id it
-    had while its object was missing (``jobs.dataset.manifest``): a row recorded then is its row."""
-    return {record["item_id"], record.get("missing_id") or record["item_id"]}
+    """The ids under which a listed record's row may be committed: its own, the id it
+    had while its object was missing (``jobs.dataset.manifest``): a row recorded then is its
+    row, and those it ``replaces`` (a call's rows of its earlier, failed transcripts:
+    ``jobs.documents.transcript_records``)."""
+    return {
+        record["item_id"],
+        record.get("missing_id") or record["item_id"],
+        *(record.get("replaces") or ()),
+    }
 
 
 def left_to_do(
@@ -153,6 +159,12 @@ def _within_nodes(pool: sizing.Pool, nodes: list[sizing.Node], address: str | No
         return pool
     if fit == 0:
         largest = max(nodes, key=lambda n: (n.cpus, n.gpus))
+        if pool.gpus_per_actor > 0 and not any(n.gpus for n in nodes):
+            raise ConfigError(
+                f"device: the job runs its model on a GPU (cuda, {pool.gpus_per_actor:g} per "
+                "actor), and this machine's Ray has no GPU; use --device cpu (device = "
+                '"cpu"), or --device auto to take a GPU only where there is one; nothing was run'
+            )
         raise ConfigError(
             f"one model actor takes {pool.cpus_per_actor:g} CPU and {pool.gpus_per_actor:g} GPU, "
             f"more than this machine's Ray can give the model beside the decode tasks "

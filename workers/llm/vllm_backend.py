@@ -136,6 +136,22 @@ def expected_max_model_len(model: str) -> int | None:
     return None if config.get("rope_scaling") else own
 
 
+def own_context_length(model: str) -> int | None:
+    """The context the model itself allows, where its files on this machine say it plainly
+    (a GGUF header, a config.json without RoPE scaling; nothing is fetched): the most a
+    job's max_model_len may ask, which vLLM refuses at load, after Ray and the actor have
+    started. None where only the engine can tell."""
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        from overnight.workers.llm import prepare
+
+        return prepare.gguf_context_length(path)
+    config = _model_config(str(path) if path.is_dir() else model, fetch=False)
+    if config is None or config.get("rope_scaling"):
+        return None
+    return _own_max_len(config)
+
+
 def engine_arguments(
     model: str,
     device: str,
@@ -519,6 +535,16 @@ class VLLMBackend:
             # header) reached the driver from the Ray actor as "SystemException: ." with
             # Ray's traceback; the job maps this one to exit 5 with its message.
             detail = " ".join(str(exc).split())[:500] or type(exc).__name__
+            if "max_model_len" in detail and "greater than the derived" in detail:
+                # The job's setting, not the model's files: re-downloading them, or vLLM's
+                # own VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (positions past the model's context
+                # give garbage or nan), is the wrong advice.
+                raise contract.EngineUnavailable(
+                    f"vLLM could not load the model {model!r}: max_model_len = "
+                    f"{self.engine_args.get('max_model_len')} is more than the model's own "
+                    "context (its config.json's max_position_embeddings); lower max_model_len "
+                    "to at most that, or leave it out to take the model's own"
+                ) from exc
             raise contract.EngineUnavailable(
                 f"vLLM could not load the model {model!r}: {detail}. Check that it is a "
                 "complete Hugging Face model folder (config.json, the tokenizer files and "

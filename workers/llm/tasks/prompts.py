@@ -62,6 +62,8 @@ def _type_hint(schema: Mapping[str, Any]) -> str:
     if alternatives:  # pydantic writes an optional field as anyOf [T, null]
         return " | ".join(_type_hint(a) for a in alternatives)
     kind = schema.get("type", "object" if "$ref" in schema else "value")
+    if kind == "boolean":
+        return "true or false"  # the values, not the type's name, which a model may write
     if isinstance(kind, list):
         return " | ".join(map(str, kind))
     if kind == "array" and "items" in schema:
@@ -79,13 +81,27 @@ def _skeleton(schema: Mapping[str, Any]) -> str:
 
 
 def _key_notes(schema: Mapping[str, Any]) -> str:
+    """What each key means and which keys the reply must hold. Keys are quoted, as the
+    reply spells them: compliance's keys are phrases, and unquoted they ran into the prose
+    ("Leave out a key you cannot fill, except this call is recorded, mini-Miranda
+    disclosure."), which SmolLM2 answered with the keys left out: every call invalid_output."""
     props = schema.get("properties", {})
-    notes = [f"{k} = {v['description']}" for k, v in props.items() if v.get("description")]
+    notes = [
+        f"{json.dumps(k, ensure_ascii=False)} = {v['description']}"
+        for k, v in props.items()
+        if v.get("description")
+    ]
     required = [k for k in schema.get("required", []) if k in props]
-    text = ("Keys: " + "; ".join(notes) + ". ") if notes else ""
-    text += "Leave out a key you cannot fill"
-    text += f", except {', '.join(required)}." if required else "."
-    return text
+    optional = [k for k in props if k not in required]
+    parts = ["Keys: " + "; ".join(notes) + "."] if notes else []
+    keys = ", ".join(json.dumps(k, ensure_ascii=False) for k in required)
+    if required and not optional:
+        parts.append(f"Give every key, each one always: {keys}.")
+    elif required:
+        parts.append(f"Always give {keys}; leave out any other key you cannot fill.")
+    elif props:
+        parts.append("Leave out a key you cannot fill.")
+    return " ".join(parts)
 
 
 def _messages(system: str, user: str) -> list[dict[str, str]]:
@@ -125,10 +141,18 @@ def extract_messages(spec: TaskSpec, text: str) -> list[dict[str, str]]:
         ],
         spec,
     )
-    user = (
-        f"{_document_block(text)}\n\nFill in this JSON with facts from the document and "
-        f"reply with it only: {_skeleton(schema)}"
-    )
+    shape = _skeleton(schema)
+    ask = f"Fill in this JSON with facts from the document and reply with it only: {shape}"
+    # Measured on SmolLM2-135M on CTranslate2 over five test calls, where nothing constrains
+    # the reply. The "JSON:" cue: promise_to_pay went from 0 to 5 valid replies (before, the
+    # model described the JSON in prose: "This JSON contains the following facts: ...").
+    # Compliance's phrase keys stayed at 0 with the document first and came to 2 with the
+    # shape before it; the same layout left a plain extraction's string unquoted
+    # ("name": Alice), so only compliance's phrases come first.
+    if spec.required_phrases:
+        user = f"{ask}\n\n{_document_block(text)}\n\nJSON:"
+    else:
+        user = f"{_document_block(text)}\n\n{ask}\n\nJSON:"
     return _messages(system, user)
 
 

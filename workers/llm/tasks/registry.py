@@ -44,12 +44,18 @@ _READY: dict[str, tuple[str, str]] = {
 }
 
 
-def _ready(name: str, **fields: Any) -> TaskSpec:
-    kind, instructions = _READY[name]
-    return TaskSpec(kind=kind, name=name, instructions=instructions, **fields)
+def _ready(name: str, instructions: str = "", **fields: Any) -> TaskSpec:
+    """The ready task ``name``; the job's own ``instructions`` come after the task's."""
+    kind, own = _READY[name]
+    joined = " ".join(part for part in (own, instructions.strip()) if part)
+    return TaskSpec(kind=kind, name=name, instructions=joined, **fields)
 
 
-def call_summary(words: int = 80, **options: Any) -> TaskSpec:
+# A call's summary is shorter than a document's (``TaskSpec.summary_words``, 100).
+CALL_SUMMARY_WORDS = 80
+
+
+def call_summary(words: int = CALL_SUMMARY_WORDS, **options: Any) -> TaskSpec:
     return _ready("call_summary", summary_words=words, **options)
 
 
@@ -67,7 +73,21 @@ def compliance(required_phrases: Sequence[str], **options: Any) -> TaskSpec:
     ``{"said": [...], "missing": [...]}``, which always partitions the phrase list."""
     phrases = tuple(dict.fromkeys(p.strip() for p in required_phrases if p and p.strip()))
     if not phrases:
-        raise TaskSpecError("required_phrases: give at least one phrase or disclosure")
+        raise TaskSpecError(
+            "required_phrases: the compliance task needs the phrases the agent must say; set "
+            'required_phrases = ["this call is recorded", ...] under [process] in a job file '
+            "and give it with --config FILE"
+        )
+    seen: dict[str, str] = {}
+    for phrase in phrases:
+        # Each phrase is a key of the model's reply: two that differ only in case ask the
+        # same question twice, under two keys that a reader and the model must keep apart.
+        same = seen.setdefault(phrase.casefold(), phrase)
+        if same != phrase:
+            raise TaskSpecError(
+                f"required_phrases: {same!r} and {phrase!r} differ only in case; give each "
+                "phrase once"
+            )
     return _ready(
         "compliance", json_schema=phrases_schema(phrases), required_phrases=phrases, **options
     )
@@ -88,7 +108,7 @@ class TaskParams:
 
     max_new_tokens: int | None = None
     instructions: str = ""
-    summary_words: int = 100
+    summary_words: int | None = None  # None: the task's own length
     json_schema: dict[str, Any] | None = None
     labels: tuple[str, ...] = ()
     template: str | None = None
@@ -119,20 +139,27 @@ def _kind_task(kind: str) -> Callable[[TaskParams], TaskSpec]:
             kind=kind,
             instructions=p.instructions,
             max_new_tokens=p.max_new_tokens,
-            **{field: value},
+            **({} if value is None else {field: value}),
         )
 
     return build
+
+
+def _common(p: TaskParams) -> dict[str, Any]:
+    """What every ready task takes from the job: its reply cap and its instructions."""
+    return {"max_new_tokens": p.max_new_tokens, "instructions": p.instructions}
 
 
 # Name → constructor. The one list of task names: the spec's help, the command line and the
 # document job read it from here.
 TASKS: dict[str, Callable[[TaskParams], TaskSpec]] = {
     **{kind: _kind_task(kind) for kind in TASK_KINDS},
-    "call_summary": lambda p: call_summary(p.summary_words, max_new_tokens=p.max_new_tokens),
-    "disposition": lambda p: disposition(max_new_tokens=p.max_new_tokens),
-    "promise_to_pay": lambda p: promise_to_pay(max_new_tokens=p.max_new_tokens),
-    "compliance": lambda p: compliance(p.required_phrases, max_new_tokens=p.max_new_tokens),
+    "call_summary": lambda p: call_summary(
+        CALL_SUMMARY_WORDS if p.summary_words is None else p.summary_words, **_common(p)
+    ),
+    "disposition": lambda p: disposition(**_common(p)),
+    "promise_to_pay": lambda p: promise_to_pay(**_common(p)),
+    "compliance": lambda p: compliance(p.required_phrases, **_common(p)),
 }
 TASK_NAMES: tuple[str, ...] = tuple(TASKS)
 

@@ -258,35 +258,54 @@ def scaffolding_tokens(backend: LLMBackend, spec: TaskSpec) -> int:
     return _overhead(backend, prompt_messages(spec, "", dict.fromkeys(fields, "")))
 
 
-def reply_room_problem(spec: TaskSpec, context_length: int, scaffolding: int = 0) -> str | None:
+def reply_room_problem(
+    spec: TaskSpec, context_length: int, scaffolding: int = 0, *, context_setting: str = ""
+) -> str | None:
     """Why no document fits a call of ``spec`` on a model of ``context_length`` tokens, which
     the prompt (``scaffolding``: its own tokens, where the model's tokenizer is at hand) and
-    the reply share; None when one does. The message starts with the setting at fault."""
+    the reply share; None when one does. ``context_setting``: the job's setting that gave the
+    context (``max_model_len = 256``), named and offered as a remedy. The message starts with
+    the ``[process]`` setting at fault, so that it reads as ``process.<setting> ...``."""
     room = context_length - spec.new_tokens - scaffolding - _CONTEXT_MARGIN
     if room >= MIN_DOCUMENT_TOKENS:
         return None
+    most = spec.new_tokens + room - MIN_DOCUMENT_TOKENS
+    # The least context in which a short document fits beside this reply cap and the prompt
+    # (the prompt's own tokens only where they are counted).
+    least = context_length - room + MIN_DOCUMENT_TOKENS
+    context = f"the model's context of {context_length} tokens"
+    if context_setting:
+        context = f"the context of {context_length} tokens that {context_setting} gives"
+    prompt = f"the task's prompt ({scaffolding} tokens)" if scaffolding else "the prompt"
+    fixes = []
+    if spec.max_new_tokens is None and spec.kind == "summarize":
+        fixes.append("lower summary_words")
+    if most >= 1:
+        far = "" if scaffolding else " (the prompt takes some of that too)"
+        fixes.append(f"set max_new_tokens to at most {most}, far less to leave documents room{far}")
+    if context_setting:
+        name = context_setting.split("=")[0].strip()
+        fixes.append(f"raise {name} well above {least}")
+    elif most < 1:
+        fixes.append("choose a model with a longer context")
     if spec.max_new_tokens is not None:
         setting = f"max_new_tokens = {spec.max_new_tokens}"
     elif spec.kind == "summarize":
         setting = (
             f"summary_words = {spec.summary_words} (replies of up to {spec.new_tokens} tokens)"
         )
+    elif context_setting:
+        return (
+            f"{context_setting} leaves no room for a document beside {prompt} and the "
+            f"{spec.task_name} task's replies of up to {spec.new_tokens} tokens: every "
+            f"document would fail with context_exceeded; {', or '.join(fixes)}"
+        )
     else:
-        setting = f"the {spec.task_name} task's reply cap of {spec.new_tokens} tokens"
-    prompt = f"the task's prompt ({scaffolding} tokens)" if scaffolding else "the prompt"
-    most = spec.new_tokens + room - MIN_DOCUMENT_TOKENS
-    if most < 1:
-        fix = "choose a model with a longer context"
-    elif scaffolding:
-        fix = f"set max_new_tokens to at most {most}, far less to leave room for whole documents"
-    else:  # the prompt's own tokens are known once the model's tokenizer is
-        fix = f"set max_new_tokens well below {context_length} (a few hundred suit most tasks)"
-    if most >= 1 and spec.max_new_tokens is None and spec.kind == "summarize":
-        fix = f"lower summary_words, or {fix}"
+        setting = f"max_new_tokens (unset: the {spec.task_name} task's {spec.new_tokens})"
     return (
-        f"{setting} leaves no room for a document in the model's context of {context_length} "
-        f"tokens, which {prompt}, the document and the reply share: every document would fail "
-        f"with context_exceeded; {fix}"
+        f"{setting} leaves no room for a document in {context}, which {prompt}, the document "
+        f"and the reply share: every document would fail with context_exceeded; "
+        f"{', or '.join(fixes)}"
     )
 
 
@@ -329,11 +348,21 @@ def _too_long(
     chunked: bool = False,
 ) -> None:
     state.num_chunks = 0
+    context = getattr(backend, "context_length", None)
+    of = f" of the model's {context}" if context else ""
+    remedy = (
+        f"lower max_new_tokens (replies take up to {spec.new_tokens}{of} tokens) or raise "
+        "max_model_len (vLLM)"
+    )
+    if spec.kind == "summarize":
+        remedy = f"lower summary_words, {remedy}"
+    else:
+        remedy += ", or run call_summary or summarize, which read a long document in chunks"
     state.fail(
         ErrorCode.CONTEXT_EXCEEDED,
         f"document of {backend.count_tokens(text)} tokens does not fit the "
         f"{_prompt_budget(backend, spec, overhead, chunked=chunked)}-token budget of task "
-        f"{spec.task_name}",
+        f"{spec.task_name}; {remedy}, then rerun with --retry-errors context_exceeded",
     )
 
 
