@@ -99,6 +99,16 @@ class Job(ABC, Generic[P]):
         """List the input and check what the run needs (``jobs.preflight``). ``dry``
         (``--dry-run``): checked as a cluster run checks it, nothing downloaded."""
 
+    def asks_for_gpu(self) -> bool:
+        """Whether the spec places its model actors on GPUs (``gpus_per_actor`` above 0 or
+        an ``accelerator_type``): on a cluster whose GPU nodes start on demand (KubeRay from
+        zero), ``device = "auto"`` sees no GPU before the first actor asks for one."""
+        opts = getattr(self, "opts", None)
+        return bool(
+            (getattr(opts, "gpus_per_actor", None) or 0) > 0
+            or getattr(opts, "accelerator_type", None)
+        )
+
     @abstractmethod
     def pool(self, device: str, nodes: list[sizing.Node]) -> sizing.Pool:
         """The model stage's actor pool on these nodes (none: a run with nothing to do)."""

@@ -97,6 +97,26 @@ def claim_and_subtract(job: Job[P], prepared: P) -> Claimed:
     return Claimed(dataset, run_date, token, priced, price, leftover, todo, pending, len(retried))
 
 
+def _cluster_gpu(job: Job[Any]) -> bool:
+    """``device = "auto"``'s question on the driver: a GPU in the Ray cluster now, or, on a
+    cluster this process joined, a spec that places its actors on GPUs. With GPU nodes that
+    start from zero the cluster has none when the job starts, and the model ran on the GPU
+    nodes' CPUs (or on the CPU group, never scaling a GPU) while they were billed."""
+    if on_ray.cluster_has_gpu():
+        return True
+    if on_ray.local_run(job.spec.job.ray_address):
+        return False
+    if job.asks_for_gpu():
+        return True
+    console.event(
+        "no_gpu",
+        "the Ray cluster has no GPU now, so device auto runs the model on CPU; if its GPU "
+        'nodes start on demand (KubeRay from zero), set device = "cuda" (or gpus_per_actor)',
+        level="warning",
+    )
+    return False
+
+
 def record_ids(record: dict[str, Any]) -> set[str]:
     """The ids under which a listed record's row may be committed: its own, the id it
     had while its object was missing (``jobs.dataset.manifest``): a row recorded then is its
@@ -195,7 +215,7 @@ def run(job: Job[P], prepared: P | None = None) -> dict[str, Any]:
     if pending:
         on_ray.ensure_ray(settings.ray_address, verbose=settings.verbose)
         startup.mark("ray")
-        device = resolve_device(job.device, on_ray.cluster_has_gpu)
+        device = resolve_device(job.device, lambda: _cluster_gpu(job))
         nodes = sizing.nodes_of_cluster()
     else:  # nothing to do: no Ray at all (it would take most of a no-op rerun's time)
         device, nodes = resolve_device(job.device, lambda: False), []
@@ -367,7 +387,7 @@ def run_task_stages(
         return []
     settings = job.spec.job
     on_ray.ensure_ray(settings.ray_address, verbose=settings.verbose)
-    device = resolve_device(job.device, on_ray.cluster_has_gpu)
+    device = resolve_device(job.device, lambda: _cluster_gpu(job))
     pool = job.pool(device, sizing.nodes_of_cluster())
     stages = job.stages(Resolved(device, pool, len(records)), prepared).stages
     before = [s for s in stages if s.placement == "before"]

@@ -231,3 +231,33 @@ def test_the_ledger_reads_a_jobs_costs_off_its_stages_without_ray(tmp_path, monk
         ("double", "double_s", 0.5),
         ("add", "add_s", 0.5),
     ]
+
+
+@pytest.mark.parametrize(
+    ("address", "section", "expected"),
+    [
+        (None, {}, "cpu"),  # this machine: what it has
+        ("10.0.0.1:6379", {}, "cpu"),  # a cluster, no GPU asked: CPU, and a warning
+        ("10.0.0.1:6379", {"gpus_per_actor": 1}, "cuda"),
+        ("10.0.0.1:6379", {"accelerator_type": "H100"}, "cuda"),
+        (None, {"accelerator_type": "H100"}, "cpu"),  # a local run sees its own GPUs
+    ],
+)
+def test_device_auto_on_a_cluster_whose_gpu_nodes_start_from_zero_follows_the_spec(
+    monkeypatch, capsys, address, section, expected
+):
+    from overnight.jobs.run import on_ray
+    from overnight.jobs.transcribe import TranscribeJob
+    from overnight.workers.devices import resolve_device
+
+    monkeypatch.setattr(on_ray, "cluster_has_gpu", lambda: False)  # no GPU node up yet
+    spec = build_spec(
+        overrides={
+            "job": {"kind": "transcribe", "input": "in", "output": "out", "ray_address": address},
+            "transcribe": section,
+        }
+    )
+    job = TranscribeJob(spec)
+    assert resolve_device("auto", lambda: runner._cluster_gpu(job)) == expected
+    warned = 'set device = "cuda"' in capsys.readouterr().err
+    assert warned is (address is not None and expected == "cpu")
