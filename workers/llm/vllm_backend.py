@@ -670,13 +670,13 @@ class VLLMBackend:
     ) -> list[tuple[str, float | None, contract.Generation]]:
         """The label of each conversation, decoded greedily under a choice constraint (one
         pass over the document whatever the number of labels), with the reply's cumulative
-        probability: a share of the label set. vLLM masks the logits with the constraint
-        before it takes log-probabilities (``apply_grammar_bitmask`` before the sampler's
-        ``raw_logprobs``), so each token's probability is among the tokens the labels allow
-        there: where the labels differ in their first token, the softmax over those first
-        tokens, the rest of the label and the end counting as certain. CTranslate2's
-        ``label_probabilities`` normalises the labels' whole-reply probabilities instead:
-        both sum to 1 over the set, but are not the same number (docs/how-to/llm-tasks.md)."""
+        probability. vLLM masks the logits with the constraint before it takes
+        log-probabilities (``apply_grammar_bitmask`` before the sampler's ``raw_logprobs``),
+        so each token's probability is among the tokens the constraint allows there, which
+        include every tokenization of a label (``d`` then ``ispute``), not only each label's
+        first token: not a share of the label set (six labels gave the chosen one 0.15).
+        CTranslate2's ``label_probabilities`` normalises the labels' whole-reply
+        probabilities, which sum to 1 over the set (docs/how-to/llm-tasks.md)."""
         choices = tuple(choices)
         longest = max(self.count_tokens(c) for c in choices)
         params = contract.GenerationParams(max_new_tokens=longest + 8, choices=choices)
