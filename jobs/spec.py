@@ -389,7 +389,11 @@ class ProcessOptions(EngineOptions):
         None, description="prompt: a template with {text} and metadata fields, or a path to one"
     )
     instructions: str = Field("", description="trusted guidance added to the system prompt")
-    summary_words: int = Field(100, ge=5, description="summarize: target length in words")
+    summary_words: int = Field(
+        100,
+        ge=5,
+        description="summarize: target length in words (call_summary: 80 unless this is set)",
+    )
     required_phrases: list[str] = Field(
         default_factory=list, description="compliance: phrases the agent must say"
     )
