@@ -83,6 +83,24 @@ def shared_docs() -> Path:
     return folder
 
 
+@pytest.fixture(autouse=True)
+def _log_format_left_as_it_was():
+    """``--log-format json`` in an in-process CLI test sets OVERNIGHT_LOG_FORMAT for the whole
+    process (as it must, for the processes a run starts) and the events logger's format:
+    every later test then read JSON events on stderr, and a job submitted to a test cluster
+    carried the setting along."""
+    before = os.environ.get("OVERNIGHT_LOG_FORMAT")
+    yield
+    from overnight.jobs.run import console
+
+    if os.environ.get("OVERNIGHT_LOG_FORMAT") != before:
+        if before is None:
+            os.environ.pop("OVERNIGHT_LOG_FORMAT", None)
+        else:
+            os.environ["OVERNIGHT_LOG_FORMAT"] = before
+        console._events = None
+
+
 @pytest.fixture(scope="session")
 def ray_local():
     """One local Ray for the whole session: starting Ray costs seconds on two cores."""

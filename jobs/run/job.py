@@ -100,14 +100,12 @@ class Job(ABC, Generic[P]):
         (``--dry-run``): checked as a cluster run checks it, nothing downloaded."""
 
     def asks_for_gpu(self) -> bool:
-        """Whether the spec places its model actors on GPUs (``gpus_per_actor`` above 0 or
-        an ``accelerator_type``): on a cluster whose GPU nodes start on demand (KubeRay from
-        zero), ``device = "auto"`` sees no GPU before the first actor asks for one."""
+        """Whether the spec places its model actors on GPUs (``gpus_per_actor`` above 0): on
+        a cluster whose GPU nodes start on demand (KubeRay from zero), ``device = "auto"``
+        sees no GPU before the first actor asks for one. An ``accelerator_type`` alone is
+        not: it is a Ray resource a CPU node type can carry too (the cluster tests' do)."""
         opts = getattr(self, "opts", None)
-        return bool(
-            (getattr(opts, "gpus_per_actor", None) or 0) > 0
-            or getattr(opts, "accelerator_type", None)
-        )
+        return (getattr(opts, "gpus_per_actor", None) or 0) > 0
 
     @abstractmethod
     def pool(self, device: str, nodes: list[sizing.Node]) -> sizing.Pool:

@@ -111,7 +111,7 @@ def _cluster_gpu(job: Job[Any]) -> bool:
     console.event(
         "no_gpu",
         "the Ray cluster has no GPU now, so device auto runs the model on CPU; if its GPU "
-        'nodes start on demand (KubeRay from zero), set device = "cuda" (or gpus_per_actor)',
+        'nodes start on demand (KubeRay from zero), set device = "cuda" (or gpus_per_actor = 1)',
         level="warning",
     )
     return False
