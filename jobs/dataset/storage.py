@@ -417,6 +417,18 @@ def _etag(info: dict) -> str | None:
     return f"mtime:{int(float(mtime) * 1e9)}"
 
 
+def refuse_a_file_as_output(loc: Location, shown: str, command: str = "") -> None:
+    """``InputNotFound`` when an OUTPUT given to a reading command (report, vacuum, views) is
+    a local file: listed as a folder, it was NotADirectoryError retried as storage trouble
+    (exit 3, "check the endpoint, network") when the command was only given the wrong path."""
+    if loc.scheme == "file" and os.path.isfile(loc.path):
+        raise InputNotFound(
+            f"{command + ': ' if command else ''}{shown!r} is a file: OUTPUT must be an output "
+            "folder (or prefix) that a run wrote, holding transcripts/, results/, costs/, "
+            "probes/ or runs/"
+        )
+
+
 def _where_relative(url: str) -> str:
     """`` (in /abs/path)`` for a relative local path: a job file's paths are read from the
     working directory (as the shell reads them), not from the file's folder, and a cron job's

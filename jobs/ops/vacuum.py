@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import posixpath
 import re
 from collections.abc import Callable
@@ -204,13 +203,7 @@ def vacuum(output_url: str, before: date, dry_run: bool = False) -> Vacuumed:
             f"{shown!r} does not exist: nothing to vacuum (give the "
             "OUTPUT folder or prefix of a transcribe or process run)"
         )
-    if output.scheme == "file" and not os.path.isdir(output.path):
-        # Listed as a folder, a file was NotADirectoryError retried as storage trouble (exit
-        # 3), when the command was only given the wrong path; as report answers it.
-        raise InputNotFound(
-            f"{shown!r} is a file: OUTPUT must be an output folder (or prefix) that a run "
-            "wrote, holding costs/, transcripts/, results/ or runs/"
-        )
+    storage.refuse_a_file_as_output(output, shown)
     top = {posixpath.basename(p.rstrip("/")) for p in storage.list_dirs(output)}
     top |= {posixpath.basename(p) for p in storage.list_top_files(output)}
     if not top & {*OUTPUT_FOLDERS, *_BOOKKEEPING}:

@@ -90,8 +90,11 @@ def ddl(
 
     # A line break in the location would end the header comment and start a statement.
     where = _location(output, engine)
-    if engine == "duckdb" and os.path.isfile(where):
-        raise _a_file(output)
+    if engine == "duckdb":
+        from overnight.jobs.dataset import storage
+
+        shown = storage.scrub_secrets(output)
+        storage.refuse_a_file_as_output(storage.resolve(where), shown, "views")
     if not datasets:
         datasets = partitioned(output) if engine == "duckdb" else VIEW_DATASETS
     parts = [
@@ -133,19 +136,6 @@ def partitioned(output: str) -> list[str]:
     return found
 
 
-def _a_file(output: str) -> InputNotFound:
-    # Listed as a folder, a file was NotADirectoryError retried as storage trouble (exit 3,
-    # "check the endpoint, network"), when the command was only given the wrong path; the
-    # same words as report's.
-    from overnight.jobs.dataset.storage import scrub_secrets
-
-    return InputNotFound(
-        f"views: {scrub_secrets(output)!r} is a file: OUTPUT must be an output folder (or "
-        "prefix) that a run wrote, holding transcripts/, results/, costs/, probes/ or "
-        "run_table/"
-    )
-
-
 # A partition overnight writes and reads (``commits.partition_date``), spelled as it writes it:
 # the folders the DuckDB pattern below matches.
 _PARTITION = re.compile(r"run_date=(\d{4}-\d{2}-\d{2})")
@@ -153,14 +143,11 @@ _PARTITION_GLOB = "run_date=[0-9][0-9][0-9][0-9]-[01][0-9]-[0-3][0-9]"
 
 
 def _is_partition(name: str) -> bool:
-    match = _PARTITION.fullmatch(name)
-    if match is None:
-        return False
-    try:
-        date.fromisoformat(match[1])
-    except ValueError:
-        return False
-    return True
+    """A partition as overnight writes it (``commits.partition_date`` reads its date), spelt
+    as the DuckDB pattern matches it."""
+    from overnight.jobs.dataset import commits
+
+    return _PARTITION.fullmatch(name) is not None and commits.partition_date(name) is not None
 
 
 def _location(output: str, engine: str) -> str:

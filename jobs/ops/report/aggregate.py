@@ -27,7 +27,6 @@ from __future__ import annotations
 import io
 import math
 import operator
-import os
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -211,13 +210,7 @@ def load(
             continue
         seen.add(loc.url())
         shown = storage.scrub_secrets(url)
-        if loc.scheme == "file" and os.path.isfile(loc.path):
-            # Listed as a folder, a file was NotADirectoryError retried as storage trouble
-            # (exit 3), when the command was only given the wrong path.
-            raise InputNotFound(
-                f"{shown!r} is a file: OUTPUT must be an output folder (or prefix) that a run "
-                "wrote, holding costs/, transcripts/, results/ or runs/"
-            )
+        storage.refuse_a_file_as_output(loc, shown)
         out = _Output(_identity(loc), shown, loc, [], [], [])
         costs = CommittedDataset(loc.join("costs")).read_results(_LEDGER_COLUMNS, dates=dates)
         found = costs is not None
