@@ -60,7 +60,9 @@ _SLIM = [
 ]
 
 
-def _load_json_or_path(value: dict | str, what: str) -> dict:
+def read_schema(value: dict | str, what: str) -> dict:
+    """The JSON schema ``value`` gives: itself, its JSON text, or the file it names (read
+    here, also by ``overnight submit``, which ships the schema inside the job file)."""
     if isinstance(value, dict):
         return value
     try:
@@ -69,7 +71,11 @@ def _load_json_or_path(value: dict | str, what: str) -> dict:
             if not value.lstrip().startswith("{")
             else json.loads(value)
         )
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        raise ConfigError(
+            f"process.{what}: cannot read the JSON schema file {value!r} ({exc.strerror or exc})"
+        ) from None
+    except ValueError as exc:
         raise ConfigError(
             f"process.{what}: cannot read a JSON schema from {value!r}: {exc}"
         ) from None
@@ -78,9 +84,9 @@ def _load_json_or_path(value: dict | str, what: str) -> dict:
     return data
 
 
-def task_spec(name: str, opts: ProcessOptions) -> TaskSpec:
-    """Build one validated task from the job's [process] section (files read here)."""
-    template = opts.prompt
+def read_template(template: str | None) -> str | None:
+    """The prompt template ``[process] prompt`` gives: the text of the file it names, or
+    itself (also read by ``overnight submit``, which ships it inside the job file)."""
     if template and "{" not in template and not os.path.isfile(template):
         # No field, so it cannot be the template: it names a file that is not there (it was
         # taken as the template's text and refused as "must contain the {text} field").
@@ -101,12 +107,18 @@ def task_spec(name: str, opts: ProcessOptions) -> TaskSpec:
             raise ConfigError(
                 f"process.prompt: cannot read the template file {template!r}: {exc.strerror}"
             ) from None
+    return template
+
+
+def task_spec(name: str, opts: ProcessOptions) -> TaskSpec:
+    """Build one validated task from the job's [process] section (files read here)."""
+    template = read_template(opts.prompt)
     params = TaskParams(
         max_new_tokens=opts.max_new_tokens,
         instructions=opts.instructions,
         # Unset, each task keeps its own length (call_summary 80 words, summarize 100).
         summary_words=opts.summary_words if "summary_words" in opts.model_fields_set else None,
-        json_schema=None if opts.schema_ is None else _load_json_or_path(opts.schema_, "schema"),
+        json_schema=None if opts.schema_ is None else read_schema(opts.schema_, "schema"),
         labels=tuple(opts.labels),
         template=template,
         required_phrases=tuple(opts.required_phrases),

@@ -147,40 +147,24 @@ def _local_folder(value: str) -> bool:
     )
 
 
-def _read_local(path: str, field: str, what: str) -> str:
-    try:
-        return Path(path).expanduser().read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"process.{field}: {path!r} is not UTF-8 text (byte {exc.start}); save it as UTF-8"
-        ) from None
-    except OSError as exc:
-        raise ConfigError(
-            f"process.{field}: cannot read {what} {path!r} ({exc.strerror}): the cluster "
-            f"gets the job file only, so {field} is read here and sent inside it"
-        ) from None
-
-
 def _inline_files(process: dict[str, Any]) -> None:
-    """Put the contents of a local ``schema`` or ``prompt`` file into the job file: the
-    cluster gets the job file only, and a path there named a file it does not have (exit 9
-    after the job started, although ``run --dry-run`` passed here)."""
-    schema = process.get("schema")
-    if isinstance(schema, str) and not schema.lstrip().startswith("{"):
-        try:
-            table = json.loads(_read_local(schema, "schema", "the JSON schema file"))
-        except ValueError as exc:
-            raise ConfigError(
-                f"process.schema: {schema!r} is not JSON ({exc}); give a .json file holding "
-                "the JSON schema object"
-            ) from None
-        if not isinstance(table, dict):
-            raise ConfigError(f"process.schema: {schema!r} must hold a JSON object")
-        process["schema"] = table
-    prompt = process.get("prompt")
-    # As jobs/process.py reads it: an existing file is the template's file, else the template.
-    if isinstance(prompt, str) and os.path.isfile(os.path.expanduser(prompt)):
-        process["prompt"] = _read_local(prompt, "prompt", "the template file")
+    """Put the contents of a local ``schema`` or ``prompt`` file into the job file, read as
+    the run reads them (``jobs.process``): the cluster gets the job file only, and a path
+    there named a file it does not have (exit 9 after the job started, although
+    ``run --dry-run`` passed here)."""
+    from overnight.jobs.process import read_schema, read_template
+
+    try:
+        schema = process.get("schema")
+        if isinstance(schema, str) and not schema.lstrip().startswith("{"):
+            process["schema"] = read_schema(os.path.expanduser(schema), "schema")
+        prompt = process.get("prompt")
+        if isinstance(prompt, str) and os.path.isfile(os.path.expanduser(prompt)):
+            process["prompt"] = read_template(os.path.expanduser(prompt))
+    except ConfigError as exc:
+        raise ConfigError(
+            f"{exc}; the cluster gets the job file only, so it is read here and sent inside it"
+        ) from None
 
 
 def cluster_job_file(spec: JobSpec) -> dict[str, Any]:
