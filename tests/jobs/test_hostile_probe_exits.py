@@ -163,6 +163,7 @@ class _StorageDownAtPublish(LoopbackProxy):
                 s.shutdown(socket.SHUT_RDWR)
 
 
+@pytest.mark.slow
 def test_an_outage_during_the_publish_is_exit_3_in_one_line_and_the_rerun_repairs_it(
     s3, s3_server, tmp_path
 ):

@@ -105,6 +105,7 @@ def test_encrypted_pdf_opens_when_its_password_is_configured(docs, tmp_path, mon
     assert "openpassword" not in json.dumps(row, default=str)
 
 
+@pytest.mark.slow
 def test_extract_returns_json_valid_against_the_schema_and_classify_a_label_from_the_set(tmp_path):
     folder = tmp_path / "in"
     folder.mkdir()
@@ -251,6 +252,7 @@ def test_chained_job_turns_recordings_into_transcripts_summaries_and_disposition
     assert "nightly-test-call_summary" in printed and "nightly-test-disposition" in printed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["ctranslate2", "vllm"])
 def test_chained_job_runs_against_the_s3_endpoint(s3, synth_calls, tmp_path, capsys, backend):
     if backend == "vllm":

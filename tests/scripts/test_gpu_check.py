@@ -9,11 +9,14 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO, load_script, require_vllm
 
 require_vllm()
 
 
+@pytest.mark.slow
 def test_gpu_check_passes_in_cpu_mode_from_configs_and_dummy_weights(tmp_path):
     configs, out = tmp_path / "configs", tmp_path / "out"
     prepare = [sys.executable, "scripts/gpu_check.py", "prepare", "--dir", str(configs)]

@@ -351,6 +351,7 @@ def test_the_demo_keeps_its_calls_under_its_output_and_shows_every_turn_beside_i
     assert re.search(r"word error rate over the 5 spoken calls: 0\.\d+", done.stdout)
 
 
+@pytest.mark.slow
 @needs_espeak
 def test_a_long_run_prints_a_progress_line_at_least_every_10_s(tmp_path):
     """A real run of about 40 s (interrupted after 40 s of work in flight) prints at least 4
@@ -459,6 +460,7 @@ def _processes_named(prefix: str, under: int) -> list[int]:
     return [pid for pid, cmd in commands.items() if cmd.startswith(prefix) and descends(pid)]
 
 
+@pytest.mark.slow
 @needs_espeak
 def test_a_model_actor_killed_mid_run_is_restarted_and_every_item_ends_as_one_row(tmp_path):
     """The Whisper actor killed as the kernel's OOM killer kills (SIGKILL) once its first

@@ -348,6 +348,7 @@ def _vllm_env(monkeypatch: pytest.MonkeyPatch, multiprocessing: str | None) -> N
     vllm.envs.disable_envs_cache()
 
 
+@pytest.mark.slow
 def test_vllms_own_layout_with_an_engine_core_process_gives_the_same_texts(
     backend: LLMBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -72,6 +72,7 @@ def test_the_rules_meet_the_targets_on_the_recorded_transcripts_they_were_writte
     assert scores.clean_share <= CLEAN_SHARE, report(scores)
 
 
+@pytest.mark.slow
 def test_live_transcripts_leave_at_most_one_number_and_flag_at_most_three_clean_calls(corpus):
     module, calls, rows = corpus
     scores = module.evaluate(calls, rows)
