@@ -67,18 +67,6 @@ def require_vllm() -> None:
         )
 
 
-def pytest_collection_modifyitems(config, items):
-    """Files holding a ``slow`` test run first, each file's tests in their own order.
-
-    ``.ci/run`` hands whole files to two processes (``--dist loadfile
-    --no-loadscope-reorder``) in this order. xdist's own order (files with the most tests
-    first) left the live redaction corpus and the GPU check's CPU mode, minutes each and few
-    tests, to the end, where the other process had nothing left to run beside them.
-    """
-    slow = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow)  # stable: the order within is kept
-
-
 @pytest.fixture(scope="session")
 def shared_audio() -> Path:
     folder = SHARED_DATA / "audio"
