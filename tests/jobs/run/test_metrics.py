@@ -33,6 +33,20 @@ def _scrape(ray) -> dict[str, float]:
     return out
 
 
+def _settled(ray) -> dict[str, float]:
+    """The series once an earlier test's job has finished reaching the port: two scrapes a
+    Ray export interval (10 s) apart that agree. A run prices its ledger as it publishes, its
+    last step, so its cost can reach the port a scrape after its items."""
+    deadline = time.monotonic() + 90
+    last = _scrape(ray)
+    while True:
+        time.sleep(11)
+        now = _scrape(ray)
+        if now == last or time.monotonic() > deadline:
+            return now
+        last = now
+
+
 @pytest.mark.usefixtures("ray_local")
 def test_committed_items_audio_and_cost_reach_prometheus_by_outcome(
     ray_local, synth_calls, tmp_path
@@ -43,7 +57,7 @@ def test_committed_items_audio_and_cost_reach_prometheus_by_outcome(
     for name in sorted(refs)[:2]:
         shutil.copy(folder / name, calls / name)
     (calls / "broken.wav").write_bytes(b"RIFF....WAVEfmt not really audio")
-    before = _scrape(ray_local)
+    before = _settled(ray_local)
     summary = transcribe(str(calls), str(tmp_path / "out"), device="cpu")
     assert summary["succeeded"] == 2 and summary["failed"] == 1
     ok = "ray_overnight_items_total{dataset=transcripts,status=ok,error_code=}"
@@ -53,13 +67,7 @@ def test_committed_items_audio_and_cost_reach_prometheus_by_outcome(
         now = _scrape(ray_local)
         delta = {k: v - before.get(k, 0.0) for k, v in now.items()}
         failed = {k: v for k, v in delta.items() if "status=error" in k and v}
-        # This run's dataset only: an earlier test's process job on the same Ray can reach
-        # the metrics port after ``before`` was read (Ray exports every 10 s or so).
-        cost = {
-            k: v
-            for k, v in delta.items()
-            if k.startswith("ray_overnight_cost_usd") and "dataset=transcripts" in k and v
-        }
+        cost = {k: v for k, v in delta.items() if k.startswith("ray_overnight_cost_usd") and v}
         if delta.get(ok) == 2 and failed and delta.get(audio) and cost:
             break
         assert time.monotonic() < deadline, delta
